@@ -1,0 +1,79 @@
+"""jaxsync: synchronization models for data-parallel training, as optax transforms.
+
+Every server or worker rule of the papers is an ``optax.GradientTransformationExtraArgs``
+with a ``NamedTuple`` state, pure and jittable. Server rules take the extra arg
+``version`` (the server version the gradient was computed on); staleness is
+``current_version - version``. Unknown extra args are ignored.
+
+Two kinds of rule (design.md, "Learning-rate placement"):
+
+* *final-update* rules take ``learning_rate`` and return the updates to add
+  with ``optax.apply_updates``: :func:`ordered_momentum`, :func:`smega2`,
+  :func:`easgd_worker`, :func:`easgd_center`, :func:`ea_wild_center`;
+* *direction* rules return a direction for a learning rate chained after them:
+  :func:`adaptive_k`, :func:`scale_by_staleness`, :func:`bb_step_size`
+  (which returns ``alpha_i g``, the scaled gradient a worker sends).
+
+Rules that are plain optax and therefore not re-implemented here:
+
+=====================  ===========================================================
+rule (spec section)    optax form
+=====================  ===========================================================
+BSP / SSGDm (§1)       ``optax.sgd(lr, momentum)`` on the mean of the K gradients
+ASP / ASGD (§2)        ``optax.sgd(lr)`` applied per arrival
+naive ASGDm (§3)       ``optax.sgd(lr, momentum)`` applied per arrival
+shifted momentum (§4)  worker ``optax.trace(decay=m)``, server ``optax.sgd(lr)``
+Hogwild                ``optax.sgd(lr)``, applied without a lock
+SMEGA² weight decay    ``optax.add_decayed_weights(wd)`` before :func:`smega2`
+=====================  ===========================================================
+
+NaN/Inf policy: jaxsync's own rules reject a non-finite arrival (zeros out, state
+unchanged, counted in ``state.nonfinite_count``); wrap a plain optax rule in
+``optax.apply_if_finite`` for the same behaviour.
+"""
+
+from jaxsync._src.adaptive_k import AdaptiveKState
+from jaxsync._src.adaptive_k import adaptive_k
+from jaxsync._src.barzilai_borwein import BBStepSizeState
+from jaxsync._src.barzilai_borwein import armijo_backtracking
+from jaxsync._src.barzilai_borwein import bb_step_size
+from jaxsync._src.barzilai_borwein import gradient_noise_ratio
+from jaxsync._src.elastic import EasgdWorkerState
+from jaxsync._src.elastic import ElasticCenterState
+from jaxsync._src.elastic import ea_wild_center
+from jaxsync._src.elastic import easgd_center
+from jaxsync._src.elastic import easgd_worker
+from jaxsync._src.look_ahead import look_ahead
+from jaxsync._src.ordered_momentum import OrderedMomentumState
+from jaxsync._src.ordered_momentum import ordered_momentum
+from jaxsync._src.release import OnReleaseState
+from jaxsync._src.release import on_release
+from jaxsync._src.smega2 import Smega2State
+from jaxsync._src.smega2 import smega2
+from jaxsync._src.staleness import ScaleByStalenessState
+from jaxsync._src.staleness import scale_by_staleness
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "AdaptiveKState",
+    "BBStepSizeState",
+    "EasgdWorkerState",
+    "ElasticCenterState",
+    "OnReleaseState",
+    "OrderedMomentumState",
+    "ScaleByStalenessState",
+    "Smega2State",
+    "adaptive_k",
+    "armijo_backtracking",
+    "bb_step_size",
+    "ea_wild_center",
+    "easgd_center",
+    "easgd_worker",
+    "gradient_noise_ratio",
+    "look_ahead",
+    "on_release",
+    "ordered_momentum",
+    "scale_by_staleness",
+    "smega2",
+)

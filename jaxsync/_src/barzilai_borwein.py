@@ -1,0 +1,315 @@
+"""Per-worker adaptive Barzilai-Borwein step sizes with Armijo backtracking (spec §11c)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from jaxsync._src import common
+
+_RULE = "bb_step_size"
+
+
+def armijo_backtracking(
+    value_fn: Callable[[optax.Params], jax.Array],
+    params: optax.Params,
+    grads: optax.Updates,
+    step_size: jax.Array | float,
+    *,
+    slope: float = 0.1,
+    shrink: float = 0.5,
+    max_backtracks: int = 20,
+    value: jax.Array | None = None,
+) -> jax.Array:
+  r"""Backtracks a step size until the Armijo condition holds; usable inside ``jit``.
+
+  Starting from ``alpha = step_size``, shrinks it while the sufficient-decrease
+  condition (eq. 19 of seed 000) fails:
+
+  .. math::
+
+    \text{while } L(\theta - \alpha g) > L(\theta) - c\,\alpha\,\|g\|^2:
+    \quad \alpha \leftarrow \rho\,\alpha
+
+  A non-finite trial loss counts as a failure. The loop is a
+  ``lax.while_loop`` of at most ``max_backtracks`` shrinks; if the condition
+  still fails then, the last (smallest) step is returned.
+
+  Args:
+    value_fn: ``params -> scalar loss`` on the worker's batch (``L_B``).
+    params: ``theta``, the point of the step.
+    grads: ``g``, the gradient at ``theta``.
+    step_size: the first trial ``alpha`` (e.g. a BB step).
+    slope: ``c`` in ``(0, 1)``; 0.1 as in SGDLibrary and ensmallen.
+    shrink: ``rho`` in ``(0, 1)``; 0.5 as in SGDLibrary.
+    max_backtracks: the most shrinks, an integer >= 0.
+    value: ``L(theta)`` if already known (saves one evaluation).
+
+  Returns:
+    The accepted step size, a float32 scalar.
+
+  Example:
+    >>> import jax.numpy as jnp, jaxsync
+    >>> loss = lambda x: 5.0 * jnp.sum(x**2)  # curvature 10
+    >>> x = jnp.array([1.0])
+    >>> float(jaxsync.armijo_backtracking(loss, x, 10.0 * x, 1.0))
+    0.125
+
+  References:
+    Armijo, "Minimization of functions having Lipschitz continuous first partial
+    derivatives", Pacific J. Math. 1966; seed 000 (Zhang et al., JPDC 2022)
+    eq. (19); spec §11c.
+  """
+  rule = "armijo_backtracking"
+  slope = common.check_real(rule, "slope", slope, low=0.0, high=1.0, low_open=True, high_open=True)
+  shrink = common.check_real(rule, "shrink", shrink, low=0.0, high=1.0, low_open=True, high_open=True)
+  max_backtracks = common.check_int(rule, "max_backtracks", max_backtracks, low=0)
+
+  base = jnp.asarray(value_fn(params) if value is None else value, jnp.float32)
+  grad_sq = common.tree_sq_norm(grads)
+
+  def trial(alpha):
+    moved = jax.tree.map(lambda p, g: p - (alpha * g).astype(p.dtype), params, grads)
+    return jnp.asarray(value_fn(moved), jnp.float32)
+
+  def fails(alpha, loss):
+    return jnp.logical_not(loss <= base - slope * alpha * grad_sq)
+
+  def cond(carry):
+    alpha, loss, shrinks = carry
+    return fails(alpha, loss) & (shrinks < max_backtracks)
+
+  def body(carry):
+    alpha, _, shrinks = carry
+    alpha = alpha * shrink
+    return alpha, trial(alpha), shrinks + 1
+
+  alpha0 = jnp.asarray(step_size, jnp.float32)
+  alpha, _, _ = lax.while_loop(cond, body, (alpha0, trial(alpha0), jnp.asarray(0)))
+  return alpha
+
+
+class BBStepSizeState(NamedTuple):
+  """State of :func:`bb_step_size`, one per worker.
+
+  Attributes:
+    count: the number of accepted updates of this worker.
+    step_size: ``alpha``, the step size of the last update (the per-worker
+      learning rate the runtimes record).
+    curvature: ``nu`` of the last update (NaN when no estimate was possible).
+    accepted: whether the last BB proposal passed the safeguards.
+    noise_ratio: ``r`` of the last update (``r_prev`` for the next).
+    prev_params: ``theta_prev``.
+    prev_grads: ``g_prev``.
+    nonfinite_count: updates rejected for a NaN or Inf gradient.
+  """
+
+  count: jax.Array
+  step_size: jax.Array
+  curvature: jax.Array
+  accepted: jax.Array
+  noise_ratio: jax.Array
+  prev_params: optax.Params
+  prev_grads: optax.Updates
+  nonfinite_count: jax.Array
+
+
+def bb_step_size(
+    initial_step_size: float,
+    *,
+    smoothing: float,
+    armijo_slope: float = 0.1,
+    armijo_shrink: float = 0.5,
+    max_backtracks: int = 10,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Per-worker adaptive Barzilai-Borwein step size (seed 000, Algorithm 2), worker side.
+
+  Each worker fits a quadratic along its last move and takes the BB step of
+  its curvature, corrected for gradient noise, smoothed, and safeguarded
+  (eqs. 21-26 of seed 000, after De et al. 2017). With ``r`` the noise-to-signal
+  ratio ``V_B / (|B| |g_B|^2)`` (from the server's adaptive-k statistics,
+  :attr:`AdaptiveKState.noise_ratio`, or :func:`gradient_noise_ratio`):
+
+  .. math::
+
+    s &= \theta - \theta_{prev}, \qquad
+    \hat g_{prev} = (1 - r_{prev})\, g_{prev} \\
+    \nu &= \langle g - \hat g_{prev}, s\rangle / \langle s, s\rangle
+       \qquad \text{(eqs. 22, 24, 25)} \\
+    \hat\alpha &= (1 - r) / \nu \qquad \text{(eq. 21)} \\
+    \alpha &= (1 - \beta_s)\,\alpha_{prev} + \beta_s\,\hat\alpha \qquad \text{(eq. 26)}
+
+  Safeguard: if ``nu <= 0``, ``nu`` or ``alpha_hat`` is not finite (e.g.
+  ``s = 0``), or ``r >= 1``, the previous step is kept. The first update uses
+  ``initial_step_size``. With ``smoothing = 1`` (``|B| = N``) and ``r = 0`` the
+  step is the deterministic ``1 / nu``: on ``f = (nu/2)|x|^2`` the second update
+  lands on the minimum. If the update gets the extra arg ``value_fn``
+  (``params -> loss`` on the worker's batch), the step is then backtracked with
+  :func:`armijo_backtracking` (eq. 19) and the accepted step is stored.
+
+  It returns ``alpha * g``: the scaled gradient a worker sends (§11c "Send").
+  It is a *direction* rule in the optax sense (like ``scale_by_adam``); to use
+  it as a standalone optimizer chain ``optax.scale(-1.0)`` after it.
+
+  [RECON] The seed's equations are lost; this follows De et al. (2017) §4 as
+  the spec reconstructs it. Whether Armijo runs on the smoothed or the raw BB
+  step is not recoverable; here it runs on the smoothed step.
+
+  Extra args of ``update``: ``noise_ratio`` (float scalar ``r``, default 0: no
+  noise correction) and ``value_fn`` (optional callable, enables Armijo). The
+  update needs ``params`` (``theta``). Unknown extra args are ignored. A
+  NaN/Inf gradient is rejected (zeros out, state unchanged, counted).
+
+  Args:
+    initial_step_size: the first ``alpha`` (the LR column of seed 000's Table 3).
+    smoothing: ``beta_s = |B| / N`` in ``(0, 1]``, the weight of a new estimate.
+    armijo_slope: ``c`` of the Armijo condition (used with ``value_fn``).
+    armijo_shrink: ``rho`` of the Armijo backtracking.
+    max_backtracks: the most Armijo shrinks per update.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is a
+    :class:`BBStepSizeState`.
+
+  Example:
+    >>> import jax, jax.numpy as jnp, optax, jaxsync
+    >>> tx = optax.chain(jaxsync.bb_step_size(0.05, smoothing=1.0), optax.scale(-1.0))
+    >>> grad = jax.grad(lambda x: 2.0 * jnp.sum(x**2))  # curvature 4
+    >>> x = jnp.array([1.0, -2.0]); state = tx.init(x)
+    >>> for _ in range(2):
+    ...   u, state = tx.update(grad(x), state, x)
+    ...   x = optax.apply_updates(x, u)
+    >>> x, float(state[0].step_size)
+    (Array([0., 0.], dtype=float32), 0.25)
+
+  References:
+    Barzilai, Borwein, "Two-point step size gradient methods", IMA J. Numer.
+    Anal. 1988; De, Yadav, Jacobs, Goldstein, "Big Batch SGD", AISTATS 2017,
+    §4; Zhang, Ji, Wang, JPDC 2022 (seed 000) §4.3; spec §11c.
+  """
+  initial = common.check_real(_RULE, "initial_step_size", initial_step_size, low=0.0, low_open=True)
+  beta_s = common.check_real(_RULE, "smoothing", smoothing, low=0.0, high=1.0, low_open=True)
+  # Validate the Armijo constants now, not at the first update.
+  common.check_real(_RULE, "armijo_slope", armijo_slope, low=0.0, high=1.0, low_open=True, high_open=True)
+  common.check_real(_RULE, "armijo_shrink", armijo_shrink, low=0.0, high=1.0, low_open=True, high_open=True)
+  common.check_int(_RULE, "max_backtracks", max_backtracks, low=0)
+
+  def init_fn(params: optax.Params) -> BBStepSizeState:
+    return BBStepSizeState(
+        count=common.zeros_int(),
+        step_size=jnp.asarray(initial, jnp.float32),
+        curvature=jnp.asarray(jnp.nan, jnp.float32),
+        accepted=jnp.asarray(False),
+        noise_ratio=jnp.zeros([], jnp.float32),
+        prev_params=jax.tree.map(jnp.asarray, params),
+        prev_grads=optax.tree.zeros_like(params),
+        nonfinite_count=common.zeros_int(),
+    )
+
+  def update_fn(
+      updates: optax.Updates,
+      state: BBStepSizeState,
+      params: optax.Params | None = None,
+      *,
+      noise_ratio: Any = 0.0,
+      value_fn: Callable[[optax.Params], jax.Array] | None = None,
+      **extra_args: Any,
+  ) -> tuple[optax.Updates, BBStepSizeState]:
+    del extra_args
+    params = common.require_extra_arg(_RULE, "params", params, "the worker's parameters theta")
+    r = jnp.asarray(noise_ratio, jnp.float32)
+
+    def apply():
+      move = jax.tree.map(lambda p, q: p - q, params, state.prev_params)
+      corrected_prev = common.tree_scaled(state.prev_grads, 1.0 - state.noise_ratio)
+      grad_change = jax.tree.map(lambda g, h: g - h.astype(g.dtype), updates, corrected_prev)
+      nu = common.tree_vdot(grad_change, move) / common.tree_sq_norm(move)
+      proposal = (1.0 - r) / nu
+      accepted = (
+          (state.count > 0)
+          & jnp.isfinite(nu)
+          & (nu > 0)
+          & (r < 1)
+          & jnp.isfinite(proposal)
+          & (proposal > 0)
+      )
+      alpha = jnp.where(
+          accepted, (1.0 - beta_s) * state.step_size + beta_s * proposal, state.step_size
+      )
+      if value_fn is not None:
+        alpha = armijo_backtracking(
+            value_fn,
+            params,
+            updates,
+            alpha,
+            slope=armijo_slope,
+            shrink=armijo_shrink,
+            max_backtracks=max_backtracks,
+        )
+      return common.tree_scaled(updates, alpha), state._replace(
+          count=common.increment(state.count),
+          step_size=alpha,
+          curvature=jnp.where(state.count > 0, nu, jnp.nan).astype(jnp.float32),
+          accepted=accepted,
+          noise_ratio=r,
+          prev_params=jax.tree.map(lambda p, q: p.astype(q.dtype), params, state.prev_params),
+          prev_grads=jax.tree.map(lambda g, q: g.astype(q.dtype), updates, state.prev_grads),
+      )
+
+    return common.guarded_update(updates, state, apply)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def gradient_noise_ratio(per_example_grads: optax.Updates) -> jax.Array:
+  r"""The noise-to-signal ratio ``r`` of a batch, from its per-example gradients.
+
+  .. math::
+
+    \bar g = \frac1B \sum_i g_i, \qquad
+    V = \frac{1}{B-1} \sum_i \|g_i - \bar g\|^2, \qquad
+    r = \frac{V}{B\, \|\bar g\|^2}
+
+  ``V / B`` estimates the variance of the batch mean (the trace bound, eq. 10
+  of seed 000), so ``r`` is its size relative to the signal. It is what
+  :func:`bb_step_size` takes as ``noise_ratio`` when the server does not
+  supply one.
+
+  Args:
+    per_example_grads: a tree whose leaves have a leading batch axis of size
+      ``B >= 2`` (e.g. from ``jax.vmap(jax.grad(loss), (None, 0))``).
+
+  Returns:
+    ``r`` as a float32 scalar (``inf`` when the mean gradient is zero).
+
+  Example:
+    >>> import jax.numpy as jnp, jaxsync
+    >>> float(jaxsync.gradient_noise_ratio(jnp.array([[1.0], [3.0]])))
+    0.25
+
+  References:
+    De, Yadav, Jacobs, Goldstein, "Big Batch SGD", AISTATS 2017; spec §11a, §11c.
+  """
+  leaves = jax.tree.leaves(per_example_grads)
+  if not leaves:
+    raise ValueError("gradient_noise_ratio: per_example_grads is empty; expected a non-empty tree.")
+  batch = leaves[0].shape[0] if leaves[0].ndim else 0
+  if batch < 2 or any(leaf.ndim == 0 or leaf.shape[0] != batch for leaf in leaves):
+    shapes = [tuple(leaf.shape) for leaf in leaves]
+    raise ValueError(
+        f"gradient_noise_ratio: per_example_grads has leaf shapes {shapes}; expected "
+        "every leaf to have the same leading batch axis of size >= 2."
+    )
+  mean = jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32), axis=0), per_example_grads)
+  spread = sum(
+      jnp.sum(jnp.square(x.astype(jnp.float32) - m))
+      for x, m in zip(leaves, jax.tree.leaves(mean))
+  )
+  variance = spread / (batch - 1)
+  mean_sq = common.tree_sq_norm(mean)
+  return jnp.where(mean_sq > 0, variance / (batch * jnp.where(mean_sq > 0, mean_sq, 1.0)), jnp.inf)

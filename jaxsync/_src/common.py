@@ -1,0 +1,235 @@
+"""Shared pieces of every jaxsync rule: argument checks, the arrival guard, tree math.
+
+Every rule in jaxsync treats an arrival the same way (design.md, "Errors"):
+
+* Python hyperparameters are checked when the factory is called, with a
+  ``ValueError`` that names the factory, the argument, its value and what is valid.
+* Traced values are never checked with ``raise``. An arrival whose gradient holds
+  a NaN or Inf, or whose ``version`` is impossible (negative, or newer than the
+  server), is *rejected*: the rule emits exact zeros, leaves its state unchanged
+  and counts the rejection in the state (``nonfinite_count``,
+  ``invalid_version_count``) so the host can report it. Nothing is silently
+  corrupted and a later valid arrival continues as if the bad one never came.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+# ---------------------------------------------------------------------------
+# Python-level hyperparameter validation.
+# ---------------------------------------------------------------------------
+
+
+def _is_real(value: Any) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def invalid(rule: str, name: str, value: Any, expected: str) -> ValueError:
+  """Builds the one error message format used across jaxsync."""
+  return ValueError(f"{rule}: {name}={value!r} is invalid; expected {expected}.")
+
+
+def check_real(
+    rule: str,
+    name: str,
+    value: Any,
+    *,
+    low: float | None = None,
+    high: float | None = None,
+    low_open: bool = False,
+    high_open: bool = False,
+) -> float:
+  """Checks that ``value`` is a finite real number inside the given interval."""
+  left = "(" if low_open else "["
+  right = ")" if high_open else "]"
+  lo = "-inf" if low is None else repr(low)
+  hi = "inf" if high is None else repr(high)
+  expected = f"a finite real number in {left}{lo}, {hi}{right}"
+  if not _is_real(value) or not math.isfinite(float(value)):
+    raise invalid(rule, name, value, expected)
+  value = float(value)
+  if low is not None and (value < low or (low_open and value == low)):
+    raise invalid(rule, name, value, expected)
+  if high is not None and (value > high or (high_open and value == high)):
+    raise invalid(rule, name, value, expected)
+  return value
+
+
+def check_int(rule: str, name: str, value: Any, *, low: int = 1) -> int:
+  """Checks that ``value`` is an integer (not a bool) of at least ``low``."""
+  if not _is_int(value) or int(value) < low:
+    raise invalid(rule, name, value, f"an integer >= {low}")
+  return int(value)
+
+
+def check_choice(rule: str, name: str, value: Any, options: Sequence[str]) -> str:
+  """Checks that ``value`` is one of the named ``options``."""
+  if not isinstance(value, str) or value not in options:
+    raise invalid(rule, name, value, "one of " + ", ".join(repr(o) for o in options))
+  return value
+
+
+def check_bool(rule: str, name: str, value: Any) -> bool:
+  if not isinstance(value, bool):
+    raise invalid(rule, name, value, "True or False")
+  return value
+
+
+def check_learning_rate(rule: str, value: Any) -> optax.ScalarOrSchedule:
+  """A learning rate is a positive finite number or a schedule ``count -> rate``."""
+  if callable(value):
+    return value
+  if not _is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:
+    raise invalid(
+        rule,
+        "learning_rate",
+        value,
+        "a positive finite number or a schedule (a callable step -> rate)",
+    )
+  return float(value)
+
+
+def learning_rate_at(learning_rate: optax.ScalarOrSchedule, count: jax.Array) -> jax.Array:
+  """The learning rate for the update with index ``count``, as a float32 scalar."""
+  rate = learning_rate(count) if callable(learning_rate) else learning_rate
+  return jnp.asarray(rate, jnp.float32)
+
+
+def require_extra_arg(rule: str, name: str, value: Any, meaning: str) -> jax.Array:
+  """Extra args a rule cannot work without; a Python-level (trace-time) check."""
+  if value is None:
+    raise ValueError(
+        f"{rule}: the update needs the extra argument {name}=... ({meaning}); "
+        f"pass it as tx.update(grads, state, params, {name}=...)."
+    )
+  return value
+
+
+# ---------------------------------------------------------------------------
+# Tree math used by several rules.
+# ---------------------------------------------------------------------------
+
+
+def zeros_int() -> jax.Array:
+  return jnp.zeros([], jnp.int32)
+
+
+def increment(counter: jax.Array, by: jax.Array | bool = True) -> jax.Array:
+  """Adds ``by`` (a bool or int) to an int32 counter, saturating at the maximum."""
+  return jnp.where(
+      counter < jnp.iinfo(jnp.int32).max, counter + jnp.asarray(by, jnp.int32), counter
+  )
+
+
+def tree_all_finite(tree: Any) -> jax.Array:
+  """True when no leaf of ``tree`` holds a NaN or an Inf."""
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    return jnp.asarray(True)
+  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+
+
+def tree_scaled(tree: Any, scale: jax.Array) -> Any:
+  """``scale * tree`` with every leaf keeping its own dtype."""
+  return jax.tree.map(lambda x: (scale * x).astype(x.dtype), tree)
+
+
+def tree_sq_norm(tree: Any) -> jax.Array:
+  """Squared Euclidean norm of a tree, accumulated in float32 (or wider)."""
+  leaves = jax.tree.leaves(tree)
+  if not leaves:
+    return jnp.zeros([], jnp.float32)
+  return sum(
+      jnp.sum(jnp.square(leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))))
+      for leaf in leaves
+  )
+
+
+def tree_vdot(a: Any, b: Any) -> jax.Array:
+  """Inner product of two trees, accumulated in float32 (or wider)."""
+  def leaf_vdot(x, y):
+    dtype = jnp.promote_types(jnp.promote_types(x.dtype, y.dtype), jnp.float32)
+    return jnp.sum(x.astype(dtype) * y.astype(dtype))
+
+  products = jax.tree.leaves(jax.tree.map(leaf_vdot, a, b))
+  if not products:
+    return jnp.zeros([], jnp.float32)
+  return sum(products)
+
+
+def statistics_dtype(dtype: Any) -> Any:
+  """Running statistics are kept in at least float32, whatever the parameters are."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+# ---------------------------------------------------------------------------
+# The arrival guard.
+# ---------------------------------------------------------------------------
+
+
+def guarded_update(
+    grads: Any,
+    state: Any,
+    compute: Callable[[], tuple[Any, Any]],
+    *,
+    version_ok: jax.Array | None = None,
+    rejected_state: Any = None,
+) -> tuple[Any, Any]:
+  """Runs ``compute`` only for an arrival that is finite and has a valid version.
+
+  A rejected arrival returns exact zeros and the unchanged state, with
+  ``state.nonfinite_count`` or ``state.invalid_version_count`` incremented. The
+  rejection branch copies nothing: ``lax.cond`` runs one branch only.
+
+  Args:
+    grads: the arriving gradient (or worker model) tree.
+    state: the rule's state, a NamedTuple with a ``nonfinite_count`` field (and
+      ``invalid_version_count`` when ``version_ok`` is given).
+    compute: ``() -> (updates, new_state)`` for an accepted arrival; the updates
+      must have the structure and dtypes of ``grads``.
+    version_ok: bool scalar, whether the arrival's version is possible.
+    rejected_state: the state a rejected arrival leaves (before counting);
+      default ``state``. Rules with per-arrival flags (``released``) clear them.
+
+  Returns:
+    ``(updates, new_state)``.
+  """
+  finite = tree_all_finite(grads)
+  accept = finite if version_ok is None else jnp.logical_and(finite, version_ok)
+
+  if rejected_state is None:
+    rejected_state = state
+
+  def reject():
+    return optax.tree.zeros_like(grads), rejected_state
+
+  updates, new_state = lax.cond(accept, compute, reject)
+  new_state = new_state._replace(
+      nonfinite_count=increment(state.nonfinite_count, jnp.logical_not(finite))
+  )
+  if version_ok is not None:
+    # A non-finite arrival is counted once, as non-finite.
+    bad_version = jnp.logical_and(finite, jnp.logical_not(version_ok))
+    new_state = new_state._replace(
+        invalid_version_count=increment(state.invalid_version_count, bad_version)
+    )
+  return updates, new_state
+
+
+def tree_map_unzip(fn: Callable[..., tuple], outputs: int, tree: Any, *rest: Any) -> tuple:
+  """``jax.tree.map`` for a leaf function returning ``outputs`` values: one tree each."""
+  results = jax.tree.map(fn, tree, *rest)
+  return tuple(jax.tree.map(lambda _, r: r[i], tree, results) for i in range(outputs))

@@ -1,0 +1,66 @@
+"""Where a worker computes its next gradient, read from a rule's state."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import optax
+
+
+def _states_with_look_ahead(state: Any) -> list[Any]:
+  """Every node of a (chained, wrapped) optimizer state that defines ``look_ahead``."""
+  found = []
+  stack = [state]
+  while stack:
+    node = stack.pop()
+    if callable(getattr(node, "look_ahead", None)) and isinstance(node, tuple):
+      found.append(node)
+    elif isinstance(node, (tuple, list)):
+      stack.extend(node)
+    elif isinstance(node, dict):
+      stack.extend(node.values())
+  return found
+
+
+def look_ahead(params: optax.Params, opt_state: Any) -> optax.Params:
+  r"""The parameters at which the next gradient must be computed.
+
+  Most rules take gradients at the parameters themselves. Two take them at a
+  look-ahead point kept in their state:
+
+  * :func:`smega2`: the server replies ``w_hat = w - a v - b G`` (spec §5);
+  * :func:`easgd_worker` with momentum (EAMSGD): ``x + delta v`` (spec §12).
+
+  This function searches ``opt_state`` (through ``optax.chain`` tuples and
+  wrappers) for such a state and applies it; without one it returns
+  ``params`` unchanged, so a runtime may call it for every rule.
+
+  Args:
+    params: the parameters the rule's state belongs to.
+    opt_state: the rule's (possibly chained) state.
+
+  Returns:
+    The gradient point, a tree like ``params``.
+
+  Raises:
+    ValueError: when the state holds more than one look-ahead rule.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = optax.chain(optax.add_decayed_weights(1e-4), jaxsync.smega2(0.1, num_workers=4))
+    >>> w = jnp.ones(2); state = tx.init(w)
+    >>> jaxsync.look_ahead(w, state)  # no momentum yet: w itself
+    Array([1., 1.], dtype=float32)
+
+  References:
+    Cohen, Hakimi, Schuster, ICPP 2022 (SMEGA²); Zhang, Choromanska, LeCun,
+    NeurIPS 2015 (EAMSGD).
+  """
+  found = _states_with_look_ahead(opt_state)
+  if len(found) > 1:
+    names = ", ".join(type(s).__name__ for s in found)
+    raise ValueError(
+        f"look_ahead: opt_state holds {len(found)} look-ahead rules ({names}); "
+        "expected at most one."
+    )
+  return found[0].look_ahead(params) if found else params

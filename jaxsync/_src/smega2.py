@@ -1,0 +1,180 @@
+"""SMEGA²: momentum estimation for asynchronous SGD with a look-ahead reply (spec §5)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxsync._src import common
+
+_RULE = "smega2"
+LOOK_AHEADS = ("advanced", "naive")
+
+
+class Smega2State(NamedTuple):
+  """State of :func:`smega2`.
+
+  The parameters to send a worker are ``look_ahead(params)`` (also reachable as
+  ``jaxsync.look_ahead(params, opt_state)``):
+  ``w_hat = w - a v - b G``, with ``a`` and ``b`` kept here so that the reply
+  needs no hyperparameters.
+
+  Attributes:
+    count: arrivals applied (indexes the learning-rate schedule).
+    cycle_position: ``c`` in ``{0, .., N-1}``.
+    momentum: ``v``, the single momentum buffer (gradient units, form B).
+    accumulator: ``G``, the gradients of the current cycle.
+    look_ahead_momentum_scale: ``a = eta beta (N - c + c beta)`` (advanced) or
+      ``eta beta N`` (naive).
+    look_ahead_accumulator_scale: ``b = eta beta c / N`` (advanced) or 0 (naive).
+    nonfinite_count: arrivals rejected for a NaN or Inf gradient.
+  """
+
+  count: jax.Array
+  cycle_position: jax.Array
+  momentum: optax.Updates
+  accumulator: optax.Updates
+  look_ahead_momentum_scale: jax.Array
+  look_ahead_accumulator_scale: jax.Array
+  nonfinite_count: jax.Array
+
+  def look_ahead(self, params: optax.Params) -> optax.Params:
+    """``w_hat = w - a v - b G``: where the replying worker computes its next gradient."""
+    return jax.tree.map(
+        lambda w, v, g: w
+        - (self.look_ahead_momentum_scale * v + self.look_ahead_accumulator_scale * g).astype(
+            w.dtype
+        ),
+        params,
+        self.momentum,
+        self.accumulator,
+    )
+
+
+def smega2(
+    learning_rate: optax.ScalarOrSchedule,
+    momentum: float = 0.9,
+    *,
+    num_workers: int,
+    dampening: float = 0.0,
+    look_ahead: str = "advanced",
+) -> optax.GradientTransformationExtraArgs:
+  r"""SMEGA²: one shared momentum, updated once per cycle of N arrivals; server side.
+
+  For each arriving gradient ``g`` (spec §5, from the official ``smega2.py``):
+
+  .. math::
+
+    &c \leftarrow (c + 1) \bmod N, \qquad G \leftarrow G + g, \qquad
+      d = g + \beta v \\
+    &\text{if } c = 0:\; v \leftarrow \beta v + (1 - \text{dampening})\, G / N,
+      \quad G \leftarrow 0 \\
+    &w \leftarrow w - \eta\, d
+
+  and the reply to the sender is the look-ahead estimate of where the
+  parameters will be when its next gradient arrives (the worker computes that
+  gradient *at* ``w_hat``):
+
+  .. math::
+
+    \hat w = w - \eta\beta\big[(N - c + c\beta)\, v + \tfrac{c}{N} G\big]
+    \;\text{(advanced)}, \qquad \hat w = w - \eta\beta N v \;\text{(naive)}
+
+  Get it with ``state.look_ahead(params)`` or ``jaxsync.look_ahead(params,
+  opt_state)``. This is a *final-update* rule (learning rate inside). Weight
+  decay as in the reference code (``g + lambda w`` with the server's ``w``)
+  is plain optax: ``optax.chain(optax.add_decayed_weights(1e-4), jaxsync.smega2(...))``.
+  With ``N = 1`` it is Nesterov SGD in Sutskever's form.
+
+  No extra args are needed; unknown ones are ignored. A NaN/Inf gradient is
+  rejected (zeros out, state unchanged, counted).
+
+  Args:
+    learning_rate: ``eta``, a positive number or a schedule of ``count``.
+    momentum: ``beta`` in ``[0, 1)``.
+    num_workers: ``N``, the momentum cycle (the number of workers).
+    dampening: in ``[0, 1)``, as in ``torch.optim.SGD``.
+    look_ahead: ``"advanced"`` (default) or ``"naive"``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is a
+    :class:`Smega2State`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = jaxsync.smega2(0.1, 0.9, num_workers=1)
+    >>> w = jnp.array([1.0]); state = tx.init(w)
+    >>> u, state = tx.update(jnp.array([1.0]), state, w)
+    >>> w = optax.apply_updates(w, u)
+    >>> w, state.look_ahead(w)  # Nesterov: the next gradient is taken at w - eta beta v
+    (Array([0.9], dtype=float32), Array([0.81], dtype=float32))
+
+  References:
+    Cohen, Hakimi, Schuster, "SMEGA2: Distributed Asynchronous Deep Neural
+    Network Training With a Single Momentum Buffer", ICPP 2022; code
+    ``rafi-cohen/SMEGA2``; spec §5.
+  """
+  learning_rate = common.check_learning_rate(_RULE, learning_rate)
+  beta = common.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True)
+  n = common.check_int(_RULE, "num_workers", num_workers)
+  dampening = common.check_real(_RULE, "dampening", dampening, low=0.0, high=1.0, high_open=True)
+  look_ahead = common.check_choice(_RULE, "look_ahead", look_ahead, LOOK_AHEADS)
+
+  def scales(rate: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
+    if look_ahead == "naive":
+      return rate * beta * n, jnp.zeros([], jnp.float32)
+    c_f = c.astype(jnp.float32)
+    return rate * beta * (n - c_f + c_f * beta), rate * beta * c_f / n
+
+  def init_fn(params: optax.Params) -> Smega2State:
+    a, b = scales(common.learning_rate_at(learning_rate, common.zeros_int()), common.zeros_int())
+    return Smega2State(
+        count=common.zeros_int(),
+        cycle_position=common.zeros_int(),
+        momentum=optax.tree.zeros_like(params),
+        accumulator=optax.tree.zeros_like(params),
+        look_ahead_momentum_scale=a,
+        look_ahead_accumulator_scale=b,
+        nonfinite_count=common.zeros_int(),
+    )
+
+  def update_fn(
+      updates: optax.Updates,
+      state: Smega2State,
+      params: optax.Params | None = None,
+      **extra_args: Any,
+  ) -> tuple[optax.Updates, Smega2State]:
+    del params, extra_args
+
+    def apply():
+      rate = common.learning_rate_at(learning_rate, state.count)
+      c = (state.cycle_position + 1) % n
+      cycle_ends = c == 0
+
+      def leaf(g, v, acc):
+        acc = acc + g.astype(acc.dtype)
+        step = -(rate * (g + beta * v.astype(g.dtype))).astype(g.dtype)
+        new_v = jnp.where(cycle_ends, beta * v + (1.0 - dampening) * acc / n, v)
+        new_acc = jnp.where(cycle_ends, jnp.zeros_like(acc), acc)
+        return step, new_v.astype(v.dtype), new_acc
+
+      steps, new_momentum, new_accumulator = common.tree_map_unzip(
+          leaf, 3, updates, state.momentum, state.accumulator
+      )
+      count = common.increment(state.count)
+      a, b = scales(common.learning_rate_at(learning_rate, count), c)
+      return steps, state._replace(
+          count=count,
+          cycle_position=c,
+          momentum=new_momentum,
+          accumulator=new_accumulator,
+          look_ahead_momentum_scale=a,
+          look_ahead_accumulator_scale=b,
+      )
+
+    return common.guarded_update(updates, state, apply)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,176 @@
+"""Staleness-aware learning rates and n-softsync aggregation (spec §10)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxsync._src import common
+
+_RULE = "scale_by_staleness"
+MODES = ("linear", "exponential")
+
+
+class ScaleByStalenessState(NamedTuple):
+  """State of :func:`scale_by_staleness`.
+
+  Attributes:
+    step: the number of updates released; the server version.
+    accumulated: ``sum_l s(tau_l) g_l`` over the gradients since the last
+      release.
+    accumulated_count: how many gradients ``accumulated`` holds.
+    released: whether the last arrival released an update.
+    last_staleness: ``tau`` of the last accepted arrival.
+    nonfinite_count: arrivals rejected for a NaN or Inf gradient.
+    invalid_version_count: arrivals rejected for a version newer than ``step``
+      or negative.
+  """
+
+  step: jax.Array
+  accumulated: optax.Updates
+  accumulated_count: jax.Array
+  released: jax.Array
+  last_staleness: jax.Array
+  nonfinite_count: jax.Array
+  invalid_version_count: jax.Array
+
+
+def scale_by_staleness(
+    mode: str = "linear",
+    *,
+    penalty: float | None = None,
+    gradients_per_update: int = 1,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Scales each arriving gradient down by its staleness; optionally n-softsync.
+
+  With ``tau = step - version`` the staleness of an arrival (how many updates
+  the server applied since the sender pulled), the factor is
+
+  .. math::
+
+    s(\tau) = \begin{cases} 1/\max(\tau, 1) & \text{linear (Zhang et al. 2016)} \\
+                            e^{-\kappa \tau} & \text{exponential (Chan \& Lane 2014)}
+              \end{cases}
+
+  so that ``alpha(tau) = alpha_0 s(tau)``; ``tau = 0`` gives ``alpha_0``. The
+  rule averages ``c = gradients_per_update`` scaled gradients per update
+  (n-softsync with ``c = floor(lambda / n)`` for ``lambda`` learners):
+
+  .. math::
+
+    w \leftarrow w - \alpha_0 \frac1c \sum_{l=1}^{c} s(\tau_l)\, g_l
+
+  ``c = 1`` is staleness-aware ASGD (every arrival releases). On arrivals that
+  release nothing it emits exact zeros (see :func:`on_release` for stateful
+  optimizers after it). The learning rate ``alpha_0`` is not applied here
+  (a *direction* rule): chain ``optax.scale_by_learning_rate(alpha_0)``.
+
+  [RECON] The exponential form's constant ``kappa`` was not recovered from
+  Chan & Lane (2014); it has no default and must be given as ``penalty``.
+
+  Extra args of ``update``: ``version`` (required, int32 scalar: the number of
+  updates the server had released when it sent the parameters). Unknown extra
+  args are ignored. NaN/Inf gradients and versions newer than ``step`` are
+  rejected and counted in the state.
+
+  Args:
+    mode: ``"linear"`` or ``"exponential"``.
+    penalty: ``kappa > 0`` for ``mode="exponential"``; must be ``None`` for
+      ``"linear"``.
+    gradients_per_update: ``c >= 1``, the gradients averaged per update.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is a
+    :class:`ScaleByStalenessState`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = optax.chain(jaxsync.scale_by_staleness("linear"), optax.scale_by_learning_rate(0.1))
+    >>> params = jnp.zeros(2); state = tx.init(params)
+    >>> for _ in range(4):  # four fresh arrivals: the server is at version 4
+    ...   u, state = tx.update(jnp.ones(2), state, params, version=state[0].step)
+    >>> u, state = tx.update(jnp.ones(2), state, params, version=0)  # tau = 4
+    >>> u
+    Array([-0.025, -0.025], dtype=float32)
+
+  References:
+    Zhang, Gupta, Lian, Liu, "Staleness-aware Async-SGD for Distributed Deep
+    Learning", IJCAI 2016; Chan, Lane, "Distributed asynchronous optimization of
+    convolutional neural networks", Interspeech 2014; spec §10.
+  """
+  mode = common.check_choice(_RULE, "mode", mode, MODES)
+  if mode == "exponential":
+    if penalty is None:
+      raise common.invalid(
+          _RULE, "penalty", penalty, "a finite number > 0 (kappa) with mode='exponential'"
+      )
+    penalty = common.check_real(_RULE, "penalty", penalty, low=0.0, low_open=True)
+  elif penalty is not None:
+    raise common.invalid(_RULE, "penalty", penalty, "None with mode='linear'")
+  per_update = common.check_int(_RULE, "gradients_per_update", gradients_per_update, low=1)
+
+  def factor(tau: jax.Array) -> jax.Array:
+    tau_f = tau.astype(jnp.float32)
+    if mode == "linear":
+      return 1.0 / jnp.maximum(tau_f, 1.0)
+    return jnp.exp(-penalty * tau_f)
+
+  def init_fn(params: optax.Params) -> ScaleByStalenessState:
+    return ScaleByStalenessState(
+        step=common.zeros_int(),
+        accumulated=optax.tree.zeros_like(params),
+        accumulated_count=common.zeros_int(),
+        released=jnp.asarray(False),
+        last_staleness=common.zeros_int(),
+        nonfinite_count=common.zeros_int(),
+        invalid_version_count=common.zeros_int(),
+    )
+
+  def update_fn(
+      updates: optax.Updates,
+      state: ScaleByStalenessState,
+      params: optax.Params | None = None,
+      *,
+      version: Any = None,
+      **extra_args: Any,
+  ) -> tuple[optax.Updates, ScaleByStalenessState]:
+    del params, extra_args
+    version = common.require_extra_arg(
+        _RULE, "version", version, "the number of updates when the parameters were sent"
+    )
+    s = jnp.asarray(version, jnp.int32)
+    tau = state.step - s
+    version_ok = (s >= 0) & (tau >= 0)
+
+    def apply():
+      count = state.accumulated_count + 1
+      release = count >= per_update
+      scale = factor(tau)
+      summed = jax.tree.map(
+          lambda acc, g: acc + (scale * g).astype(acc.dtype), state.accumulated, updates
+      )
+      out = jax.tree.map(
+          lambda g, acc: jnp.where(release, acc / per_update, jnp.zeros_like(acc)).astype(g.dtype),
+          updates,
+          summed,
+      )
+      return out, state._replace(
+          step=jnp.where(release, common.increment(state.step), state.step),
+          accumulated=jax.tree.map(lambda x: jnp.where(release, jnp.zeros_like(x), x), summed),
+          accumulated_count=jnp.where(release, 0, count),
+          released=release,
+          last_staleness=tau,
+      )
+
+    return common.guarded_update(
+        updates,
+        state,
+        apply,
+        version_ok=version_ok,
+        rejected_state=state._replace(released=jnp.asarray(False)),
+    )
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
