@@ -1,0 +1,71 @@
+"""Small utilities shared by the tests: arrival traces, jitted updates, quadratic losses."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+
+def asgd_trace(worker_choices, num_workers):
+  """An asynchronous-scheduler arrival trace: who arrives at each t, with which version.
+
+  All workers start on version 0; the worker that arrives at ``t`` is sent the
+  parameters of version ``t + 1`` (OrMo Alg. 1, Option II).
+  """
+  versions = [0] * num_workers
+  trace = []
+  for t, worker in enumerate(worker_choices):
+    trace.append((worker, versions[worker]))
+    versions[worker] = t + 1
+  return trace
+
+
+def jit_update(tx):
+  """``tx.update`` under ``jax.jit``; extra args are passed as traced arrays."""
+
+  @jax.jit
+  def update(grads, state, params, extra):
+    return tx.update(grads, state, params, **extra)
+
+  return update
+
+
+def quadratic(curvatures):
+  """``f(x) = 0.5 sum_i a_i x_i^2`` and its gradient, for a 1-D parameter vector."""
+  a = jnp.asarray(curvatures, jnp.float32)
+
+  def loss(x):
+    return 0.5 * jnp.sum(a * x * x)
+
+  return loss, jax.grad(loss)
+
+
+def rosenbrock(x):
+  """The 2-D Rosenbrock function, minimum 0 at (1, 1)."""
+  return (1.0 - x[0]) ** 2 + 100.0 * (x[1] - x[0] ** 2) ** 2
+
+
+def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
+  jax.tree.map(
+      lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol),
+      a,
+      b,
+  )
+
+
+def assert_state_unchanged_but(old, new, *fields):
+  """Every field of a NamedTuple state is identical except the named ones."""
+  for name in old._fields:
+    if name in fields:
+      continue
+    jax.tree.map(
+        lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+        getattr(old, name),
+        getattr(new, name),
+    )
+
+
+def apply(params, updates):
+  return optax.apply_updates(params, updates)

@@ -1,0 +1,203 @@
+"""Adaptive k-synchronization and progressive momentum (spec §11a, §11b, §11d checks)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsync
+from helpers import apply, assert_state_unchanged_but, jit_update, quadratic
+
+
+def feed(tx, grads_and_versions, params, **extra):
+  """Feeds arrivals through a jitted update; returns outputs and states after each."""
+  update = jit_update(tx)
+  state = tx.init(params)
+  outs, states = [], []
+  for g, v in grads_and_versions:
+    u, state = update(jnp.asarray(g, jnp.float32), state, params, {"version": jnp.int32(v), **extra})
+    outs.append(np.asarray(u))
+    states.append(state)
+  return outs, states
+
+
+def test_tests_that_always_fail_give_bsp_with_momentum():
+  """theta -> 0: no early release, k = M every round: SGD momentum on the mean gradient."""
+  m, gamma, lr = 4, 0.9, 0.05
+  _, grad = quadratic([1.0, 3.0, 5.0])
+  rng = np.random.default_rng(0)
+  tx = optax.chain(jaxsync.adaptive_k(momentum=gamma, theta=1e-6, max_k=m), optax.scale_by_learning_rate(lr))
+  bsp = optax.sgd(lr, momentum=gamma)
+  update, bsp_update = jit_update(tx), jit_update(bsp)
+  w = ref = jnp.array([1.0, -1.0, 2.0])
+  state, bsp_state = tx.init(w), bsp.init(ref)
+  for step in range(15):
+    grads = [grad(w) + rng.normal(scale=0.3, size=3).astype(np.float32) for _ in range(m)]
+    for i, g in enumerate(grads):
+      u, state = update(g, state, w, {"version": jnp.int32(step)})
+      if i < m - 1:
+        np.testing.assert_array_equal(u, 0.0)
+        assert not bool(state[0].released)
+      w = apply(w, u)
+    assert bool(state[0].released) and int(state[0].last_k) == m and int(state[0].step) == step + 1
+    v, bsp_state = bsp_update(sum(grads) / m, bsp_state, ref, {})
+    ref = apply(ref, v)
+    np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_identical_gradients_release_at_two():
+  g = np.array([1.0, -2.0, 0.5])
+  outs, states = feed(jaxsync.adaptive_k(max_k=8), [(g, 0), (g, 0)], jnp.zeros(3))
+  np.testing.assert_array_equal(outs[0], 0.0)
+  assert not bool(states[0].released) and int(states[0].fresh_count) == 1
+  assert bool(states[1].released) and int(states[1].last_k) == 2
+  np.testing.assert_allclose(outs[1], g, rtol=1e-6)  # mc_0 = mean = g
+  assert float(states[1].noise_ratio) == 0.0
+
+
+def test_zero_mean_symmetric_gradients_push_k_to_max_k():
+  g = np.random.default_rng(1).normal(size=16)
+  arrivals = [(g if i % 2 == 0 else -g, 0) for i in range(8)]
+  outs, states = feed(jaxsync.adaptive_k(max_k=8), arrivals, jnp.zeros(16))
+  assert [bool(s.released) for s in states] == [False] * 7 + [True]
+  assert int(states[-1].last_k) == 8
+  np.testing.assert_allclose(outs[-1], 0.0, atol=1e-6)  # the mean of the pairs
+
+
+def test_num_live_workers_bounds_k_when_max_k_is_none():
+  g = np.ones(4)
+  arrivals = [(g, 0), (-g, 0), (g, 0)]
+  _, states = feed(jaxsync.adaptive_k(), arrivals, jnp.zeros(4), num_live_workers=jnp.int32(3))
+  assert [bool(s.released) for s in states] == [False, False, True]
+  with pytest.raises(ValueError, match="num_live_workers"):
+    tx = jaxsync.adaptive_k()
+    tx.update(jnp.ones(4), tx.init(jnp.zeros(4)), version=0)
+
+
+def test_progressive_momentum_merges_stale_gradients_with_their_weight():
+  """mc_S = gamma mc_{S-1} + (1/k) sum_F g + (1/k) sum_R gamma^(S - j_r) g_r (eq. of §11b)."""
+  gamma = 0.5
+  rng = np.random.default_rng(2)
+  g1, g2, g3, g4, g5 = rng.normal(size=(5, 3)).astype(np.float32)
+  arrivals = [(g1, 0), (g2, 0), (g3, 0), (g4, 1), (g5, 1)]  # g3 arrives stale at S = 1
+  outs, states = feed(jaxsync.adaptive_k(momentum=gamma, max_k=2), arrivals, jnp.zeros(3))
+  mc0 = (g1 + g2) / 2
+  np.testing.assert_allclose(outs[1], mc0, rtol=1e-6)
+  # The stale arrival releases nothing, changes no momentum, and is counted.
+  np.testing.assert_array_equal(outs[2], 0.0)
+  np.testing.assert_allclose(states[2].momentum, mc0, rtol=1e-6)
+  assert int(states[2].stale_count) == 1 and int(states[2].fresh_count) == 0
+  np.testing.assert_array_equal(outs[3], 0.0)
+  mc1 = gamma * mc0 + (g4 + g5) / 2 + gamma**1 * g3 / 2
+  np.testing.assert_allclose(outs[4], mc1, rtol=1e-5, atol=1e-6)
+  assert int(states[4].stale_count) == 0 and int(states[4].step) == 2
+
+
+def test_stale_weight_is_gamma_to_the_staleness():
+  gamma = 0.5
+  g = np.ones(2, np.float32)
+  # Reach S = 3 with single-worker releases (max_k = 1), then a gradient of step 0.
+  arrivals = [(np.zeros(2), 0), (np.zeros(2), 1), (np.zeros(2), 2), (g, 0)]
+  _, states = feed(jaxsync.adaptive_k(momentum=gamma, max_k=1), arrivals, jnp.zeros(2))
+  np.testing.assert_allclose(states[-1].stale_sum, gamma**3 * g, rtol=1e-6)
+
+
+def test_lower_confidence_endpoint_is_more_conservative():
+  """Test 1 passes for two close gradients; the lower t-interval endpoint rejects them."""
+  arrivals = [(np.array([1.0, 0.0]), 0), (np.array([1.2, 0.0]), 0)]
+  _, upper = feed(jaxsync.adaptive_k(ci_endpoint="upper", max_k=8), arrivals, jnp.zeros(2))
+  _, lower = feed(jaxsync.adaptive_k(ci_endpoint="lower", max_k=8), arrivals, jnp.zeros(2))
+  assert bool(upper[-1].released)
+  # h = t_{0.975,1} * s / sqrt(2) = 12.71 * 0.1414 / 1.414 = 1.27 > |g_bar| = 1.1
+  assert not bool(lower[-1].released)
+
+
+def test_gaussian_gradients_release_near_the_predicted_k():
+  """g_i ~ N(mu, sigma^2 I_d): Test 1 holds iff V/k <= theta^2 (|mu|^2 + V/k), i.e.
+  k >= d sigma^2 (1 - theta^2) / (theta^2 |mu|^2) = 12 for d = 400, |mu|^2 = 100, theta = 0.5."""
+  d, theta, arrivals = 400, 0.5, 600
+  mu = jnp.full(d, 0.5)
+  tx = jaxsync.adaptive_k(momentum=0.0, theta=theta, max_k=64)
+
+  def run(key):
+    def body(state, key):
+      g = mu + jax.random.normal(key, (d,))
+      _, state = tx.update(g, state, None, version=state.step)
+      return state, (state.released, state.last_k)
+
+    _, (released, last_k) = jax.lax.scan(body, tx.init(mu), jax.random.split(key, arrivals))
+    return released, last_k
+
+  released, last_k = jax.jit(run)(jax.random.key(0))
+  ks = np.asarray(last_k)[np.asarray(released)]
+  assert len(ks) >= 30
+  assert ks.min() >= 9 and ks.max() <= 16, ks
+  assert 11.5 <= ks.mean() <= 13.5, ks.mean()
+
+
+def test_rejected_arrivals_leave_the_buffer_alone():
+  tx = jaxsync.adaptive_k(max_k=4)
+  update = jit_update(tx)
+  params = jnp.zeros(2)
+  state = tx.init(params)
+  _, state = update(jnp.ones(2), state, params, {"version": jnp.int32(0)})
+  u, bad = update(jnp.array([jnp.nan, 1.0]), state, params, {"version": jnp.int32(0)})
+  np.testing.assert_array_equal(u, 0.0)
+  assert_state_unchanged_but(state, bad, "nonfinite_count")
+  assert int(bad.nonfinite_count) == 1
+  u, bad = update(jnp.ones(2), state, params, {"version": jnp.int32(3)})
+  assert_state_unchanged_but(state, bad, "invalid_version_count")
+  assert int(bad.invalid_version_count) == 1 and not bool(bad.released)
+
+
+def test_readme_composition_with_clipping_and_a_stateless_learning_rate():
+  tx = optax.chain(
+      optax.clip_by_global_norm(1.0), jaxsync.adaptive_k(max_k=2), optax.scale_by_learning_rate(0.05)
+  )
+  update = jit_update(tx)
+  params = jnp.zeros(2)
+  state = tx.init(params)
+  u1, state = update(jnp.array([30.0, 40.0]), state, params, {"version": jnp.int32(0)})
+  u2, state = update(jnp.array([3.0, 4.0]), state, params, {"version": jnp.int32(0)})
+  np.testing.assert_array_equal(u1, 0.0)
+  np.testing.assert_allclose(u2, [-0.03, -0.04], rtol=1e-6)  # both clipped to (0.6, 0.8)
+  assert bool(optax.tree.get(state, "released"))
+
+
+def test_on_release_lets_adam_see_only_released_aggregates():
+  """Adam inside on_release == Adam fed the released aggregates directly."""
+  rng = np.random.default_rng(3)
+  grads = rng.normal(size=(12, 3)).astype(np.float32)
+  buffer = jaxsync.adaptive_k(momentum=0.0, max_k=3, theta=1e-6)  # release every 3rd
+  tx = jaxsync.on_release(buffer, optax.adam(0.1))
+  update = jit_update(tx)
+  adam = optax.adam(0.1)
+  adam_update = jit_update(adam)
+  w = ref = jnp.ones(3)
+  state, adam_state = tx.init(w), adam.init(ref)
+  for t, g in enumerate(grads):
+    u, state = update(g, state, w, {"version": jnp.int32(t // 3)})
+    w = apply(w, u)
+    if t % 3 == 2:
+      v, adam_state = adam_update(grads[t - 2 : t + 1].mean(0), adam_state, ref, {})
+      ref = apply(ref, v)
+      assert bool(state.released)
+    else:
+      np.testing.assert_array_equal(u, 0.0)
+    assert int(state.inner[0].count) == (t + 1) // 3
+    np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)
+  # A plain chain would have stepped Adam on every arrival: different parameters.
+  naive = optax.chain(jaxsync.adaptive_k(momentum=0.0, max_k=3, theta=1e-6), optax.adam(0.1))
+  naive_update = jit_update(naive)
+  x, naive_state = jnp.ones(3), naive.init(jnp.ones(3))
+  for t, g in enumerate(grads):
+    u, naive_state = naive_update(g, naive_state, x, {"version": jnp.int32(t // 3)})
+    x = apply(x, u)
+  assert int(naive_state[1][0].count) == 12
+  assert not np.allclose(x, ref, rtol=1e-3)
+
+
+def test_on_release_requires_a_buffering_rule():
+  with pytest.raises(ValueError, match="released"):
+    jaxsync.on_release(optax.sgd(0.1), optax.adam(0.1)).init(jnp.zeros(2))
