@@ -32,26 +32,25 @@ unchanged, counted in ``state.nonfinite_count``); wrap a plain optax rule in
 ``optax.apply_if_finite`` for the same behaviour.
 """
 
-from jaxsync._src.adaptive_k import AdaptiveKState
-from jaxsync._src.adaptive_k import adaptive_k
-from jaxsync._src.barzilai_borwein import BBStepSizeState
-from jaxsync._src.barzilai_borwein import armijo_backtracking
-from jaxsync._src.barzilai_borwein import bb_step_size
-from jaxsync._src.barzilai_borwein import gradient_noise_ratio
-from jaxsync._src.elastic import EasgdWorkerState
-from jaxsync._src.elastic import ElasticCenterState
-from jaxsync._src.elastic import ea_wild_center
-from jaxsync._src.elastic import easgd_center
-from jaxsync._src.elastic import easgd_worker
+from jaxsync._src.adaptive_k import AdaptiveKState, adaptive_k
+from jaxsync._src.barzilai_borwein import (
+    BBStepSizeState,
+    armijo_backtracking,
+    bb_step_size,
+    gradient_noise_ratio,
+)
+from jaxsync._src.elastic import (
+    EasgdWorkerState,
+    ElasticCenterState,
+    ea_wild_center,
+    easgd_center,
+    easgd_worker,
+)
 from jaxsync._src.look_ahead import look_ahead
-from jaxsync._src.ordered_momentum import OrderedMomentumState
-from jaxsync._src.ordered_momentum import ordered_momentum
-from jaxsync._src.release import OnReleaseState
-from jaxsync._src.release import on_release
-from jaxsync._src.smega2 import Smega2State
-from jaxsync._src.smega2 import smega2
-from jaxsync._src.staleness import ScaleByStalenessState
-from jaxsync._src.staleness import scale_by_staleness
+from jaxsync._src.ordered_momentum import OrderedMomentumState, ordered_momentum
+from jaxsync._src.release import OnReleaseState, on_release
+from jaxsync._src.smega2 import Smega2State, smega2
+from jaxsync._src.staleness import ScaleByStalenessState, scale_by_staleness
 
 __version__ = "0.1.0"
 

@@ -7,7 +7,8 @@ import optax
 import pytest
 
 import jaxsync
-from helpers import apply, assert_state_unchanged_but, jit_update, quadratic
+
+from helpers import apply, jit_update, quadratic
 
 
 def bb_optimizer(initial, **kwargs):

@@ -1,12 +1,12 @@
 """EASGD, EAMSGD and EA-wild (spec §12, §13)."""
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
 
 import jaxsync
+
 from helpers import apply, jit_update, quadratic
 
 

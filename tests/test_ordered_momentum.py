@@ -1,8 +1,6 @@
 """OrMo / OrMo-DA (spec §6, §7): the spec's equivalence checks and a NumPy reference."""
 
-import math
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -11,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import jaxsync
+
 from helpers import apply, asgd_trace, assert_state_unchanged_but, jit_update, quadratic
 
 

@@ -6,6 +6,7 @@ import optax
 import pytest
 
 import jaxsync
+
 from helpers import apply, jit_update, quadratic
 
 

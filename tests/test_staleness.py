@@ -8,7 +8,8 @@ import optax
 import pytest
 
 import jaxsync
-from helpers import apply, jit_update
+
+from helpers import jit_update
 
 
 def run(tx, arrivals, params):

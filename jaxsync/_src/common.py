@@ -232,4 +232,4 @@ def guarded_update(
 def tree_map_unzip(fn: Callable[..., tuple], outputs: int, tree: Any, *rest: Any) -> tuple:
   """``jax.tree.map`` for a leaf function returning ``outputs`` values: one tree each."""
   results = jax.tree.map(fn, tree, *rest)
-  return tuple(jax.tree.map(lambda _, r: r[i], tree, results) for i in range(outputs))
+  return tuple(jax.tree.map(lambda _, r, i=i: r[i], tree, results) for i in range(outputs))

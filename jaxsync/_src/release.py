@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 import optax
 from jax import lax
 
@@ -13,15 +12,17 @@ from jax import lax
 class OnReleaseState(NamedTuple):
   """State of :func:`on_release`.
 
+  Whether the last arrival released an aggregate is the buffer's ``released``
+  field; read it with ``optax.tree.get(state, "released")`` (one field of that
+  name in the whole state, so the runtimes read every rule the same way).
+
   Attributes:
     buffer: the buffering rule's state (it holds ``released``).
     inner: the inner optimizer's state; it only changes on releases.
-    released: whether the last arrival released an aggregate.
   """
 
   buffer: Any
   inner: Any
-  released: jax.Array
 
 
 def released_flag(buffer_state: Any) -> jax.Array:
@@ -79,7 +80,7 @@ def on_release(
     >>> int(state.inner[0].count)  # idle arrival: Adam did not step
     0
     >>> u, state = tx.update(jnp.array([3.0, -3.0]), state, params, version=0)
-    >>> int(state.inner[0].count), bool(state.released)
+    >>> int(state.inner[0].count), bool(optax.tree.get(state, "released"))
     (1, True)
 
   References:
@@ -91,7 +92,7 @@ def on_release(
   def init_fn(params: optax.Params) -> OnReleaseState:
     buffer_state = buffer.init(params)
     released_flag(buffer_state)  # fail early if buffer cannot release
-    return OnReleaseState(buffer_state, inner.init(params), jnp.asarray(False))
+    return OnReleaseState(buffer_state, inner.init(params))
 
   def update_fn(
       updates: optax.Updates,
@@ -109,6 +110,6 @@ def on_release(
       return optax.tree.zeros_like(aggregate), state.inner
 
     out, inner_state = lax.cond(released, step, idle)
-    return out, OnReleaseState(buffer_state, inner_state, released)
+    return out, OnReleaseState(buffer_state, inner_state)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
