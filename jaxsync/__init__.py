@@ -29,22 +29,24 @@ SMEGA² weight decay    ``optax.add_decayed_weights(wd)`` before :func:`smega2`
 
 NaN/Inf policy: jaxsync's own rules reject a non-finite arrival (zeros out, state
 unchanged, counted in ``state.nonfinite_count``); wrap a plain optax rule in
-``optax.apply_if_finite`` for the same behaviour.
+``optax.apply_if_finite`` for the same behaviour. Checking costs one read of the
+gradient; a caller that already checked it (the runtimes do, on the worker)
+passes the extra arg ``grads_finite`` and the rule trusts it.
 """
 
 from jaxsync._src.adaptive_k import AdaptiveKState, adaptive_k
 from jaxsync._src.barzilai_borwein import (
-    BBStepSizeState,
-    armijo_backtracking,
-    bb_step_size,
-    gradient_noise_ratio,
+  BBStepSizeState,
+  armijo_backtracking,
+  bb_step_size,
+  gradient_noise_ratio,
 )
 from jaxsync._src.elastic import (
-    EasgdWorkerState,
-    ElasticCenterState,
-    ea_wild_center,
-    easgd_center,
-    easgd_worker,
+  EasgdWorkerState,
+  ElasticCenterState,
+  ea_wild_center,
+  easgd_center,
+  easgd_worker,
 )
 from jaxsync._src.look_ahead import look_ahead
 from jaxsync._src.ordered_momentum import OrderedMomentumState, ordered_momentum
@@ -55,24 +57,24 @@ from jaxsync._src.staleness import ScaleByStalenessState, scale_by_staleness
 __version__ = "0.1.0"
 
 __all__ = (
-    "AdaptiveKState",
-    "BBStepSizeState",
-    "EasgdWorkerState",
-    "ElasticCenterState",
-    "OnReleaseState",
-    "OrderedMomentumState",
-    "ScaleByStalenessState",
-    "Smega2State",
-    "adaptive_k",
-    "armijo_backtracking",
-    "bb_step_size",
-    "ea_wild_center",
-    "easgd_center",
-    "easgd_worker",
-    "gradient_noise_ratio",
-    "look_ahead",
-    "on_release",
-    "ordered_momentum",
-    "scale_by_staleness",
-    "smega2",
+  "AdaptiveKState",
+  "BBStepSizeState",
+  "EasgdWorkerState",
+  "ElasticCenterState",
+  "OnReleaseState",
+  "OrderedMomentumState",
+  "ScaleByStalenessState",
+  "Smega2State",
+  "adaptive_k",
+  "armijo_backtracking",
+  "bb_step_size",
+  "ea_wild_center",
+  "easgd_center",
+  "easgd_worker",
+  "gradient_noise_ratio",
+  "look_ahead",
+  "on_release",
+  "ordered_momentum",
+  "scale_by_staleness",
+  "smega2",
 )

@@ -49,9 +49,9 @@ def rosenbrock(x):
 
 def assert_trees_close(a, b, rtol=1e-5, atol=1e-6):
   jax.tree.map(
-      lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol),
-      a,
-      b,
+    lambda x, y: np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol, atol=atol),
+    a,
+    b,
   )
 
 
@@ -61,9 +61,9 @@ def assert_state_unchanged_but(old, new, *fields):
     if name in fields:
       continue
     jax.tree.map(
-        lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
-        getattr(old, name),
-        getattr(new, name),
+      lambda x, y: np.testing.assert_array_equal(np.asarray(x), np.asarray(y)),
+      getattr(old, name),
+      getattr(new, name),
     )
 
 

@@ -50,149 +50,151 @@ def _elastic_pair(worker_kwargs=None, center="easgd", lr=0.02):
 
 
 CASES = (
-    RuleCase(
-        "ordered_momentum",
-        lambda lr=0.002: jaxsync.ordered_momentum(lr, 0.9, num_workers=NUM_WORKERS),
-        "server",
-        quadratic_lr=0.005,
-        rosenbrock_lr=0.0001,
-        version_field="count",
-        invalid=(
-            (jaxsync.ordered_momentum, dict(learning_rate=-0.1, num_workers=4), "learning_rate"),
-            (jaxsync.ordered_momentum, dict(learning_rate=0.1, momentum=1.0, num_workers=4), "momentum"),
-            (jaxsync.ordered_momentum, dict(learning_rate=0.1, num_workers=0), "num_workers"),
-            (jaxsync.ordered_momentum, dict(learning_rate=0.1, num_workers=2.5), "num_workers"),
-            (
-                jaxsync.ordered_momentum,
-                dict(learning_rate=0.1, num_workers=4, delay_measure="seconds"),
-                "delay_measure",
-            ),
-            (jaxsync.ordered_momentum, dict(learning_rate=0.1, num_workers=4, delay_adaptive="yes"), "delay_adaptive"),
-        ),
+  RuleCase(
+    "ordered_momentum",
+    lambda lr=0.002: jaxsync.ordered_momentum(lr, 0.9, num_workers=NUM_WORKERS),
+    "server",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0001,
+    version_field="count",
+    invalid=(
+      (jaxsync.ordered_momentum, dict(learning_rate=-0.1, num_workers=4), "learning_rate"),
+      (jaxsync.ordered_momentum, dict(learning_rate=0.1, momentum=1.0, num_workers=4), "momentum"),
+      (jaxsync.ordered_momentum, dict(learning_rate=0.1, num_workers=0), "num_workers"),
+      (jaxsync.ordered_momentum, dict(learning_rate=0.1, num_workers=2.5), "num_workers"),
+      (
+        jaxsync.ordered_momentum,
+        dict(learning_rate=0.1, num_workers=4, delay_measure="seconds"),
+        "delay_measure",
+      ),
+      (
+        jaxsync.ordered_momentum,
+        dict(learning_rate=0.1, num_workers=4, delay_adaptive="yes"),
+        "delay_adaptive",
+      ),
     ),
-    RuleCase(
-        "ordered_momentum_da",
-        lambda lr=0.002: jaxsync.ordered_momentum(lr, 0.9, num_workers=NUM_WORKERS, delay_adaptive=True),
-        "server",
-        quadratic_lr=0.005,
-        rosenbrock_lr=0.0001,
-        version_field="count",
+  ),
+  RuleCase(
+    "ordered_momentum_da",
+    lambda lr=0.002: jaxsync.ordered_momentum(lr, 0.9, num_workers=NUM_WORKERS, delay_adaptive=True),
+    "server",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0001,
+    version_field="count",
+  ),
+  RuleCase(
+    "adaptive_k",
+    lambda lr=0.002: optax.chain(
+      jaxsync.adaptive_k(momentum=0.9, max_k=NUM_WORKERS), optax.scale_by_learning_rate(lr)
     ),
-    RuleCase(
-        "adaptive_k",
-        lambda lr=0.002: optax.chain(
-            jaxsync.adaptive_k(momentum=0.9, max_k=NUM_WORKERS), optax.scale_by_learning_rate(lr)
-        ),
-        "server",
-        quadratic_lr=0.005,
-        rosenbrock_lr=5e-05,
-        version_field="step",
-        invalid=(
-            (jaxsync.adaptive_k, dict(momentum=-0.1), "momentum"),
-            (jaxsync.adaptive_k, dict(theta=0.0), "theta"),
-            (jaxsync.adaptive_k, dict(theta=1.5), "theta"),
-            (jaxsync.adaptive_k, dict(confidence=1.0), "confidence"),
-            (jaxsync.adaptive_k, dict(ci_endpoint="middle"), "ci_endpoint"),
-            (jaxsync.adaptive_k, dict(max_k=0), "max_k"),
-        ),
+    "server",
+    quadratic_lr=0.005,
+    rosenbrock_lr=5e-05,
+    version_field="step",
+    invalid=(
+      (jaxsync.adaptive_k, dict(momentum=-0.1), "momentum"),
+      (jaxsync.adaptive_k, dict(theta=0.0), "theta"),
+      (jaxsync.adaptive_k, dict(theta=1.5), "theta"),
+      (jaxsync.adaptive_k, dict(confidence=1.0), "confidence"),
+      (jaxsync.adaptive_k, dict(ci_endpoint="middle"), "ci_endpoint"),
+      (jaxsync.adaptive_k, dict(max_k=0), "max_k"),
     ),
-    RuleCase(
-        "on_release_adam",
-        lambda lr=0.01: jaxsync.on_release(
-            jaxsync.adaptive_k(momentum=0.0, max_k=NUM_WORKERS), optax.adam(lr)
-        ),
-        "server",
-        quadratic_lr=0.02,
-        rosenbrock_lr=0.01,
-        version_field="step",
+  ),
+  RuleCase(
+    "on_release_adam",
+    lambda lr=0.01: jaxsync.on_release(jaxsync.adaptive_k(momentum=0.0, max_k=NUM_WORKERS), optax.adam(lr)),
+    "server",
+    quadratic_lr=0.02,
+    rosenbrock_lr=0.01,
+    version_field="step",
+  ),
+  RuleCase(
+    "scale_by_staleness",
+    lambda lr=0.01: optax.chain(jaxsync.scale_by_staleness("linear"), optax.scale_by_learning_rate(lr)),
+    "server",
+    quadratic_lr=0.02,
+    rosenbrock_lr=0.001,
+    version_field="step",
+    invalid=(
+      (jaxsync.scale_by_staleness, dict(mode="quadratic"), "mode"),
+      (jaxsync.scale_by_staleness, dict(mode="exponential", penalty=-1.0), "penalty"),
+      (jaxsync.scale_by_staleness, dict(gradients_per_update=0), "gradients_per_update"),
     ),
-    RuleCase(
-        "scale_by_staleness",
-        lambda lr=0.01: optax.chain(jaxsync.scale_by_staleness("linear"), optax.scale_by_learning_rate(lr)),
-        "server",
-        quadratic_lr=0.02,
-        rosenbrock_lr=0.001,
-        version_field="step",
-        invalid=(
-            (jaxsync.scale_by_staleness, dict(mode="quadratic"), "mode"),
-            (jaxsync.scale_by_staleness, dict(mode="exponential", penalty=-1.0), "penalty"),
-            (jaxsync.scale_by_staleness, dict(gradients_per_update=0), "gradients_per_update"),
-        ),
+  ),
+  RuleCase(
+    "scale_by_staleness_softsync",
+    lambda lr=0.01: optax.chain(
+      jaxsync.scale_by_staleness("exponential", penalty=0.1, gradients_per_update=2),
+      optax.scale_by_learning_rate(lr),
     ),
-    RuleCase(
-        "scale_by_staleness_softsync",
-        lambda lr=0.01: optax.chain(
-            jaxsync.scale_by_staleness("exponential", penalty=0.1, gradients_per_update=2),
-            optax.scale_by_learning_rate(lr),
-        ),
-        "server",
-        quadratic_lr=0.02,
-        rosenbrock_lr=0.0005,
-        version_field="step",
+    "server",
+    quadratic_lr=0.02,
+    rosenbrock_lr=0.0005,
+    version_field="step",
+  ),
+  RuleCase(
+    "smega2",
+    lambda lr=0.002: jaxsync.smega2(lr, 0.9, num_workers=NUM_WORKERS),
+    "server",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0001,
+    version_field="count",
+    invalid=(
+      (jaxsync.smega2, dict(learning_rate=0.0, num_workers=4), "learning_rate"),
+      (jaxsync.smega2, dict(learning_rate=0.1, num_workers=-1), "num_workers"),
+      (jaxsync.smega2, dict(learning_rate=0.1, num_workers=4, dampening=1.0), "dampening"),
+      (jaxsync.smega2, dict(learning_rate=0.1, num_workers=4, look_ahead="far"), "look_ahead"),
     ),
-    RuleCase(
-        "smega2",
-        lambda lr=0.002: jaxsync.smega2(lr, 0.9, num_workers=NUM_WORKERS),
-        "server",
-        quadratic_lr=0.005,
-        rosenbrock_lr=0.0001,
-        version_field="count",
-        invalid=(
-            (jaxsync.smega2, dict(learning_rate=0.0, num_workers=4), "learning_rate"),
-            (jaxsync.smega2, dict(learning_rate=0.1, num_workers=-1), "num_workers"),
-            (jaxsync.smega2, dict(learning_rate=0.1, num_workers=4, dampening=1.0), "dampening"),
-            (jaxsync.smega2, dict(learning_rate=0.1, num_workers=4, look_ahead="far"), "look_ahead"),
-        ),
+  ),
+  RuleCase(
+    "bb_step_size",
+    lambda lr=0.002: optax.chain(jaxsync.bb_step_size(lr, smoothing=0.1), optax.scale(-1.0)),
+    "worker",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0001,
+    invalid=(
+      (jaxsync.bb_step_size, dict(initial_step_size=0.0, smoothing=0.5), "initial_step_size"),
+      (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=0.0), "smoothing"),
+      (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=float("nan")), "smoothing"),
+      (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=0.5, armijo_shrink=1.0), "armijo_shrink"),
+      (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=0.5, max_backtracks=-1), "max_backtracks"),
     ),
-    RuleCase(
-        "bb_step_size",
-        lambda lr=0.002: optax.chain(jaxsync.bb_step_size(lr, smoothing=0.1), optax.scale(-1.0)),
-        "worker",
-        quadratic_lr=0.005,
-        rosenbrock_lr=0.0001,
-        invalid=(
-            (jaxsync.bb_step_size, dict(initial_step_size=0.0, smoothing=0.5), "initial_step_size"),
-            (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=0.0), "smoothing"),
-            (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=float("nan")), "smoothing"),
-            (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=0.5, armijo_shrink=1.0), "armijo_shrink"),
-            (jaxsync.bb_step_size, dict(initial_step_size=0.1, smoothing=0.5, max_backtracks=-1), "max_backtracks"),
-        ),
+  ),
+  RuleCase(
+    "easgd_worker",
+    lambda lr=0.002: _elastic_pair(lr=lr)[0],
+    "elastic",
+    quadratic_lr=0.02,
+    rosenbrock_lr=0.001,
+    invalid=(
+      (jaxsync.easgd_worker, dict(learning_rate=0.1, moving_rate=1.5), "moving_rate"),
+      (jaxsync.easgd_worker, dict(learning_rate=0.1, moving_rate=0.1, period=0), "period"),
+      (jaxsync.easgd_worker, dict(learning_rate=0.1, moving_rate=0.1, momentum=1.0), "momentum"),
     ),
-    RuleCase(
-        "easgd_worker",
-        lambda lr=0.002: _elastic_pair(lr=lr)[0],
-        "elastic",
-        quadratic_lr=0.02,
-        rosenbrock_lr=0.001,
-        invalid=(
-            (jaxsync.easgd_worker, dict(learning_rate=0.1, moving_rate=1.5), "moving_rate"),
-            (jaxsync.easgd_worker, dict(learning_rate=0.1, moving_rate=0.1, period=0), "period"),
-            (jaxsync.easgd_worker, dict(learning_rate=0.1, moving_rate=0.1, momentum=1.0), "momentum"),
-        ),
-    ),
-    RuleCase(
-        "eamsgd_worker",
-        lambda lr=0.002: _elastic_pair({"momentum": 0.9, "period": 4}, lr=lr)[0],
-        "elastic",
-        quadratic_lr=0.02,
-        rosenbrock_lr=0.0003,
-    ),
-    RuleCase(
-        "easgd_center",
-        lambda lr=0.002: _elastic_pair(lr=lr)[1],
-        "elastic",
-        quadratic_lr=0.02,
-        rosenbrock_lr=0.001,
-        invalid=((jaxsync.easgd_center, dict(moving_rate=-0.1), "moving_rate"),),
-    ),
-    RuleCase(
-        "ea_wild_center",
-        lambda lr=0.002: _elastic_pair(center="wild", lr=lr)[1],
-        "elastic",
-        quadratic_lr=0.02,
-        rosenbrock_lr=0.001,
-        invalid=((jaxsync.ea_wild_center, dict(moving_rate=2.0), "moving_rate"),),
-    ),
+  ),
+  RuleCase(
+    "eamsgd_worker",
+    lambda lr=0.002: _elastic_pair({"momentum": 0.9, "period": 4}, lr=lr)[0],
+    "elastic",
+    quadratic_lr=0.02,
+    rosenbrock_lr=0.0003,
+  ),
+  RuleCase(
+    "easgd_center",
+    lambda lr=0.002: _elastic_pair(lr=lr)[1],
+    "elastic",
+    quadratic_lr=0.02,
+    rosenbrock_lr=0.001,
+    invalid=((jaxsync.easgd_center, dict(moving_rate=-0.1), "moving_rate"),),
+  ),
+  RuleCase(
+    "ea_wild_center",
+    lambda lr=0.002: _elastic_pair(center="wild", lr=lr)[1],
+    "elastic",
+    quadratic_lr=0.02,
+    rosenbrock_lr=0.001,
+    invalid=((jaxsync.ea_wild_center, dict(moving_rate=2.0), "moving_rate"),),
+  ),
 )
 
 
@@ -215,9 +217,7 @@ def run_server(case: RuleCase, tx, loss: Callable, x0: jax.Array, steps: int):
     w, state, points, versions = carry
     i = t % NUM_WORKERS
     g = grad(points[i])
-    u, state = tx.update(
-        g, state, w, version=versions[i], num_live_workers=jnp.int32(NUM_WORKERS)
-    )
+    u, state = tx.update(g, state, w, version=versions[i], num_live_workers=jnp.int32(NUM_WORKERS))
     w = optax.apply_updates(w, u)
     points = points.at[i].set(jaxsync.look_ahead(w, state))
     versions = versions.at[i].set(current_version(state))
@@ -266,7 +266,7 @@ def run_elastic(case: RuleCase, tx, loss: Callable, x0: jax.Array, steps: int, l
     e, new_center_state = center_rule.update(x, center_state, center, center_read=read)
     center = jnp.where(wstate.exchanged, optax.apply_updates(center, e), center)
     center_state = jax.tree.map(
-        lambda new, old: jnp.where(wstate.exchanged, new, old), new_center_state, center_state
+      lambda new, old: jnp.where(wstate.exchanged, new, old), new_center_state, center_state
     )
     xs = xs.at[i].set(optax.apply_updates(x, u))
     worker_states = jax.tree.map(lambda s, n: s.at[i].set(n), worker_states, wstate)
@@ -296,8 +296,8 @@ def extra_args_for(case: RuleCase, state: Any, params: Any) -> dict:
   """Valid extra args for one update of ``case`` on ``params`` (for single-step tests)."""
   if case.driver == "server":
     return {
-        "version": optax.tree.get(state, case.version_field),
-        "num_live_workers": jnp.int32(NUM_WORKERS),
+      "version": optax.tree.get(state, case.version_field),
+      "num_live_workers": jnp.int32(NUM_WORKERS),
     }
   if case.driver == "elastic":
     return {"center": params, "center_read": params}

@@ -154,7 +154,7 @@ def test_rejected_arrivals_leave_the_buffer_alone():
 
 def test_readme_composition_with_clipping_and_a_stateless_learning_rate():
   tx = optax.chain(
-      optax.clip_by_global_norm(1.0), jaxsync.adaptive_k(max_k=2), optax.scale_by_learning_rate(0.05)
+    optax.clip_by_global_norm(1.0), jaxsync.adaptive_k(max_k=2), optax.scale_by_learning_rate(0.05)
   )
   update = jit_update(tx)
   params = jnp.zeros(2)

@@ -52,8 +52,8 @@ def test_smoothing_and_noise_correction():
 
 
 @pytest.mark.parametrize(
-    "case,noise_ratio",
-    [("negative curvature", 0.0), ("no movement", 0.0), ("noise ratio >= 1", 1.5)],
+  "case,noise_ratio",
+  [("negative curvature", 0.0), ("no movement", 0.0), ("noise ratio >= 1", 1.5)],
 )
 def test_safeguards_keep_the_previous_step(case, noise_ratio):
   tx = jaxsync.bb_step_size(0.3, smoothing=1.0)

@@ -1,6 +1,5 @@
 """OrMo / OrMo-DA (spec §6, §7): the spec's equivalence checks and a NumPy reference."""
 
-
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -85,7 +84,7 @@ def test_zero_momentum_is_asgd():
   trace = asgd_trace(rng.integers(0, 4, size=40), 4)
   grads = rng.normal(size=(40, 3)).astype(np.float32)
   history = run_ormo(
-      jaxsync.ordered_momentum(0.1, 0.0, num_workers=4), [(g, s) for g, (_, s) in zip(grads, trace)], np.ones(3)
+    jaxsync.ordered_momentum(0.1, 0.0, num_workers=4), [(g, s) for g, (_, s) in zip(grads, trace)], np.ones(3)
   )
   expected = np.ones(3) - 0.1 * np.cumsum(grads, axis=0)
   np.testing.assert_allclose(np.stack([w for w, _ in history]), expected, rtol=1e-5, atol=1e-5)
@@ -106,9 +105,7 @@ def test_synchronous_schedule_is_ssgdm_with_summed_gradients():
     noise = rng.normal(scale=0.1, size=(k, 3)).astype(np.float32)
     grads = [grad(ref_w) + noise[i] for i in range(k)]
     for i, g in enumerate(grads):
-      u, state = update(
-          g, state, w, {"version": jnp.int32(r * k), "waiting_set_empty": jnp.bool_(i == 0)}
-      )
+      u, state = update(g, state, w, {"version": jnp.int32(r * k), "waiting_set_empty": jnp.bool_(i == 0)})
       w = apply(w, u)
     ref_u = beta * ref_u + eta * sum(grads)
     ref_w = ref_w - ref_u
@@ -127,9 +124,7 @@ def test_final_state_is_invariant_to_arrival_order():
   versions = np.concatenate([np.zeros(fixed, int), rng.integers(0, fixed + 1, size=n - fixed)])
   finals = []
   for seed in range(4):
-    order = np.concatenate(
-        [np.arange(fixed), np.random.default_rng(seed).permutation(np.arange(fixed, n))]
-    )
+    order = np.concatenate([np.arange(fixed), np.random.default_rng(seed).permutation(np.arange(fixed, n))])
     arrivals = [(grads[i], int(versions[i])) for i in order]
     w, state = run_ormo(jaxsync.ordered_momentum(0.1, 0.9, num_workers=k), arrivals, np.zeros(5))[-1]
     assert int(state.count) == n and int(state.invalid_version_count) == 0
@@ -164,7 +159,7 @@ def test_delay_adaptive_equals_ormo_below_threshold():
   assert max(t - s for t, (_, s) in enumerate(trace)) <= 2 * k
   plain = run_ormo(jaxsync.ordered_momentum(0.1, 0.9, num_workers=k), arrivals, np.ones(4))
   adaptive = run_ormo(
-      jaxsync.ordered_momentum(0.1, 0.9, num_workers=k, delay_adaptive=True), arrivals, np.ones(4)
+    jaxsync.ordered_momentum(0.1, 0.9, num_workers=k, delay_adaptive=True), arrivals, np.ones(4)
   )
   for (w1, _), (w2, _) in zip(plain, adaptive):
     np.testing.assert_allclose(w1, w2, rtol=1e-6, atol=1e-7)
@@ -217,16 +212,16 @@ def test_schedule_learning_rate_follows_the_count():
 
 @settings(max_examples=30, deadline=None)
 @given(
-    num_workers=st.integers(1, 6),
-    choices=st.lists(st.integers(0, 5), min_size=1, max_size=40),
-    beta=st.floats(0.0, 0.99),
-    eta=st.floats(0.01, 1.0),
-    delay_adaptive=st.booleans(),
-    measure=st.sampled_from(["iterations", "groups"]),
-    seed=st.integers(0, 2**16),
+  num_workers=st.integers(1, 6),
+  choices=st.lists(st.integers(0, 5), min_size=1, max_size=40),
+  beta=st.floats(0.0, 0.99),
+  eta=st.floats(0.01, 1.0),
+  delay_adaptive=st.booleans(),
+  measure=st.sampled_from(["iterations", "groups"]),
+  seed=st.integers(0, 2**16),
 )
 def test_matches_numpy_reference_on_random_asynchronous_traces(
-    num_workers, choices, beta, eta, delay_adaptive, measure, seed
+  num_workers, choices, beta, eta, delay_adaptive, measure, seed
 ):
   """Random arrival orders (hence random delays) against the spec's Algorithm 2."""
   trace = asgd_trace([c % num_workers for c in choices], num_workers)
@@ -235,7 +230,7 @@ def test_matches_numpy_reference_on_random_asynchronous_traces(
   w0 = np.array([0.5, -1.0, 2.0])
   expected = ormo_reference(arrivals, num_workers, beta, eta, w0, delay_adaptive, measure)
   tx = jaxsync.ordered_momentum(
-      eta, beta, num_workers=num_workers, delay_adaptive=delay_adaptive, delay_measure=measure
+    eta, beta, num_workers=num_workers, delay_adaptive=delay_adaptive, delay_measure=measure
   )
   got = run_ormo(tx, arrivals, w0)
   scale = 1.0 + max(float(np.abs(w).max()) for w, _ in expected)

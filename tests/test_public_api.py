@@ -55,6 +55,6 @@ def test_reconstructed_formulas_say_so(name):
 @pytest.mark.parametrize("module", MODULES)
 def test_docstring_examples_run(module):
   result = doctest.testmod(
-      importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
+    importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
   )
   assert result.failed == 0

@@ -23,8 +23,8 @@ def run(tx, arrivals, params):
 
 
 @pytest.mark.parametrize(
-    "mode,penalty,factor",
-    [("linear", None, lambda tau: 1 / max(tau, 1)), ("exponential", 0.3, lambda tau: math.exp(-0.3 * tau))],
+  "mode,penalty,factor",
+  [("linear", None, lambda tau: 1 / max(tau, 1)), ("exponential", 0.3, lambda tau: math.exp(-0.3 * tau))],
 )
 def test_staleness_factor(mode, penalty, factor):
   g = np.array([1.0, 2.0])
@@ -46,7 +46,9 @@ def test_one_softsync_with_fresh_gradients_is_bsp():
   for r in range(3):
     for i in range(lam - 1):
       np.testing.assert_array_equal(outs[r * lam + i], 0.0)
-    np.testing.assert_allclose(outs[r * lam + lam - 1], -0.1 * grads[r * lam : (r + 1) * lam].mean(0), rtol=1e-5)
+    np.testing.assert_allclose(
+      outs[r * lam + lam - 1], -0.1 * grads[r * lam : (r + 1) * lam].mean(0), rtol=1e-5
+    )
   assert int(state[0].step) == 3
 
 

@@ -1,5 +1,7 @@
 """The shared suite: every public rule through the same checks (issue 2, "A shared suite")."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -60,6 +62,24 @@ def test_no_recompilation_on_the_second_call(case):
   assert len(traces) == 1
 
 
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_state_buffers_can_be_donated_with_the_params(case):
+  """No state buffer aliases the params or another state buffer: a step that donates
+  both (as the runtimes and the benchmark do) must run, twice."""
+  tx = case.make()
+
+  @functools.partial(jax.jit, donate_argnums=(1, 2))
+  def step(grads, state, params):
+    updates, state = tx.update(grads, state, params, **extra_args_for(case, state, params))
+    return optax.apply_updates(params, updates), state
+
+  params = _params(jnp.float32)
+  state = tx.init(params)
+  for _ in range(2):
+    params, state = step(_grads(jnp.float32), state, params)
+  assert all(bool(jnp.all(jnp.isfinite(x))) for x in jax.tree.leaves(params))
+
+
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=["float32", "bfloat16"])
 @pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
 def test_dtypes_are_stable(case, dtype):
@@ -92,7 +112,7 @@ INVALID = [(c.name, factory, kwargs, arg) for c in CASES for factory, kwargs, ar
 
 
 @pytest.mark.parametrize(
-    "name,factory,kwargs,arg", INVALID, ids=[f"{n}-{a}-{i}" for i, (n, _, _, a) in enumerate(INVALID)]
+  "name,factory,kwargs,arg", INVALID, ids=[f"{n}-{a}-{i}" for i, (n, _, _, a) in enumerate(INVALID)]
 )
 def test_invalid_hyperparameters_are_rejected_by_name_and_value(name, factory, kwargs, arg):
   with pytest.raises(ValueError) as error:
@@ -129,3 +149,19 @@ def test_nonfinite_gradients_are_rejected_counted_and_forgotten(case, bad):
   expected, _ = update(good, state, params)
   got, _ = update(good, after_bad, params)
   jax.tree.map(np.testing.assert_array_equal, got, expected)
+
+
+@pytest.mark.parametrize("case", CASES, ids=CASE_IDS)
+def test_grads_finite_flag_replaces_the_scan(case):
+  """A caller that already checked the gradient passes grads_finite: False rejects
+  (and counts) a finite-looking arrival, True gives exactly the self-checked result."""
+  tx, update, _ = _traced_update(case)
+  params = _params(jnp.float32)
+  state = tx.init(params)
+  extra = extra_args_for(case, state, params)
+  expected, expected_state = tx.update(_grads(jnp.float32), state, params, **extra)
+  got, got_state = tx.update(_grads(jnp.float32), state, params, **extra, grads_finite=jnp.bool_(True))
+  jax.tree.map(np.testing.assert_array_equal, (got, got_state), (expected, expected_state))
+  out, flagged = tx.update(_grads(jnp.float32), state, params, **extra, grads_finite=jnp.bool_(False))
+  jax.tree.map(lambda x: np.testing.assert_array_equal(x, 0.0), out)
+  assert int(optax.tree.get(flagged, "nonfinite_count")) == 1

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from jax import lax
 
 from jaxsync._src import common
 
@@ -29,10 +30,13 @@ class AdaptiveKState(NamedTuple):
   Attributes:
     step: ``S``, the number of releases so far; the server version.
     fresh_count: ``k`` of the fresh gradients buffered for step ``S``.
-    fresh_mean: running mean of the buffered fresh gradients (Welford).
-    fresh_m2: running per-coordinate sum of squared deviations (Welford).
+    fresh_mean: running mean of the buffered fresh gradients (Welford); only
+      meaningful while ``fresh_count > 0`` (buffers are reset lazily).
+    fresh_m2: per-coordinate sum of squared deviations (Welford), kept only
+      for ``ci_endpoint="lower"`` (``()`` otherwise).
+    fresh_m2_total: the sum of ``fresh_m2`` over coordinates, ``(k - 1) V``.
     stale_sum: ``sum_r gamma^(S - j_r) g_r`` over the stale arrivals since the
-      last release.
+      last release; only meaningful while ``stale_count > 0``.
     stale_count: the number of stale arrivals since the last release.
     momentum: ``mc``, the progressive momentum.
     released: whether the last arrival released an aggregate.
@@ -47,7 +51,8 @@ class AdaptiveKState(NamedTuple):
   step: jax.Array
   fresh_count: jax.Array
   fresh_mean: optax.Updates
-  fresh_m2: optax.Updates
+  fresh_m2: Any
+  fresh_m2_total: jax.Array
   stale_sum: optax.Updates
   stale_count: jax.Array
   momentum: optax.Updates
@@ -68,12 +73,12 @@ def _t_quantiles(confidence: float, max_df: int) -> np.ndarray:
 
 
 def adaptive_k(
-    *,
-    momentum: float = 0.9,
-    theta: float = 1.0,
-    confidence: float = 0.95,
-    ci_endpoint: str = "upper",
-    max_k: int | None = None,
+  *,
+  momentum: float = 0.9,
+  theta: float = 1.0,
+  confidence: float = 0.95,
+  ci_endpoint: str = "upper",
+  max_k: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Adaptive k-synchronization with progressive momentum (seed 000), server side.
 
@@ -113,8 +118,10 @@ def adaptive_k(
   [RECON] The seed's equations (8)-(26) are lost; the tests are reconstructed
   from De et al. (2017). Read literally, the seed takes "the maximum value of
   the confidence interval" (``ci_endpoint="upper"``, ``+``), which makes Test 2
-  implied by Test 1; ``ci_endpoint="lower"`` takes
-  ``mu_hat_j = max(|g_bar_j| - h_j, 0)``, the conservative reading. The stale
+  implied by Test 1 (``|mu_hat| >= |g_bar|``), so it is not evaluated and no
+  per-coordinate variance is stored; ``ci_endpoint="lower"`` takes
+  ``mu_hat_j = max(|g_bar_j| - h_j, 0)``, the conservative reading, and keeps
+  the per-coordinate ``M2`` it needs. The stale
   normalisation ``1/k`` is the spec's; its alternative ``1/k_{j_r}`` (the k of
   step ``j_r``) is not implemented.
 
@@ -159,52 +166,55 @@ def adaptive_k(
   gamma = common.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True)
   theta = common.check_real(_RULE, "theta", theta, low=0.0, high=1.0, low_open=True)
   confidence = common.check_real(
-      _RULE, "confidence", confidence, low=0.0, high=1.0, low_open=True, high_open=True
+    _RULE, "confidence", confidence, low=0.0, high=1.0, low_open=True, high_open=True
   )
   ci_endpoint = common.check_choice(_RULE, "ci_endpoint", ci_endpoint, CI_ENDPOINTS)
   if max_k is not None:
     max_k = common.check_int(_RULE, "max_k", max_k, low=1)
-  t_table = jnp.asarray(
-      _t_quantiles(confidence, max(max_k - 1, 1) if max_k else _DEFAULT_T_TABLE)
-  )
+  # Per-coordinate variances are needed by Test 2 with the lower endpoint only.
+  per_coordinate_m2 = ci_endpoint == "lower"
+  t_table = jnp.asarray(_t_quantiles(confidence, max(max_k - 1, 1) if max_k else _DEFAULT_T_TABLE))
 
   def init_fn(params: optax.Params) -> AdaptiveKState:
-    stats_zeros = jax.tree.map(
-        lambda p: jnp.zeros(jnp.shape(p), common.statistics_dtype(jnp.result_type(p))),
-        params,
-    )
+    def stats_zeros():
+      return jax.tree.map(
+        lambda p: jnp.zeros(jnp.shape(p), common.statistics_dtype(jnp.result_type(p))), params
+      )
+
     return AdaptiveKState(
-        step=common.zeros_int(),
-        fresh_count=common.zeros_int(),
-        fresh_mean=stats_zeros,
-        fresh_m2=stats_zeros,
-        stale_sum=optax.tree.zeros_like(params),
-        stale_count=common.zeros_int(),
-        momentum=optax.tree.zeros_like(params),
-        released=jnp.asarray(False),
-        last_k=common.zeros_int(),
-        noise_ratio=jnp.zeros([], jnp.float32),
-        nonfinite_count=common.zeros_int(),
-        invalid_version_count=common.zeros_int(),
+      step=common.zeros_int(),
+      fresh_count=common.zeros_int(),
+      fresh_mean=stats_zeros(),
+      fresh_m2=stats_zeros() if per_coordinate_m2 else (),
+      fresh_m2_total=jnp.zeros([], jnp.float32),
+      stale_sum=optax.tree.zeros_like(params),
+      stale_count=common.zeros_int(),
+      momentum=optax.tree.zeros_like(params),
+      released=jnp.asarray(False),
+      last_k=common.zeros_int(),
+      noise_ratio=jnp.zeros([], jnp.float32),
+      nonfinite_count=common.zeros_int(),
+      invalid_version_count=common.zeros_int(),
     )
 
   def update_fn(
-      updates: optax.Updates,
-      state: AdaptiveKState,
-      params: optax.Params | None = None,
-      *,
-      version: Any = None,
-      num_live_workers: Any = None,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: AdaptiveKState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    version: Any = None,
+    num_live_workers: Any = None,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, AdaptiveKState]:
     del params, extra_args
     version = common.require_extra_arg(
-        _RULE, "version", version, "the server step the gradient was computed on"
+      _RULE, "version", version, "the server step the gradient was computed on"
     )
     if max_k is None and num_live_workers is None:
       raise ValueError(
-          f"{_RULE}: with max_k=None the update needs the extra argument "
-          "num_live_workers=... (the forced-release bound); pass it, or set max_k."
+        f"{_RULE}: with max_k=None the update needs the extra argument "
+        "num_live_workers=... (the forced-release bound); pass it, or set max_k."
       )
     step = state.step
     s = jnp.asarray(version, jnp.int32)
@@ -213,89 +223,122 @@ def adaptive_k(
     if num_live_workers is not None:
       bound = jnp.minimum(bound, jnp.asarray(num_live_workers, jnp.int32))
 
-    def apply():
+    def apply(accept, rejected):
       gamma_ = jnp.asarray(gamma, jnp.float32)
       fresh = s == step
-      k = state.fresh_count + fresh.astype(jnp.int32)
+      add_fresh = accept & fresh
+      add_stale = accept & jnp.logical_not(fresh)
+      # Buffers are reset lazily: after a release the counts are zero and the
+      # next arrival overwrites the buffer instead of adding to it. So the
+      # buffers never depend on the release decision, which needs reductions.
+      first_fresh = state.fresh_count == 0
+      first_stale = state.stale_count == 0
+      k = state.fresh_count + add_fresh.astype(jnp.int32)
       k_f = jnp.maximum(k, 1).astype(jnp.float32)
-      fresh_f = fresh.astype(jnp.float32)
+      # Welford, with M2 written from the new mean so that the old mean has
+      # one reader: m2 += (k / (k - 1)) (g - mean_new)^2 equals the textbook
+      # m2 += (g - mean_old)(g - mean_new).
+      m2_scale = jnp.where(k >= 2, k_f / jnp.maximum(k_f - 1.0, 1.0), 0.0)
 
-      # Welford's update of the fresh mean and per-coordinate M2 (no-op when stale).
-      def welford(g, mean, m2):
+      def new_mean(g, mean):
         g32 = g.astype(mean.dtype)
-        delta = g32 - mean
-        new_mean = mean + fresh_f * delta / k_f
-        new_m2 = m2 + fresh_f * delta * (g32 - new_mean)
-        return new_mean, new_m2
+        running = mean + (g32 - mean) / k_f
+        return jnp.where(add_fresh, jnp.where(first_fresh, g32, running), mean)
 
-      mean, m2 = common.tree_map_unzip(welford, 2, updates, state.fresh_mean, state.fresh_m2)
-
+      mean = jax.tree.map(new_mean, updates, state.fresh_mean)
       # §11b: a stale gradient of step j carries gamma^(S - j) in mc_S.
-      stale_weight = jnp.where(fresh, 0.0, gamma_ ** (step - s).astype(jnp.float32))
-      stale_sum = jax.tree.map(
-          lambda acc, g: acc + (stale_weight * g).astype(acc.dtype), state.stale_sum, updates
-      )
+      stale_weight = gamma_ ** (step - s).astype(jnp.float32)
 
-      # §11a: the two tests on the fresh set (only meaningful for k >= 2).
+      def new_stale(g, acc):
+        weighted = (stale_weight * g).astype(acc.dtype)
+        return jnp.where(add_stale, jnp.where(first_stale, weighted, acc + weighted), acc)
+
+      stale_sum = jax.tree.map(new_stale, updates, state.stale_sum)
+      if per_coordinate_m2:
+
+        def new_m2(g, mu, m2):
+          dev = g.astype(mu.dtype) - mu
+          grown = jnp.where(first_fresh, jnp.zeros_like(m2), m2 + m2_scale * dev * dev)
+          return jnp.where(add_fresh, grown, m2)
+
+        m2 = jax.tree.map(new_m2, updates, mean, state.fresh_m2)
+        mean, m2, stale_sum = lax.optimization_barrier((mean, m2, stale_sum))
+        m2_total = sum(jnp.sum(x) for x in jax.tree.leaves(m2))
+      else:
+        m2 = state.fresh_m2  # () : the t-interval is implied, see below
+        mean, stale_sum = lax.optimization_barrier((mean, stale_sum))
+        dev_sq = common.tree_sq_norm(jax.tree.map(lambda g, mu: g.astype(mu.dtype) - mu, updates, mean))
+        grown = jnp.where(first_fresh, 0.0, state.fresh_m2_total + m2_scale * dev_sq)
+        m2_total = jnp.where(add_fresh, grown, state.fresh_m2_total)
+
+      # §11a: the tests on the fresh set (only meaningful for k >= 2).
       dof = jnp.maximum(k - 1, 1).astype(jnp.float32)
       mean_sq = common.tree_sq_norm(mean)
-      variance = sum(jnp.sum(x) for x in jax.tree.leaves(m2)) / dof  # V, eq. (12)
-      t_quantile = t_table[jnp.clip(k - 2, 0, t_table.shape[0] - 1)]
-      half_width_scale = t_quantile / jnp.sqrt(k_f)
+      error = m2_total / dof / k_f  # V / k, V of eq. (12)
+      tests_pass = (k >= 2) & (error <= theta**2 * mean_sq)  # Test 1, eq. (13)
+      if per_coordinate_m2:
+        # Test 2 with the lower endpoint. With the upper endpoint
+        # |mu_hat| >= |g_bar|, so Test 1 implies Test 2 and it is not evaluated.
+        t_quantile = t_table[jnp.clip(k - 2, 0, t_table.shape[0] - 1)]
+        half_width_scale = t_quantile / jnp.sqrt(k_f)
 
-      def mu_hat_sq(mu, m):
-        h = half_width_scale * jnp.sqrt(jnp.maximum(m, 0.0) / dof)
-        if ci_endpoint == "upper":
-          endpoint = jnp.abs(mu) + h
-        else:
-          endpoint = jnp.maximum(jnp.abs(mu) - h, 0.0)
-        return jnp.sum(jnp.square(endpoint))
+        def lower_sq(mu, m):
+          h = half_width_scale * jnp.sqrt(jnp.maximum(m, 0.0) / dof)
+          return jnp.sum(jnp.square(jnp.maximum(jnp.abs(mu) - h, 0.0)))
 
-      ci_sq = sum(jax.tree.leaves(jax.tree.map(mu_hat_sq, mean, m2)))
-      error = variance / k_f
-      norm_test = error <= theta**2 * mean_sq
-      interval_test = error <= theta**2 * ci_sq
-      tests_pass = (k >= 2) & norm_test & interval_test
-      release = fresh & (tests_pass | (k >= bound))
+        ci_sq = sum(jax.tree.leaves(jax.tree.map(lower_sq, mean, m2)))
+        tests_pass = tests_pass & (error <= theta**2 * ci_sq)
+      release = add_fresh & (tests_pass | (k >= bound))
+
+      has_stale = state.stale_count + add_stale.astype(jnp.int32) > 0
+      stale_scale = jnp.where(has_stale, 1.0 / k_f, 0.0)
 
       def merge(mc, mu, acc):
-        direction = gamma_ * mc.astype(mu.dtype) + mu + acc.astype(mu.dtype) / k_f
+        direction = gamma_ * mc.astype(mu.dtype) + mu + stale_scale * acc.astype(mu.dtype)
         return jnp.where(release, direction.astype(mc.dtype), mc)
 
-      momentum_ = jax.tree.map(merge, state.momentum, mean, stale_sum)
+      momentum_ = lax.optimization_barrier(jax.tree.map(merge, state.momentum, mean, stale_sum))
       out = jax.tree.map(
-          lambda g, mc: jnp.where(release, mc, jnp.zeros_like(mc)).astype(g.dtype),
-          updates,
-          momentum_,
+        lambda g, mc: jnp.where(release, mc, jnp.zeros_like(mc)).astype(g.dtype), updates, momentum_
       )
-      reset = lambda tree: jax.tree.map(lambda x: jnp.where(release, jnp.zeros_like(x), x), tree)
-      noise_ratio = jnp.where(
-          mean_sq > 0, error / jnp.where(mean_sq > 0, mean_sq, 1.0), jnp.inf
-      )
-      return out, state._replace(
+      noise_ratio = jnp.where(mean_sq > 0, error / jnp.where(mean_sq > 0, mean_sq, 1.0), jnp.inf)
+      stale_count = state.stale_count + add_stale.astype(jnp.int32)
+      scalars = common.keep_if(
+        accept,
+        dict(
           step=jnp.where(release, common.increment(step), step),
           fresh_count=jnp.where(release, 0, k),
-          fresh_mean=reset(mean),
-          fresh_m2=reset(m2),
-          stale_sum=reset(stale_sum),
-          stale_count=jnp.where(
-              release, 0, state.stale_count + jnp.logical_not(fresh).astype(jnp.int32)
-          ),
-          momentum=momentum_,
+          fresh_m2_total=m2_total.astype(jnp.float32),
+          stale_count=jnp.where(release, 0, stale_count),
           released=release,
           last_k=jnp.where(release, k, state.last_k),
-          noise_ratio=jnp.where(
-              release, jnp.where(k >= 2, noise_ratio, 0.0), state.noise_ratio
-          ).astype(jnp.float32),
+          noise_ratio=jnp.where(release, jnp.where(k >= 2, noise_ratio, 0.0), state.noise_ratio).astype(
+            jnp.float32
+          ),
+        ),
+        dict(
+          step=rejected.step,
+          fresh_count=rejected.fresh_count,
+          fresh_m2_total=rejected.fresh_m2_total,
+          stale_count=rejected.stale_count,
+          released=rejected.released,
+          last_k=rejected.last_k,
+          noise_ratio=rejected.noise_ratio,
+        ),
+      )
+      # The arrays are selected already (each exactly once; see guarded_update).
+      return out, rejected._replace(
+        fresh_mean=mean, fresh_m2=m2, stale_sum=stale_sum, momentum=momentum_, **scalars
       )
 
     # A rejected arrival releases nothing; the flag must say so.
     return common.guarded_update(
-        updates,
-        state,
-        apply,
-        version_ok=version_ok,
-        rejected_state=state._replace(released=jnp.asarray(False)),
+      updates,
+      state,
+      apply,
+      grads_finite=grads_finite,
+      version_ok=version_ok,
+      rejected_state=state._replace(released=jnp.asarray(False)),
     )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

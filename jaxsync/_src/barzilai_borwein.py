@@ -16,15 +16,15 @@ _RULE = "bb_step_size"
 
 
 def armijo_backtracking(
-    value_fn: Callable[[optax.Params], jax.Array],
-    params: optax.Params,
-    grads: optax.Updates,
-    step_size: jax.Array | float,
-    *,
-    slope: float = 0.1,
-    shrink: float = 0.5,
-    max_backtracks: int = 20,
-    value: jax.Array | None = None,
+  value_fn: Callable[[optax.Params], jax.Array],
+  params: optax.Params,
+  grads: optax.Updates,
+  step_size: jax.Array | float,
+  *,
+  slope: float = 0.1,
+  shrink: float = 0.5,
+  max_backtracks: int = 20,
+  value: jax.Array | None = None,
 ) -> jax.Array:
   r"""Backtracks a step size until the Armijo condition holds; usable inside ``jit``.
 
@@ -120,12 +120,12 @@ class BBStepSizeState(NamedTuple):
 
 
 def bb_step_size(
-    initial_step_size: float,
-    *,
-    smoothing: float,
-    armijo_slope: float = 0.1,
-    armijo_shrink: float = 0.5,
-    max_backtracks: int = 10,
+  initial_step_size: float,
+  *,
+  smoothing: float,
+  armijo_slope: float = 0.1,
+  armijo_shrink: float = 0.5,
+  max_backtracks: int = 10,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Per-worker adaptive Barzilai-Borwein step size (seed 000, Algorithm 2), worker side.
 
@@ -201,67 +201,62 @@ def bb_step_size(
 
   def init_fn(params: optax.Params) -> BBStepSizeState:
     return BBStepSizeState(
-        count=common.zeros_int(),
-        step_size=jnp.asarray(initial, jnp.float32),
-        curvature=jnp.asarray(jnp.nan, jnp.float32),
-        accepted=jnp.asarray(False),
-        noise_ratio=jnp.zeros([], jnp.float32),
-        prev_params=jax.tree.map(jnp.asarray, params),
-        prev_grads=optax.tree.zeros_like(params),
-        nonfinite_count=common.zeros_int(),
+      count=common.zeros_int(),
+      step_size=jnp.asarray(initial, jnp.float32),
+      curvature=jnp.asarray(jnp.nan, jnp.float32),
+      accepted=jnp.asarray(False),
+      noise_ratio=jnp.zeros([], jnp.float32),
+      prev_params=jax.tree.map(jnp.array, params),  # a copy: params may be donated
+      prev_grads=optax.tree.zeros_like(params),
+      nonfinite_count=common.zeros_int(),
     )
 
   def update_fn(
-      updates: optax.Updates,
-      state: BBStepSizeState,
-      params: optax.Params | None = None,
-      *,
-      noise_ratio: Any = 0.0,
-      value_fn: Callable[[optax.Params], jax.Array] | None = None,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: BBStepSizeState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    noise_ratio: Any = 0.0,
+    value_fn: Callable[[optax.Params], jax.Array] | None = None,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, BBStepSizeState]:
     del extra_args
     params = common.require_extra_arg(_RULE, "params", params, "the worker's parameters theta")
     r = jnp.asarray(noise_ratio, jnp.float32)
 
-    def apply():
+    def apply(accept, rejected):
       move = jax.tree.map(lambda p, q: p - q, params, state.prev_params)
       corrected_prev = common.tree_scaled(state.prev_grads, 1.0 - state.noise_ratio)
       grad_change = jax.tree.map(lambda g, h: g - h.astype(g.dtype), updates, corrected_prev)
       nu = common.tree_vdot(grad_change, move) / common.tree_sq_norm(move)
       proposal = (1.0 - r) / nu
       accepted = (
-          (state.count > 0)
-          & jnp.isfinite(nu)
-          & (nu > 0)
-          & (r < 1)
-          & jnp.isfinite(proposal)
-          & (proposal > 0)
+        (state.count > 0) & jnp.isfinite(nu) & (nu > 0) & (r < 1) & jnp.isfinite(proposal) & (proposal > 0)
       )
-      alpha = jnp.where(
-          accepted, (1.0 - beta_s) * state.step_size + beta_s * proposal, state.step_size
-      )
+      alpha = jnp.where(accepted, (1.0 - beta_s) * state.step_size + beta_s * proposal, state.step_size)
       if value_fn is not None:
         alpha = armijo_backtracking(
-            value_fn,
-            params,
-            updates,
-            alpha,
-            slope=armijo_slope,
-            shrink=armijo_shrink,
-            max_backtracks=max_backtracks,
+          value_fn,
+          params,
+          updates,
+          alpha,
+          slope=armijo_slope,
+          shrink=armijo_shrink,
+          max_backtracks=max_backtracks,
         )
-      return common.tree_scaled(updates, alpha), state._replace(
-          count=common.increment(state.count),
-          step_size=alpha,
-          curvature=jnp.where(state.count > 0, nu, jnp.nan).astype(jnp.float32),
-          accepted=accepted,
-          noise_ratio=r,
-          prev_params=jax.tree.map(lambda p, q: p.astype(q.dtype), params, state.prev_params),
-          prev_grads=jax.tree.map(lambda g, q: g.astype(q.dtype), updates, state.prev_grads),
+      proposed = state._replace(
+        count=common.increment(state.count),
+        step_size=alpha,
+        curvature=jnp.where(state.count > 0, nu, jnp.nan).astype(jnp.float32),
+        accepted=accepted,
+        noise_ratio=r,
+        prev_params=jax.tree.map(lambda p, q: p.astype(q.dtype), params, state.prev_params),
+        prev_grads=jax.tree.map(lambda g, q: g.astype(q.dtype), updates, state.prev_grads),
       )
+      return common.tree_scaled(updates, alpha), common.keep_if(accept, proposed, rejected)
 
-    return common.guarded_update(updates, state, apply)
+    return common.guarded_update(updates, state, apply, grads_finite=grads_finite)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
@@ -302,14 +297,11 @@ def gradient_noise_ratio(per_example_grads: optax.Updates) -> jax.Array:
   if batch < 2 or any(leaf.ndim == 0 or leaf.shape[0] != batch for leaf in leaves):
     shapes = [tuple(leaf.shape) for leaf in leaves]
     raise ValueError(
-        f"gradient_noise_ratio: per_example_grads has leaf shapes {shapes}; expected "
-        "every leaf to have the same leading batch axis of size >= 2."
+      f"gradient_noise_ratio: per_example_grads has leaf shapes {shapes}; expected "
+      "every leaf to have the same leading batch axis of size >= 2."
     )
   mean = jax.tree.map(lambda x: jnp.mean(x.astype(jnp.float32), axis=0), per_example_grads)
-  spread = sum(
-      jnp.sum(jnp.square(x.astype(jnp.float32) - m))
-      for x, m in zip(leaves, jax.tree.leaves(mean))
-  )
+  spread = sum(jnp.sum(jnp.square(x.astype(jnp.float32) - m)) for x, m in zip(leaves, jax.tree.leaves(mean)))
   variance = spread / (batch - 1)
   mean_sq = common.tree_sq_norm(mean)
   return jnp.where(mean_sq > 0, variance / (batch * jnp.where(mean_sq > 0, mean_sq, 1.0)), jnp.inf)

@@ -10,6 +10,9 @@ Every rule in jaxsync treats an arrival the same way (design.md, "Errors"):
   and counts the rejection in the state (``nonfinite_count``,
   ``invalid_version_count``) so the host can report it. Nothing is silently
   corrupted and a later valid arrival continues as if the bad one never came.
+* Every rule's update takes the optional extra arg ``grads_finite`` (bool
+  scalar): a caller that already checked the gradient passes the result and
+  the rule skips its own scan (see :func:`guarded_update`).
 """
 
 from __future__ import annotations
@@ -22,7 +25,6 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from jax import lax
 
 # ---------------------------------------------------------------------------
 # Python-level hyperparameter validation.
@@ -43,14 +45,14 @@ def invalid(rule: str, name: str, value: Any, expected: str) -> ValueError:
 
 
 def check_real(
-    rule: str,
-    name: str,
-    value: Any,
-    *,
-    low: float | None = None,
-    high: float | None = None,
-    low_open: bool = False,
-    high_open: bool = False,
+  rule: str,
+  name: str,
+  value: Any,
+  *,
+  low: float | None = None,
+  high: float | None = None,
+  low_open: bool = False,
+  high_open: bool = False,
 ) -> float:
   """Checks that ``value`` is a finite real number inside the given interval."""
   left = "(" if low_open else "["
@@ -94,10 +96,10 @@ def check_learning_rate(rule: str, value: Any) -> optax.ScalarOrSchedule:
     return value
   if not _is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:
     raise invalid(
-        rule,
-        "learning_rate",
-        value,
-        "a positive finite number or a schedule (a callable step -> rate)",
+      rule,
+      "learning_rate",
+      value,
+      "a positive finite number or a schedule (a callable step -> rate)",
     )
   return float(value)
 
@@ -112,8 +114,8 @@ def require_extra_arg(rule: str, name: str, value: Any, meaning: str) -> jax.Arr
   """Extra args a rule cannot work without; a Python-level (trace-time) check."""
   if value is None:
     raise ValueError(
-        f"{rule}: the update needs the extra argument {name}=... ({meaning}); "
-        f"pass it as tx.update(grads, state, params, {name}=...)."
+      f"{rule}: the update needs the extra argument {name}=... ({meaning}); "
+      f"pass it as tx.update(grads, state, params, {name}=...)."
     )
   return value
 
@@ -129,17 +131,20 @@ def zeros_int() -> jax.Array:
 
 def increment(counter: jax.Array, by: jax.Array | bool = True) -> jax.Array:
   """Adds ``by`` (a bool or int) to an int32 counter, saturating at the maximum."""
-  return jnp.where(
-      counter < jnp.iinfo(jnp.int32).max, counter + jnp.asarray(by, jnp.int32), counter
-  )
+  return jnp.where(counter < jnp.iinfo(jnp.int32).max, counter + jnp.asarray(by, jnp.int32), counter)
 
 
 def tree_all_finite(tree: Any) -> jax.Array:
-  """True when no leaf of ``tree`` holds a NaN or an Inf."""
-  leaves = jax.tree.leaves(tree)
+  """True when no leaf of ``tree`` holds a NaN or an Inf.
+
+  ``max |x|`` is finite iff every element is (NaN propagates through ``max``);
+  one reduction per leaf, cheaper on CPU than materializing ``isfinite``.
+  """
+  leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.size(leaf)]
   if not leaves:
     return jnp.asarray(True)
-  return jnp.all(jnp.stack([jnp.all(jnp.isfinite(leaf)) for leaf in leaves]))
+  peaks = jnp.stack([jnp.max(jnp.abs(leaf)).astype(jnp.float32) for leaf in leaves])
+  return jnp.all(jnp.isfinite(peaks))
 
 
 def tree_scaled(tree: Any, scale: jax.Array) -> Any:
@@ -152,14 +157,12 @@ def tree_sq_norm(tree: Any) -> jax.Array:
   leaves = jax.tree.leaves(tree)
   if not leaves:
     return jnp.zeros([], jnp.float32)
-  return sum(
-      jnp.sum(jnp.square(leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32))))
-      for leaf in leaves
-  )
+  return sum(jnp.sum(jnp.square(leaf.astype(jnp.promote_types(leaf.dtype, jnp.float32)))) for leaf in leaves)
 
 
 def tree_vdot(a: Any, b: Any) -> jax.Array:
   """Inner product of two trees, accumulated in float32 (or wider)."""
+
   def leaf_vdot(x, y):
     dtype = jnp.promote_types(jnp.promote_types(x.dtype, y.dtype), jnp.float32)
     return jnp.sum(x.astype(dtype) * y.astype(dtype))
@@ -180,26 +183,50 @@ def statistics_dtype(dtype: Any) -> Any:
 # ---------------------------------------------------------------------------
 
 
+def keep_if(accept: jax.Array, new: Any, old: Any) -> Any:
+  """``new`` where the arrival is accepted, ``old`` otherwise, leaf by leaf."""
+  return jax.tree.map(lambda n, o: jnp.where(accept, n, o.astype(n.dtype)), new, old)
+
+
 def guarded_update(
-    grads: Any,
-    state: Any,
-    compute: Callable[[], tuple[Any, Any]],
-    *,
-    version_ok: jax.Array | None = None,
-    rejected_state: Any = None,
+  grads: Any,
+  state: Any,
+  compute: Callable[[jax.Array], tuple[Any, Any]],
+  *,
+  grads_finite: Any = None,
+  version_ok: jax.Array | None = None,
+  rejected_state: Any = None,
 ) -> tuple[Any, Any]:
-  """Runs ``compute`` only for an arrival that is finite and has a valid version.
+  """Applies an arrival only if it is finite and has a valid version.
 
   A rejected arrival returns exact zeros and the unchanged state, with
-  ``state.nonfinite_count`` or ``state.invalid_version_count`` incremented. The
-  rejection branch copies nothing: ``lax.cond`` runs one branch only.
+  ``state.nonfinite_count`` or ``state.invalid_version_count`` incremented.
+
+  Why selects and not ``lax.cond``: on CPU a conditional materializes the
+  updates and copies the state buffers it passes through (measured: 3.6x the
+  cost of ``optax.sgd`` with momentum on 10M parameters), while a ``where``
+  fuses into the loops that compute the update. ``compute`` receives the
+  ``accept`` flag and returns the state already selected (:func:`keep_if`
+  against ``rejected_state``), each array selected once, and derives updates
+  that depend on new state from the selected arrays: selecting a buffer twice,
+  or reading the old one in a second loop, makes XLA copy the whole buffer
+  before updating it in place (measured: 1.2x became 3.6x).
+
+  Checking the gradient costs one read of it, a sizable part of a server step
+  whose update reads and writes a few parameter-sized arrays. A caller that
+  already knows (a runtime computes the flag on the worker, off the server's
+  critical path) passes ``grads_finite`` and the scan is skipped; the flag is
+  then trusted, and a NaN it hides propagates.
 
   Args:
     grads: the arriving gradient (or worker model) tree.
     state: the rule's state, a NamedTuple with a ``nonfinite_count`` field (and
       ``invalid_version_count`` when ``version_ok`` is given).
-    compute: ``() -> (updates, new_state)`` for an accepted arrival; the updates
-      must have the structure and dtypes of ``grads``.
+    compute: ``(accept, rejected_state) -> (updates, new_state)`` where
+      ``new_state`` equals ``rejected_state`` when ``accept`` is false; the
+      updates must have the structure and dtypes of ``grads`` (they are zeroed
+      here when ``accept`` is false).
+    grads_finite: bool scalar or ``None`` (then ``grads`` is checked here).
     version_ok: bool scalar, whether the arrival's version is possible.
     rejected_state: the state a rejected arrival leaves (before counting);
       default ``state``. Rules with per-arrival flags (``released``) clear them.
@@ -207,25 +234,21 @@ def guarded_update(
   Returns:
     ``(updates, new_state)``.
   """
-  finite = tree_all_finite(grads)
+  if grads_finite is None:
+    finite = tree_all_finite(grads)
+  else:
+    finite = jnp.asarray(grads_finite, jnp.bool_)
   accept = finite if version_ok is None else jnp.logical_and(finite, version_ok)
-
   if rejected_state is None:
     rejected_state = state
 
-  def reject():
-    return optax.tree.zeros_like(grads), rejected_state
-
-  updates, new_state = lax.cond(accept, compute, reject)
-  new_state = new_state._replace(
-      nonfinite_count=increment(state.nonfinite_count, jnp.logical_not(finite))
-  )
+  updates, new_state = compute(accept, rejected_state)
+  updates = jax.tree.map(lambda u: jnp.where(accept, u, jnp.zeros_like(u)), updates)
+  new_state = new_state._replace(nonfinite_count=increment(state.nonfinite_count, jnp.logical_not(finite)))
   if version_ok is not None:
     # A non-finite arrival is counted once, as non-finite.
     bad_version = jnp.logical_and(finite, jnp.logical_not(version_ok))
-    new_state = new_state._replace(
-        invalid_version_count=increment(state.invalid_version_count, bad_version)
-    )
+    new_state = new_state._replace(invalid_version_count=increment(state.invalid_version_count, bad_version))
   return updates, new_state
 
 

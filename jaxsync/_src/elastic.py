@@ -14,7 +14,7 @@ from jaxsync._src import common
 def elastic_difference(worker_params: optax.Params, center: optax.Params, moving_rate: Any) -> optax.Params:
   """``e = alpha (x - w_center)``: what one elastic exchange moves (worker -e, centre +e)."""
   return jax.tree.map(
-      lambda x, c: (moving_rate * (x - c.astype(x.dtype))).astype(x.dtype), worker_params, center
+    lambda x, c: (moving_rate * (x - c.astype(x.dtype))).astype(x.dtype), worker_params, center
   )
 
 
@@ -40,17 +40,15 @@ class EasgdWorkerState(NamedTuple):
     """``x + delta v``: where EAMSGD takes its gradient (``x`` itself for EASGD)."""
     if isinstance(self.velocity, tuple) and not self.velocity:
       return params
-    return jax.tree.map(
-        lambda x, v: x + (self.momentum * v).astype(x.dtype), params, self.velocity
-    )
+    return jax.tree.map(lambda x, v: x + (self.momentum * v).astype(x.dtype), params, self.velocity)
 
 
 def easgd_worker(
-    learning_rate: optax.ScalarOrSchedule,
-    *,
-    moving_rate: float,
-    period: int = 1,
-    momentum: float = 0.0,
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  moving_rate: float,
+  period: int = 1,
+  momentum: float = 0.0,
 ) -> optax.GradientTransformationExtraArgs:
   r"""The EASGD / EAMSGD worker: local SGD (or Nesterov) pulled towards the centre.
 
@@ -112,46 +110,50 @@ def easgd_worker(
 
   def init_fn(params: optax.Params) -> EasgdWorkerState:
     return EasgdWorkerState(
-        count=common.zeros_int(),
-        velocity=optax.tree.zeros_like(params) if delta > 0 else (),
-        momentum=jnp.asarray(delta, jnp.float32),
-        exchanged=jnp.asarray(False),
-        nonfinite_count=common.zeros_int(),
+      count=common.zeros_int(),
+      velocity=optax.tree.zeros_like(params) if delta > 0 else (),
+      momentum=jnp.asarray(delta, jnp.float32),
+      exchanged=jnp.asarray(False),
+      nonfinite_count=common.zeros_int(),
     )
 
   def update_fn(
-      updates: optax.Updates,
-      state: EasgdWorkerState,
-      params: optax.Params | None = None,
-      *,
-      center: optax.Params | None = None,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: EasgdWorkerState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    center: optax.Params | None = None,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, EasgdWorkerState]:
     del extra_args
     params = common.require_extra_arg(rule, "params", params, "the worker's parameters x")
     center = common.require_extra_arg(rule, "center", center, "the centre parameters the worker read")
 
-    def apply():
+    def apply(accept, rejected):
       rate = common.learning_rate_at(learning_rate, state.count)
       exchange = state.count % period == 0
       pull = elastic_difference(params, center, jnp.where(exchange, alpha, 0.0))
       if delta > 0:
         velocity = jax.tree.map(
-            lambda v, g: (delta * v - rate * g.astype(v.dtype)).astype(v.dtype),
-            state.velocity,
-            updates,
+          lambda v, g: (delta * v - rate * g.astype(v.dtype)).astype(v.dtype),
+          state.velocity,
+          updates,
         )
         local = jax.tree.map(lambda g, v: v.astype(g.dtype), updates, velocity)
       else:
         velocity = ()
         local = jax.tree.map(lambda g: (-rate * g).astype(g.dtype), updates)
       out = jax.tree.map(lambda step, e: (step - e).astype(step.dtype), local, pull)
-      return out, state._replace(
-          count=common.increment(state.count), velocity=velocity, exchanged=exchange
-      )
+      proposed = state._replace(count=common.increment(state.count), velocity=velocity, exchanged=exchange)
+      return out, common.keep_if(accept, proposed, rejected)
 
     return common.guarded_update(
-        updates, state, apply, rejected_state=state._replace(exchanged=jnp.asarray(False))
+      updates,
+      state,
+      apply,
+      grads_finite=grads_finite,
+      rejected_state=state._replace(exchanged=jnp.asarray(False)),
     )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
@@ -177,27 +179,27 @@ def _elastic_center(rule: str, moving_rate: float, lock_free: bool) -> optax.Gra
     return ElasticCenterState(count=common.zeros_int(), nonfinite_count=common.zeros_int())
 
   def update_fn(
-      updates: optax.Updates,
-      state: ElasticCenterState,
-      params: optax.Params | None = None,
-      *,
-      center_read: optax.Params | None = None,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: ElasticCenterState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    center_read: optax.Params | None = None,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, ElasticCenterState]:
     del extra_args
     if lock_free:
       reference = common.require_extra_arg(
-          rule, "center_read", center_read, "the centre parameters the worker read, lock-free"
+        rule, "center_read", center_read, "the centre parameters the worker read, lock-free"
       )
     else:
       reference = common.require_extra_arg(rule, "params", params, "the current centre parameters")
 
-    def apply():
-      return elastic_difference(updates, reference, alpha), state._replace(
-          count=common.increment(state.count)
-      )
+    def apply(accept, rejected):
+      proposed = state._replace(count=common.increment(state.count))
+      return elastic_difference(updates, reference, alpha), common.keep_if(accept, proposed, rejected)
 
-    return common.guarded_update(updates, state, apply)
+    return common.guarded_update(updates, state, apply, grads_finite=grads_finite)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 

@@ -60,7 +60,6 @@ def look_ahead(params: optax.Params, opt_state: Any) -> optax.Params:
   if len(found) > 1:
     names = ", ".join(type(s).__name__ for s in found)
     raise ValueError(
-        f"look_ahead: opt_state holds {len(found)} look-ahead rules ({names}); "
-        "expected at most one."
+      f"look_ahead: opt_state holds {len(found)} look-ahead rules ({names}); expected at most one."
     )
   return found[0].look_ahead(params) if found else params

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 
 from jaxsync._src import common
 
@@ -46,12 +47,12 @@ def _geometric_sum(beta: jax.Array, terms: jax.Array) -> jax.Array:
 
 
 def ordered_momentum(
-    learning_rate: optax.ScalarOrSchedule,
-    momentum: float = 0.9,
-    *,
-    num_workers: int,
-    delay_adaptive: bool = False,
-    delay_measure: str = "iterations",
+  learning_rate: optax.ScalarOrSchedule,
+  momentum: float = 0.9,
+  *,
+  num_workers: int,
+  delay_adaptive: bool = False,
+  delay_measure: str = "iterations",
 ) -> optax.GradientTransformationExtraArgs:
   r"""Ordered momentum (OrMo) for asynchronous SGD, server side, learning rate inside.
 
@@ -131,68 +132,81 @@ def ordered_momentum(
 
   def init_fn(params: optax.Params) -> OrderedMomentumState:
     return OrderedMomentumState(
-        count=common.zeros_int(),
-        group=common.zeros_int(),
-        momentum=optax.tree.zeros_like(params),
-        last_delay=common.zeros_int(),
-        nonfinite_count=common.zeros_int(),
-        invalid_version_count=common.zeros_int(),
+      count=common.zeros_int(),
+      group=common.zeros_int(),
+      momentum=optax.tree.zeros_like(params),
+      last_delay=common.zeros_int(),
+      nonfinite_count=common.zeros_int(),
+      invalid_version_count=common.zeros_int(),
     )
 
   def update_fn(
-      updates: optax.Updates,
-      state: OrderedMomentumState,
-      params: optax.Params | None = None,
-      *,
-      version: Any = None,
-      waiting_set_empty: Any = True,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: OrderedMomentumState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    version: Any = None,
+    waiting_set_empty: Any = True,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, OrderedMomentumState]:
     del params, extra_args
-    version = common.require_extra_arg(
-        _RULE, "version", version, "the version the gradient was computed on"
-    )
+    version = common.require_extra_arg(_RULE, "version", version, "the version the gradient was computed on")
     t = state.count
     s = jnp.asarray(version, jnp.int32)
     # (a) The look-ahead fires when the waiting set is empty and t enters a new group.
     crosses = jnp.logical_and(
-        jnp.asarray(waiting_set_empty, jnp.bool_), _ceil_div(t, num_workers) > state.group
+      jnp.asarray(waiting_set_empty, jnp.bool_), _ceil_div(t, num_workers) > state.group
     )
     group = state.group + crosses.astype(jnp.int32)
     # (b) Group distance; delta >= 0 is the paper's invariant, enforced by rejection.
     delta = group - _ceil_div(s, num_workers)
     version_ok = (s >= 0) & (s <= t) & (delta >= 0)
 
-    def apply():
+    def apply(accept, rejected):
       beta_ = jnp.asarray(beta, jnp.float32)
       rate = common.learning_rate_at(learning_rate, t)
       delay = t - s
       if delay_adaptive and delay_measure == "iterations":
         threshold = 2 * num_workers
-        rate = jnp.where(
-            delay <= threshold, rate, rate * num_workers / jnp.maximum(delay, 1)
-        )
+        rate = jnp.where(delay <= threshold, rate, rate * num_workers / jnp.maximum(delay, 1))
       elif delay_adaptive:
         rate = jnp.where(delta <= 1, rate, rate / jnp.maximum(delta, 1))
       delta_f = delta.astype(jnp.float32)
       momentum_coef = rate * beta_**delta_f
       param_coef = rate * _geometric_sum(beta_, delta_f + 1.0)
       decay = jnp.where(crosses, beta_, 1.0)
-      lookahead = jnp.where(crosses, beta_, 0.0)
+      # With the look-ahead, w <- w - beta u_old - param_coef g, and beta u_old =
+      # u_new - momentum_coef g. Writing the step from u_new keeps one reader of
+      # u_old, so XLA updates u in place instead of copying it first.
+      from_momentum = crosses.astype(jnp.float32)
+      from_gradient = from_momentum * momentum_coef - param_coef
 
-      def leaf(g, u):
-        step = -(lookahead.astype(u.dtype) * u + param_coef.astype(g.dtype) * g)
-        new_u = decay.astype(u.dtype) * u + momentum_coef.astype(g.dtype) * g
-        return step.astype(g.dtype), new_u.astype(u.dtype)
-
-      new_updates, new_momentum = common.tree_map_unzip(leaf, 2, updates, state.momentum)
-      return new_updates, state._replace(
-          count=common.increment(t),
-          group=group,
-          momentum=new_momentum,
-          last_delay=delay,
+      new_momentum = jax.tree.map(
+        lambda g, u: jnp.where(
+          accept, decay.astype(u.dtype) * u + momentum_coef.astype(g.dtype) * g, u
+        ).astype(u.dtype),
+        updates,
+        state.momentum,
+      )
+      # The barrier stops XLA from recomputing u_new (from u_old) inside the loop
+      # that computes the step: u is then read once and updated in place.
+      new_momentum = lax.optimization_barrier(new_momentum)
+      new_updates = jax.tree.map(
+        lambda g, u: (-from_momentum.astype(u.dtype) * u + from_gradient.astype(g.dtype) * g).astype(g.dtype),
+        updates,
+        new_momentum,
+      )
+      scalars = common.keep_if(
+        accept,
+        (common.increment(t), group, t - s),
+        (rejected.count, rejected.group, rejected.last_delay),
+      )
+      count, group_, last_delay = scalars
+      return new_updates, rejected._replace(
+        count=count, group=group_, last_delay=last_delay, momentum=new_momentum
       )
 
-    return common.guarded_update(updates, state, apply, version_ok=version_ok)
+    return common.guarded_update(updates, state, apply, grads_finite=grads_finite, version_ok=version_ok)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -34,15 +34,15 @@ def released_flag(buffer_state: Any) -> jax.Array:
   flag = optax.tree.get(buffer_state, "released")
   if flag is None:
     raise ValueError(
-        "on_release: buffer has no 'released' field in its state; expected a "
-        "buffering rule such as jaxsync.adaptive_k or jaxsync.scale_by_staleness "
-        "(or a chain containing one)."
+      "on_release: buffer has no 'released' field in its state; expected a "
+      "buffering rule such as jaxsync.adaptive_k or jaxsync.scale_by_staleness "
+      "(or a chain containing one)."
     )
   return flag
 
 
 def on_release(
-    buffer: optax.GradientTransformation, inner: optax.GradientTransformation
+  buffer: optax.GradientTransformation, inner: optax.GradientTransformation
 ) -> optax.GradientTransformationExtraArgs:
   r"""Applies ``inner`` only to the aggregates that a buffering rule releases.
 
@@ -95,10 +95,10 @@ def on_release(
     return OnReleaseState(buffer_state, inner.init(params))
 
   def update_fn(
-      updates: optax.Updates,
-      state: OnReleaseState,
-      params: optax.Params | None = None,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: OnReleaseState,
+    params: optax.Params | None = None,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, OnReleaseState]:
     aggregate, buffer_state = buffer.update(updates, state.buffer, params, **extra_args)
     released = released_flag(buffer_state)

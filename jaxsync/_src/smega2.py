@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 
 from jaxsync._src import common
 
@@ -26,7 +27,8 @@ class Smega2State(NamedTuple):
     count: arrivals applied (indexes the learning-rate schedule).
     cycle_position: ``c`` in ``{0, .., N-1}``.
     momentum: ``v``, the single momentum buffer (gradient units, form B).
-    accumulator: ``G``, the gradients of the current cycle.
+    accumulator: ``G``, the gradients of the current cycle (reset lazily: it
+      holds stale values while ``cycle_position == 0``, where ``b = 0``).
     look_ahead_momentum_scale: ``a = eta beta (N - c + c beta)`` (advanced) or
       ``eta beta N`` (naive).
     look_ahead_accumulator_scale: ``b = eta beta c / N`` (advanced) or 0 (naive).
@@ -44,23 +46,22 @@ class Smega2State(NamedTuple):
   def look_ahead(self, params: optax.Params) -> optax.Params:
     """``w_hat = w - a v - b G``: where the replying worker computes its next gradient."""
     return jax.tree.map(
-        lambda w, v, g: w
-        - (self.look_ahead_momentum_scale * v + self.look_ahead_accumulator_scale * g).astype(
-            w.dtype
-        ),
-        params,
-        self.momentum,
-        self.accumulator,
+      lambda w, v, g: (
+        w - (self.look_ahead_momentum_scale * v + self.look_ahead_accumulator_scale * g).astype(w.dtype)
+      ),
+      params,
+      self.momentum,
+      self.accumulator,
     )
 
 
 def smega2(
-    learning_rate: optax.ScalarOrSchedule,
-    momentum: float = 0.9,
-    *,
-    num_workers: int,
-    dampening: float = 0.0,
-    look_ahead: str = "advanced",
+  learning_rate: optax.ScalarOrSchedule,
+  momentum: float = 0.9,
+  *,
+  num_workers: int,
+  dampening: float = 0.0,
+  look_ahead: str = "advanced",
 ) -> optax.GradientTransformationExtraArgs:
   r"""SMEGA²: one shared momentum, updated once per cycle of N arrivals; server side.
 
@@ -132,49 +133,75 @@ def smega2(
   def init_fn(params: optax.Params) -> Smega2State:
     a, b = scales(common.learning_rate_at(learning_rate, common.zeros_int()), common.zeros_int())
     return Smega2State(
-        count=common.zeros_int(),
-        cycle_position=common.zeros_int(),
-        momentum=optax.tree.zeros_like(params),
-        accumulator=optax.tree.zeros_like(params),
-        look_ahead_momentum_scale=a,
-        look_ahead_accumulator_scale=b,
-        nonfinite_count=common.zeros_int(),
+      count=common.zeros_int(),
+      cycle_position=common.zeros_int(),
+      momentum=optax.tree.zeros_like(params),
+      accumulator=optax.tree.zeros_like(params),
+      look_ahead_momentum_scale=a,
+      look_ahead_accumulator_scale=b,
+      nonfinite_count=common.zeros_int(),
     )
 
   def update_fn(
-      updates: optax.Updates,
-      state: Smega2State,
-      params: optax.Params | None = None,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: Smega2State,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, Smega2State]:
     del params, extra_args
 
-    def apply():
+    def apply(accept, rejected):
       rate = common.learning_rate_at(learning_rate, state.count)
       c = (state.cycle_position + 1) % n
       cycle_ends = c == 0
+      cycle_starts = state.cycle_position == 0  # G is reset lazily: overwrite it
 
-      def leaf(g, v, acc):
-        acc = acc + g.astype(acc.dtype)
-        step = -(rate * (g + beta * v.astype(g.dtype))).astype(g.dtype)
-        new_v = jnp.where(cycle_ends, beta * v + (1.0 - dampening) * acc / n, v)
-        new_acc = jnp.where(cycle_ends, jnp.zeros_like(acc), acc)
-        return step, new_v.astype(v.dtype), new_acc
+      def accumulate(g, acc):
+        g_ = g.astype(acc.dtype)
+        return jnp.where(accept, jnp.where(cycle_starts, g_, acc + g_), acc)
 
-      steps, new_momentum, new_accumulator = common.tree_map_unzip(
-          leaf, 3, updates, state.momentum, state.accumulator
-      )
+      accumulator = jax.tree.map(accumulate, updates, state.accumulator)
+
+      def new_momentum(v, acc):
+        renewed = beta * v + (1.0 - dampening) * acc.astype(v.dtype) / n
+        return jnp.where(accept & cycle_ends, renewed.astype(v.dtype), v)
+
+      momentum_ = jax.tree.map(new_momentum, state.momentum, accumulator)
+      accumulator, momentum_ = lax.optimization_barrier((accumulator, momentum_))
+      # d = g + beta v_old, written from the new v so that v_old has one reader
+      # (then XLA updates v in place): at a cycle end beta v_old equals
+      # v_new - (1 - dampening) G / N, otherwise v_new = v_old.
+      from_v = jnp.where(cycle_ends, 1.0, beta)
+      from_acc = jnp.where(cycle_ends, (1.0 - dampening) / n, 0.0)
+
+      def step(g, v, acc):
+        direction = g + (from_v * v - from_acc * acc).astype(g.dtype)
+        return (-rate * direction).astype(g.dtype)
+
+      steps = jax.tree.map(step, updates, momentum_, accumulator)
       count = common.increment(state.count)
       a, b = scales(common.learning_rate_at(learning_rate, count), c)
-      return steps, state._replace(
-          count=count,
-          cycle_position=c,
-          momentum=new_momentum,
-          accumulator=new_accumulator,
-          look_ahead_momentum_scale=a,
-          look_ahead_accumulator_scale=b,
+      scalars = common.keep_if(
+        accept,
+        (count, c, a, b),
+        (
+          rejected.count,
+          rejected.cycle_position,
+          rejected.look_ahead_momentum_scale,
+          rejected.look_ahead_accumulator_scale,
+        ),
+      )
+      return steps, rejected._replace(
+        count=scalars[0],
+        cycle_position=scalars[1],
+        momentum=momentum_,
+        accumulator=accumulator,
+        look_ahead_momentum_scale=scalars[2],
+        look_ahead_accumulator_scale=scalars[3],
       )
 
-    return common.guarded_update(updates, state, apply)
+    return common.guarded_update(updates, state, apply, grads_finite=grads_finite)
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)

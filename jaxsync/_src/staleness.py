@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 
 from jaxsync._src import common
 
@@ -20,7 +21,8 @@ class ScaleByStalenessState(NamedTuple):
   Attributes:
     step: the number of updates released; the server version.
     accumulated: ``sum_l s(tau_l) g_l`` over the gradients since the last
-      release.
+      release, meaningful while ``accumulated_count > 0`` (reset lazily);
+      ``()`` when every arrival releases (``gradients_per_update=1``).
     accumulated_count: how many gradients ``accumulated`` holds.
     released: whether the last arrival released an update.
     last_staleness: ``tau`` of the last accepted arrival.
@@ -39,10 +41,10 @@ class ScaleByStalenessState(NamedTuple):
 
 
 def scale_by_staleness(
-    mode: str = "linear",
-    *,
-    penalty: float | None = None,
-    gradients_per_update: int = 1,
+  mode: str = "linear",
+  *,
+  penalty: float | None = None,
+  gradients_per_update: int = 1,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Scales each arriving gradient down by its staleness; optionally n-softsync.
 
@@ -104,9 +106,7 @@ def scale_by_staleness(
   mode = common.check_choice(_RULE, "mode", mode, MODES)
   if mode == "exponential":
     if penalty is None:
-      raise common.invalid(
-          _RULE, "penalty", penalty, "a finite number > 0 (kappa) with mode='exponential'"
-      )
+      raise common.invalid(_RULE, "penalty", penalty, "a finite number > 0 (kappa) with mode='exponential'")
     penalty = common.check_real(_RULE, "penalty", penalty, low=0.0, low_open=True)
   elif penalty is not None:
     raise common.invalid(_RULE, "penalty", penalty, "None with mode='linear'")
@@ -120,57 +120,80 @@ def scale_by_staleness(
 
   def init_fn(params: optax.Params) -> ScaleByStalenessState:
     return ScaleByStalenessState(
-        step=common.zeros_int(),
-        accumulated=optax.tree.zeros_like(params),
-        accumulated_count=common.zeros_int(),
-        released=jnp.asarray(False),
-        last_staleness=common.zeros_int(),
-        nonfinite_count=common.zeros_int(),
-        invalid_version_count=common.zeros_int(),
+      step=common.zeros_int(),
+      accumulated=optax.tree.zeros_like(params),
+      accumulated_count=common.zeros_int(),
+      released=jnp.asarray(False),
+      last_staleness=common.zeros_int(),
+      nonfinite_count=common.zeros_int(),
+      invalid_version_count=common.zeros_int(),
     )
 
   def update_fn(
-      updates: optax.Updates,
-      state: ScaleByStalenessState,
-      params: optax.Params | None = None,
-      *,
-      version: Any = None,
-      **extra_args: Any,
+    updates: optax.Updates,
+    state: ScaleByStalenessState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    version: Any = None,
+    **extra_args: Any,
   ) -> tuple[optax.Updates, ScaleByStalenessState]:
     del params, extra_args
     version = common.require_extra_arg(
-        _RULE, "version", version, "the number of updates when the parameters were sent"
+      _RULE, "version", version, "the number of updates when the parameters were sent"
     )
     s = jnp.asarray(version, jnp.int32)
     tau = state.step - s
     version_ok = (s >= 0) & (tau >= 0)
 
-    def apply():
+    def apply(accept, rejected):
+      scale = factor(tau)
+      scalars_rejected = (
+        rejected.step,
+        rejected.accumulated_count,
+        rejected.released,
+        rejected.last_staleness,
+      )
+      if per_update == 1:
+        # Every arrival releases: no buffer, the update is the scaled gradient.
+        out = common.tree_scaled(updates, scale)
+        scalars = (common.increment(state.step), state.accumulated_count, jnp.asarray(True), tau)
+        step, count, released, last = common.keep_if(accept, scalars, scalars_rejected)
+        return out, rejected._replace(
+          step=step, accumulated_count=count, released=released, last_staleness=last
+        )
       count = state.accumulated_count + 1
       release = count >= per_update
-      scale = factor(tau)
-      summed = jax.tree.map(
-          lambda acc, g: acc + (scale * g).astype(acc.dtype), state.accumulated, updates
-      )
+      first = state.accumulated_count == 0  # the buffer is reset lazily
+
+      def accumulate(acc, g):
+        weighted = (scale * g).astype(acc.dtype)
+        return jnp.where(accept, jnp.where(first, weighted, acc + weighted), acc)
+
+      summed = lax.optimization_barrier(jax.tree.map(accumulate, state.accumulated, updates))
       out = jax.tree.map(
-          lambda g, acc: jnp.where(release, acc / per_update, jnp.zeros_like(acc)).astype(g.dtype),
-          updates,
-          summed,
+        lambda g, acc: jnp.where(release, acc / per_update, jnp.zeros_like(acc)).astype(g.dtype),
+        updates,
+        summed,
       )
-      return out, state._replace(
-          step=jnp.where(release, common.increment(state.step), state.step),
-          accumulated=jax.tree.map(lambda x: jnp.where(release, jnp.zeros_like(x), x), summed),
-          accumulated_count=jnp.where(release, 0, count),
-          released=release,
-          last_staleness=tau,
+      scalars = (
+        jnp.where(release, common.increment(state.step), state.step),
+        jnp.where(release, 0, count),
+        release,
+        tau,
+      )
+      step, count, released, last = common.keep_if(accept, scalars, scalars_rejected)
+      return out, rejected._replace(
+        step=step, accumulated=summed, accumulated_count=count, released=released, last_staleness=last
       )
 
     return common.guarded_update(
-        updates,
-        state,
-        apply,
-        version_ok=version_ok,
-        rejected_state=state._replace(released=jnp.asarray(False)),
+      updates,
+      state,
+      apply,
+      grads_finite=grads_finite,
+      version_ok=version_ok,
+      rejected_state=state._replace(released=jnp.asarray(False)),
     )
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
