@@ -93,7 +93,7 @@ def rules():
       "scale_by_staleness + lr",
       lambda: optax.chain(jaxsync.scale_by_staleness(), optax.scale_by_learning_rate(LR)),
       fresh("step"),
-      5,
+      3,
       "server",
     ),
     ("easgd_center", lambda: jaxsync.easgd_center(0.9 / NUM_WORKERS), none, 3, "server"),
@@ -189,10 +189,10 @@ def main():
       f"{entry['arrays']} | {floor * 1e3:.1f} | {median / floor:.1f}x |"
     )
   targets = {
-      "ordered_momentum": 1.15,
-      "ordered_momentum [grads_finite]": 1.15,
-      "adaptive_k + lr": 2.0,
-      "adaptive_k + lr [grads_finite]": 2.0,
+    "ordered_momentum": 1.15,
+    "ordered_momentum [grads_finite]": 1.15,
+    "adaptive_k + lr": 2.0,
+    "adaptive_k + lr [grads_finite]": 2.0,
   }
   print()
   for entry in entries:
