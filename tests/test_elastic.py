@@ -49,8 +49,8 @@ def test_elastic_exchange_conserves_worker_plus_center(momentum):
   center_rule = jaxsync.easgd_center(0.3)
   x, center = jnp.array([2.0, -1.0]), jnp.array([0.5, 0.5])
   # Zero gradient: only the exchange moves anything.
-  u, wstate = worker.update(jnp.zeros(2), worker.init(x), x, center=center)
-  e, _ = center_rule.update(x, center_rule.init(center), center)
+  u, wstate = jit_update(worker)(jnp.zeros(2), worker.init(x), x, {"center": center})
+  e, _ = jit_update(center_rule)(x, center_rule.init(center), center, {})
   assert bool(wstate.exchanged)
   np.testing.assert_allclose(apply(x, u) + apply(center, e), x + center, rtol=1e-6)
   np.testing.assert_allclose(e, 0.3 * (x - center), rtol=1e-6)
@@ -92,14 +92,14 @@ def test_ea_wild_sequential_arrivals_equal_locked_easgd():
 def test_ea_wild_stale_read_is_added_without_a_lock():
   wild = jaxsync.ea_wild_center(0.5)
   center = jnp.array([1.0])
-  e, _ = wild.update(jnp.array([3.0]), wild.init(center), center, center_read=jnp.array([0.0]))
+  e, _ = jit_update(wild)(jnp.array([3.0]), wild.init(center), center, {"center_read": jnp.array([0.0])})
   np.testing.assert_allclose(apply(center, e), [2.5])  # 1 + 0.5 * (3 - 0): the stale read counts
 
 
 def test_zero_elastic_force_keeps_the_center_constant():
   wild = jaxsync.ea_wild_center(0.0)
   center = jnp.array([1.0, 2.0])
-  e, _ = wild.update(jnp.array([9.0, 9.0]), wild.init(center), center, center_read=center)
+  e, _ = jit_update(wild)(jnp.array([9.0, 9.0]), wild.init(center), center, {"center_read": center})
   np.testing.assert_array_equal(apply(center, e), center)
 
 
@@ -108,9 +108,10 @@ def test_synchronous_easgd_is_the_sum_of_lock_free_increments_against_the_old_ce
   wild = jaxsync.ea_wild_center(0.2)
   center = jnp.array([0.0, 1.0])
   xs = [jnp.array([1.0, 1.0]), jnp.array([2.0, -1.0]), jnp.array([0.0, 4.0])]
+  update = jit_update(wild)
   state, new_center = wild.init(center), center
   for x in xs:
-    e, state = wild.update(x, state, new_center, center_read=center)
+    e, state = update(x, state, new_center, {"center_read": center})
     new_center = apply(new_center, e)
   np.testing.assert_allclose(new_center, center + 0.2 * sum(x - center for x in xs), rtol=1e-6)
 

@@ -237,4 +237,6 @@ def test_matches_numpy_reference_on_random_asynchronous_traces(
   for (w_ref, u_ref), (w, state) in zip(expected, got):
     np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=1e-5 * scale)
     np.testing.assert_allclose(state.momentum, u_ref, rtol=1e-4, atol=1e-5 * scale)
-  assert int(got[-1][1].group) == ceil_div(len(trace) - 1, num_workers)
+  final = got[-1][1]
+  assert int(final.group) == ceil_div(len(trace) - 1, num_workers)
+  assert int(final.invalid_version_count) == 0 and int(final.count) == len(trace)  # delta >= 0 always

@@ -3,14 +3,17 @@
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 
 from helpers import apply, jit_update, quadratic
 
 
-def test_shifted_momentum_is_worker_trace_plus_server_sgd():
+@pytest.mark.parametrize("k", [1, 3])
+def test_shifted_momentum_is_worker_trace_plus_server_sgd(k):
   """Round robin, K workers with local optax.trace, server optax.sgd:
-  w_{t+1} = w_t - eta g(w_{t-tau}) + m (w_{t-tau} - w_{t-tau-1}), tau = K - 1 (spec §4)."""
-  k, eta, m = 3, 0.05, 0.9
+  w_{t+1} = w_t - eta g(w_{t-tau}) + m (w_{t-tau} - w_{t-tau-1}), tau = K - 1 (spec §4);
+  K = 1 is heavy-ball SGD momentum (form B)."""
+  eta, m = 0.05, 0.9
   _, grad = quadratic([1.0, 2.0])
   worker = optax.trace(decay=m)
   server = optax.sgd(eta)
@@ -54,7 +57,7 @@ def test_apply_if_finite_gives_plain_rules_the_jaxsync_nan_policy():
   tx = optax.apply_if_finite(optax.sgd(0.1, momentum=0.9), max_consecutive_errors=2**30)
   w = jnp.ones(2)
   state = tx.init(w)
-  u, state = tx.update(jnp.array([jnp.nan, 1.0]), state, w)
+  u, state = jit_update(tx)(jnp.array([jnp.nan, 1.0]), state, w, {})
   np.testing.assert_array_equal(u, 0.0)
   assert int(state.total_notfinite) == 1
   np.testing.assert_array_equal(state.inner_state[0].trace, 0.0)

@@ -71,5 +71,5 @@ def test_look_ahead_formula(mode):
 def test_weight_decay_is_plain_optax_before_smega2():
   tx = optax.chain(optax.add_decayed_weights(0.1), jaxsync.smega2(1.0, 0.0, num_workers=1))
   w = jnp.array([2.0])
-  u, _ = tx.update(jnp.array([1.0]), tx.init(w), w)
+  u, _ = jit_update(tx)(jnp.array([1.0]), tx.init(w), w, {})
   np.testing.assert_allclose(u, [-1.2])  # g + lambda w with the server's w

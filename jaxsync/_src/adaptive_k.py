@@ -208,17 +208,13 @@ def adaptive_k(
     **extra_args: Any,
   ) -> tuple[optax.Updates, AdaptiveKState]:
     del params, extra_args
-    version = common.require_extra_arg(
-      _RULE, "version", version, "the server step the gradient was computed on"
-    )
     if max_k is None and num_live_workers is None:
       raise ValueError(
         f"{_RULE}: with max_k=None the update needs the extra argument "
         "num_live_workers=... (the forced-release bound); pass it, or set max_k."
       )
     step = state.step
-    s = jnp.asarray(version, jnp.int32)
-    version_ok = (s >= 0) & (s <= step)
+    s, version_ok = common.arrival_version(_RULE, version, step)
     bound = jnp.asarray(max_k if max_k is not None else jnp.iinfo(jnp.int32).max, jnp.int32)
     if num_live_workers is not None:
       bound = jnp.minimum(bound, jnp.asarray(num_live_workers, jnp.int32))

@@ -120,6 +120,15 @@ def require_extra_arg(rule: str, name: str, value: Any, meaning: str) -> jax.Arr
   return value
 
 
+def arrival_version(rule: str, version: Any, current: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The arrival's ``version`` as int32 and whether it is possible (0 <= version <= current)."""
+  version = require_extra_arg(
+    rule, "version", version, "the server version the parameters of the gradient carried"
+  )
+  s = jnp.asarray(version, jnp.int32)
+  return s, (s >= 0) & (s <= current)
+
+
 # ---------------------------------------------------------------------------
 # Tree math used by several rules.
 # ---------------------------------------------------------------------------

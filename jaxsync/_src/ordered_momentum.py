@@ -151,9 +151,8 @@ def ordered_momentum(
     **extra_args: Any,
   ) -> tuple[optax.Updates, OrderedMomentumState]:
     del params, extra_args
-    version = common.require_extra_arg(_RULE, "version", version, "the version the gradient was computed on")
     t = state.count
-    s = jnp.asarray(version, jnp.int32)
+    s, version_ok = common.arrival_version(_RULE, version, t)
     # (a) The look-ahead fires when the waiting set is empty and t enters a new group.
     crosses = jnp.logical_and(
       jnp.asarray(waiting_set_empty, jnp.bool_), _ceil_div(t, num_workers) > state.group
@@ -161,7 +160,7 @@ def ordered_momentum(
     group = state.group + crosses.astype(jnp.int32)
     # (b) Group distance; delta >= 0 is the paper's invariant, enforced by rejection.
     delta = group - _ceil_div(s, num_workers)
-    version_ok = (s >= 0) & (s <= t) & (delta >= 0)
+    version_ok = version_ok & (delta >= 0)
 
     def apply(accept, rejected):
       beta_ = jnp.asarray(beta, jnp.float32)

@@ -121,7 +121,7 @@ def scale_by_staleness(
   def init_fn(params: optax.Params) -> ScaleByStalenessState:
     return ScaleByStalenessState(
       step=common.zeros_int(),
-      accumulated=optax.tree.zeros_like(params),
+      accumulated=optax.tree.zeros_like(params) if per_update > 1 else (),
       accumulated_count=common.zeros_int(),
       released=jnp.asarray(False),
       last_staleness=common.zeros_int(),
@@ -139,12 +139,8 @@ def scale_by_staleness(
     **extra_args: Any,
   ) -> tuple[optax.Updates, ScaleByStalenessState]:
     del params, extra_args
-    version = common.require_extra_arg(
-      _RULE, "version", version, "the number of updates when the parameters were sent"
-    )
-    s = jnp.asarray(version, jnp.int32)
+    s, version_ok = common.arrival_version(_RULE, version, state.step)
     tau = state.step - s
-    version_ok = (s >= 0) & (tau >= 0)
 
     def apply(accept, rejected):
       scale = factor(tau)
