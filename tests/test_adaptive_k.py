@@ -202,3 +202,69 @@ def test_on_release_lets_adam_see_only_released_aggregates():
 def test_on_release_requires_a_buffering_rule():
   with pytest.raises(ValueError, match="released"):
     jaxsync.on_release(optax.sgd(0.1), optax.adam(0.1)).init(jnp.zeros(2))
+
+
+@pytest.mark.parametrize("endpoint", ["upper", "lower"])
+def test_statistics_match_a_direct_computation_over_several_releases(endpoint):
+  """V, k and r = V / (k |g_bar|^2) at every release, against NumPy on the fresh set;
+  exercises the lazily reset buffers (and the per-coordinate M2 of the lower endpoint)."""
+  rng = np.random.default_rng(6)
+  mu = np.array([1.0, -0.5, 0.25, 2.0])
+  tx = jaxsync.adaptive_k(momentum=0.5, theta=0.6, ci_endpoint=endpoint, max_k=6)
+  update = jit_update(tx)
+  params = jnp.zeros(4)
+  state = tx.init(params)
+  fresh, releases = [], 0
+  for _ in range(60):
+    g = (mu + rng.normal(scale=0.8, size=4)).astype(np.float32)
+    stale = rng.random() < 0.2 and int(state.step) > 0
+    version = int(state.step) - 1 if stale else int(state.step)
+    _, state = update(g, state, params, {"version": jnp.int32(version)})
+    if not stale:
+      fresh.append(g)
+    if bool(state.released):
+      k = len(fresh)
+      f = np.asarray(fresh, np.float64)
+      v = ((f - f.mean(0)) ** 2).sum() / (k - 1) if k > 1 else 0.0
+      assert int(state.last_k) == k
+      expected_r = v / (k * (f.mean(0) ** 2).sum()) if k > 1 else 0.0
+      np.testing.assert_allclose(float(state.noise_ratio), expected_r, rtol=1e-4)
+      fresh, releases = [], releases + 1
+  assert releases >= 8
+
+
+def test_lower_endpoint_decision_matches_a_direct_computation():
+  """The t-interval test with the lower endpoint, recomputed with scipy's t quantile.
+
+  Strong signal (mean 3, sd 1, theta 0.5): the interval test decides at k = 3-4,
+  where t quantiles of neighbouring degrees of freedom differ by 30%."""
+  from scipy import stats
+
+  rng = np.random.default_rng(7)
+  theta = 0.5
+  tx = jaxsync.adaptive_k(ci_endpoint="lower", theta=theta, max_k=40)
+  update = jit_update(tx)
+  params = jnp.zeros(8)
+  state = tx.init(params)
+  fresh, release_ks, interval_decided = [], [], 0
+  for _ in range(200):
+    g = (3.0 + rng.normal(size=8)).astype(np.float32)
+    _, state = update(g, state, params, {"version": state.step})
+    fresh.append(g.astype(np.float64))
+    f = np.asarray(fresh)
+    k = len(f)
+    expected = False
+    if k >= 2:
+      mean, var = f.mean(0), f.var(0, ddof=1)
+      error = var.sum() / k
+      h = stats.t.ppf(0.975, k - 1) * np.sqrt(var / k)
+      lower = np.maximum(np.abs(mean) - h, 0.0)
+      norm_test = error <= theta**2 * (mean**2).sum()
+      interval_test = error <= theta**2 * (lower**2).sum()
+      interval_decided += norm_test and not interval_test
+      expected = (norm_test and interval_test) or k >= 40
+    assert bool(state.released) == expected, k
+    if expected:
+      release_ks.append(k)
+      fresh = []
+  assert interval_decided >= 10 and len(release_ks) >= 20, (interval_decided, release_ks)

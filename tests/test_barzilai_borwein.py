@@ -56,7 +56,7 @@ def test_smoothing_and_noise_correction():
   [("negative curvature", 0.0), ("no movement", 0.0), ("noise ratio >= 1", 1.5)],
 )
 def test_safeguards_keep_the_previous_step(case, noise_ratio):
-  tx = jaxsync.bb_step_size(0.3, smoothing=1.0)
+  tx = jaxsync.bb_step_size(0.3, smoothing=0.5)
   update = jit_update(tx)
   x0, g0 = jnp.array([1.0]), jnp.array([1.0])
   if case == "negative curvature":
@@ -111,3 +111,33 @@ def test_gradient_noise_ratio():
   assert float(jaxsync.gradient_noise_ratio(per_example)) == pytest.approx(4 / 12)
   with pytest.raises(ValueError, match="leading batch axis"):
     jaxsync.gradient_noise_ratio(jnp.ones((1, 3)))
+
+
+def test_full_batch_ignores_the_noise_ratio_and_takes_one_over_nu():
+  """|B| = N (smoothing 1): alpha = 1/nu even when a noise ratio is passed (spec §11c)."""
+  _, grad = quadratic([2.0, 2.0])
+  tx = jaxsync.bb_step_size(0.1, smoothing=1.0)
+  update = jit_update(tx)
+  x = jnp.array([1.0, -1.0])
+  state = tx.init(x)
+  for _ in range(2):
+    u, state = update(grad(x), state, x, {"noise_ratio": jnp.float32(0.5)})
+    x = x - u  # bb_step_size returns alpha g, the scaled gradient
+  assert float(state.step_size) == pytest.approx(0.5, rel=1e-5)
+  np.testing.assert_allclose(x, 0.0, atol=1e-6)
+
+
+def test_a_non_finite_noise_ratio_does_not_poison_the_next_estimate():
+  """adaptive_k reports r = inf for a zero mean gradient; the next BB step must still work."""
+  _, grad = quadratic([4.0])
+  tx = jaxsync.bb_step_size(0.05, smoothing=0.5)
+  update = jit_update(tx)
+  x = jnp.array([1.0])
+  state = tx.init(x)
+  u, state = update(grad(x), state, x, {"noise_ratio": jnp.float32(jnp.inf)})
+  assert float(state.noise_ratio) == 1.0
+  x = x - u
+  _, state = update(grad(x), state, x, {"noise_ratio": jnp.float32(0.0)})
+  # r_prev = 1 drops g_prev: nu = <g, s>/<s, s> = 4 x1 / (x1 - x0) < 0 here, so the
+  # step is kept rather than turned into NaN or inf.
+  assert np.isfinite(float(state.step_size)) and float(state.step_size) == pytest.approx(0.05)

@@ -123,3 +123,36 @@ def test_required_extra_args():
   with pytest.raises(ValueError, match="center_read"):
     tx = jaxsync.ea_wild_center(0.1)
     tx.update(jnp.ones(1), tx.init(jnp.ones(1)), jnp.ones(1))
+
+
+def test_synchronous_easgd_without_elastic_force_is_independent_sgd_runs():
+  """rho = 0: p workers never feel the centre, each is plain SGD; the centre stays put."""
+  _, grad = quadratic([1.0, 4.0])
+  p = 3
+  worker, center_rule = jaxsync.easgd_worker(0.1, moving_rate=0.0), jaxsync.ea_wild_center(0.0)
+  worker_update, center_update = jit_update(worker), jit_update(center_rule)
+  sgd_update = jit_update(optax.sgd(0.1))
+  xs = [jnp.array([1.0, -1.0]) * (i + 1) for i in range(p)]
+  refs, states, sgd_states = list(xs), [worker.init(x) for x in xs], [optax.sgd(0.1).init(x) for x in xs]
+  center, center_state = jnp.array([5.0, 5.0]), center_rule.init(jnp.zeros(2))
+  for _ in range(10):
+    old_center = center
+    for i in range(p):
+      e, center_state = center_update(xs[i], center_state, center, {"center_read": old_center})
+      center = apply(center, e)
+      u, states[i] = worker_update(grad(xs[i]), states[i], xs[i], {"center": old_center})
+      xs[i] = apply(xs[i], u)
+      v, sgd_states[i] = sgd_update(grad(refs[i]), sgd_states[i], refs[i], {})
+      refs[i] = apply(refs[i], v)
+      np.testing.assert_allclose(xs[i], refs[i], rtol=1e-6)
+  np.testing.assert_array_equal(center, [5.0, 5.0])
+
+
+def test_off_exchange_steps_do_not_read_the_centre():
+  tx = jaxsync.easgd_worker(0.1, moving_rate=0.5, period=2)
+  update = jit_update(tx)
+  x = jnp.array([1.0])
+  _, state = update(jnp.zeros(1), tx.init(x), x, {"center": jnp.zeros(1)})
+  u, state = update(jnp.ones(1), state, x, {"center": jnp.array([jnp.inf])})
+  assert not bool(state.exchanged)
+  np.testing.assert_allclose(u, [-0.1])

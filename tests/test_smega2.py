@@ -73,3 +73,64 @@ def test_weight_decay_is_plain_optax_before_smega2():
   w = jnp.array([2.0])
   u, _ = jit_update(tx)(jnp.array([1.0]), tx.init(w), w, {})
   np.testing.assert_allclose(u, [-1.2])  # g + lambda w with the server's w
+
+
+def smega2_reference(grads, n, eta, beta, dampening, w0, mode="advanced"):
+  """Spec §5 in float64 NumPy: the server step and the reply, per arrival."""
+  w, v, acc, c = np.array(w0, np.float64), np.zeros(len(w0)), np.zeros(len(w0)), 0
+  history = []
+  for g in grads:
+    g = np.asarray(g, np.float64)
+    c = (c + 1) % n
+    acc = acc + g
+    d = g + beta * v
+    if c == 0:
+      v = beta * v + (1 - dampening) * acc / n
+      acc = np.zeros_like(acc)
+    w = w - eta * d
+    if mode == "advanced":
+      reply = w - eta * beta * ((n - c + c * beta) * v + c / n * acc)
+    else:
+      reply = w - eta * beta * n * v
+    history.append((w.copy(), reply))
+  return history
+
+
+@pytest.mark.parametrize("mode", ["advanced", "naive"])
+def test_matches_reference_with_dampening_and_a_rejection_at_a_cycle_end(mode):
+  n, eta, beta, damp = 3, 0.1, 0.8, 0.3
+  rng = np.random.default_rng(4)
+  grads = rng.normal(size=(10, 4)).astype(np.float32)
+  expected = smega2_reference(grads, n, eta, beta, damp, np.ones(4), mode)
+  tx = jaxsync.smega2(eta, beta, num_workers=n, dampening=damp, look_ahead=mode)
+  update = jit_update(tx)
+  w = jnp.ones(4)
+  state = tx.init(w)
+  for i, g in enumerate(grads):
+    if i == 5:  # the arrival that would end the second cycle comes poisoned first
+      u, rejected = update(jnp.full(4, jnp.nan), state, w, {})
+      np.testing.assert_array_equal(u, 0.0)
+      assert int(rejected.cycle_position) == int(state.cycle_position) == 2
+      state = rejected
+    u, state = update(g, state, w, {})
+    w = apply(w, u)
+    w_ref, reply_ref = expected[i]
+    np.testing.assert_allclose(w, w_ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(jaxsync.look_ahead(w, state), reply_ref, rtol=1e-5, atol=1e-6)
+  assert int(state.nonfinite_count) == 1
+
+
+def test_bfloat16_gradients_sum_in_float32():
+  """A cycle of 64 bfloat16 gradients: the momentum is their mean to float32 accuracy."""
+  n = 64
+  rng = np.random.default_rng(5)
+  grads = jnp.asarray(1.0 + 0.3 * rng.normal(size=(n, 1000)), jnp.bfloat16)
+  tx = jaxsync.smega2(0.1, 0.9, num_workers=n)
+  update = jit_update(tx)
+  w = jnp.zeros(1000, jnp.bfloat16)
+  state = tx.init(w)
+  for g in grads:
+    _, state = update(g, state, w, {})
+  exact = np.asarray(grads, np.float64).mean(0)
+  assert state.momentum.dtype == jnp.float32
+  np.testing.assert_allclose(state.momentum, exact, rtol=1e-5)

@@ -176,20 +176,15 @@ def adaptive_k(
   t_table = jnp.asarray(_t_quantiles(confidence, max(max_k - 1, 1) if max_k else _DEFAULT_T_TABLE))
 
   def init_fn(params: optax.Params) -> AdaptiveKState:
-    def stats_zeros():
-      return jax.tree.map(
-        lambda p: jnp.zeros(jnp.shape(p), common.statistics_dtype(jnp.result_type(p))), params
-      )
-
     return AdaptiveKState(
       step=common.zeros_int(),
       fresh_count=common.zeros_int(),
-      fresh_mean=stats_zeros(),
-      fresh_m2=stats_zeros() if per_coordinate_m2 else (),
+      fresh_mean=common.state_zeros(params),
+      fresh_m2=common.state_zeros(params) if per_coordinate_m2 else (),
       fresh_m2_total=jnp.zeros([], jnp.float32),
-      stale_sum=optax.tree.zeros_like(params),
+      stale_sum=common.state_zeros(params),
       stale_count=common.zeros_int(),
-      momentum=optax.tree.zeros_like(params),
+      momentum=common.state_zeros(params),
       released=jnp.asarray(False),
       last_k=common.zeros_int(),
       noise_ratio=jnp.zeros([], jnp.float32),

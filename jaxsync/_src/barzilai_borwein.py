@@ -145,10 +145,11 @@ def bb_step_size(
     \alpha &= (1 - \beta_s)\,\alpha_{prev} + \beta_s\,\hat\alpha \qquad \text{(eq. 26)}
 
   Safeguard: if ``nu <= 0``, ``nu`` or ``alpha_hat`` is not finite (e.g.
-  ``s = 0``), or ``r >= 1``, the previous step is kept. The first update uses
-  ``initial_step_size``. With ``smoothing = 1`` (``|B| = N``) and ``r = 0`` the
-  step is the deterministic ``1 / nu``: on ``f = (nu/2)|x|^2`` the second update
-  lands on the minimum. If the update gets the extra arg ``value_fn``
+  ``s = 0``), or ``r >= 1``, the previous step is kept. The stored ``r_prev`` is
+  clipped to ``[0, 1]`` (a non-finite ``r`` is stored as 1). The first update
+  uses ``initial_step_size``. With ``smoothing = 1`` (``|B| = N``, the full
+  batch) the noise ratio is ignored and the step is the deterministic
+  ``1 / nu``: on ``f = (nu/2)|x|^2`` the second update lands on the minimum. If the update gets the extra arg ``value_fn``
   (``params -> loss`` on the worker's batch), the step is then backtracked with
   :func:`armijo_backtracking` (eq. 19) and the accepted step is stored.
 
@@ -198,6 +199,7 @@ def bb_step_size(
   common.check_real(_RULE, "armijo_slope", armijo_slope, low=0.0, high=1.0, low_open=True, high_open=True)
   common.check_real(_RULE, "armijo_shrink", armijo_shrink, low=0.0, high=1.0, low_open=True, high_open=True)
   common.check_int(_RULE, "max_backtracks", max_backtracks, low=0)
+  full_batch = beta_s == 1.0
 
   def init_fn(params: optax.Params) -> BBStepSizeState:
     return BBStepSizeState(
@@ -207,7 +209,7 @@ def bb_step_size(
       accepted=jnp.asarray(False),
       noise_ratio=jnp.zeros([], jnp.float32),
       prev_params=jax.tree.map(jnp.array, params),  # a copy: params may be donated
-      prev_grads=optax.tree.zeros_like(params),
+      prev_grads=common.state_zeros(params),
       nonfinite_count=common.zeros_int(),
     )
 
@@ -223,12 +225,13 @@ def bb_step_size(
   ) -> tuple[optax.Updates, BBStepSizeState]:
     del extra_args
     params = common.require_extra_arg(_RULE, "params", params, "the worker's parameters theta")
-    r = jnp.asarray(noise_ratio, jnp.float32)
+    # |B| = N (smoothing 1) is the full batch: no noise, the deterministic 1/nu.
+    r = jnp.asarray(0.0 if full_batch else noise_ratio, jnp.float32)
 
     def apply(accept, rejected):
       move = jax.tree.map(lambda p, q: p - q, params, state.prev_params)
       corrected_prev = common.tree_scaled(state.prev_grads, 1.0 - state.noise_ratio)
-      grad_change = jax.tree.map(lambda g, h: g - h.astype(g.dtype), updates, corrected_prev)
+      grad_change = jax.tree.map(lambda g, h: g.astype(h.dtype) - h, updates, corrected_prev)
       nu = common.tree_vdot(grad_change, move) / common.tree_sq_norm(move)
       proposal = (1.0 - r) / nu
       accepted = (
@@ -250,7 +253,9 @@ def bb_step_size(
         step_size=alpha,
         curvature=jnp.where(state.count > 0, nu, jnp.nan).astype(jnp.float32),
         accepted=accepted,
-        noise_ratio=r,
+        # A ratio outside [0, 1] (inf when the mean gradient is 0) would flip or
+        # blow up the next correction (1 - r_prev) g_prev; 1 drops g_prev instead.
+        noise_ratio=jnp.where(jnp.isfinite(r), jnp.clip(r, 0.0, 1.0), 1.0),
         prev_params=jax.tree.map(lambda p, q: p.astype(q.dtype), params, state.prev_params),
         prev_grads=jax.tree.map(lambda g, q: g.astype(q.dtype), updates, state.prev_grads),
       )

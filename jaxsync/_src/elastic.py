@@ -111,7 +111,7 @@ def easgd_worker(
   def init_fn(params: optax.Params) -> EasgdWorkerState:
     return EasgdWorkerState(
       count=common.zeros_int(),
-      velocity=optax.tree.zeros_like(params) if delta > 0 else (),
+      velocity=common.state_zeros(params) if delta > 0 else (),
       momentum=jnp.asarray(delta, jnp.float32),
       exchanged=jnp.asarray(False),
       nonfinite_count=common.zeros_int(),
@@ -133,7 +133,10 @@ def easgd_worker(
     def apply(accept, rejected):
       rate = common.learning_rate_at(learning_rate, state.count)
       exchange = state.count % period == 0
-      pull = elastic_difference(params, center, jnp.where(exchange, alpha, 0.0))
+      # A select, not alpha * 0: the centre is not read off exchange steps.
+      pull = jax.tree.map(
+        lambda d: jnp.where(exchange, d, jnp.zeros_like(d)), elastic_difference(params, center, alpha)
+      )
       if delta > 0:
         velocity = jax.tree.map(
           lambda v, g: (delta * v - rate * g.astype(v.dtype)).astype(v.dtype),

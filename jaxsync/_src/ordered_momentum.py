@@ -134,7 +134,7 @@ def ordered_momentum(
     return OrderedMomentumState(
       count=common.zeros_int(),
       group=common.zeros_int(),
-      momentum=optax.tree.zeros_like(params),
+      momentum=common.state_zeros(params),
       last_delay=common.zeros_int(),
       nonfinite_count=common.zeros_int(),
       invalid_version_count=common.zeros_int(),
@@ -183,8 +183,8 @@ def ordered_momentum(
 
       new_momentum = jax.tree.map(
         lambda g, u: jnp.where(
-          accept, decay.astype(u.dtype) * u + momentum_coef.astype(g.dtype) * g, u
-        ).astype(u.dtype),
+          accept, decay.astype(u.dtype) * u + momentum_coef.astype(u.dtype) * g.astype(u.dtype), u
+        ),
         updates,
         state.momentum,
       )
@@ -192,7 +192,9 @@ def ordered_momentum(
       # that computes the step: u is then read once and updated in place.
       new_momentum = lax.optimization_barrier(new_momentum)
       new_updates = jax.tree.map(
-        lambda g, u: (-from_momentum.astype(u.dtype) * u + from_gradient.astype(g.dtype) * g).astype(g.dtype),
+        lambda g, u: (
+          -from_momentum.astype(u.dtype) * u + from_gradient.astype(u.dtype) * g.astype(u.dtype)
+        ).astype(g.dtype),
         updates,
         new_momentum,
       )

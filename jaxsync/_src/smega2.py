@@ -135,8 +135,8 @@ def smega2(
     return Smega2State(
       count=common.zeros_int(),
       cycle_position=common.zeros_int(),
-      momentum=optax.tree.zeros_like(params),
-      accumulator=optax.tree.zeros_like(params),
+      momentum=common.state_zeros(params),
+      accumulator=common.state_zeros(params),
       look_ahead_momentum_scale=a,
       look_ahead_accumulator_scale=b,
       nonfinite_count=common.zeros_int(),
@@ -177,7 +177,7 @@ def smega2(
       from_acc = jnp.where(cycle_ends, (1.0 - dampening) / n, 0.0)
 
       def step(g, v, acc):
-        direction = g + (from_v * v - from_acc * acc).astype(g.dtype)
+        direction = g.astype(v.dtype) + from_v * v - from_acc * acc.astype(v.dtype)
         return (-rate * direction).astype(g.dtype)
 
       steps = jax.tree.map(step, updates, momentum_, accumulator)

@@ -121,7 +121,7 @@ def scale_by_staleness(
   def init_fn(params: optax.Params) -> ScaleByStalenessState:
     return ScaleByStalenessState(
       step=common.zeros_int(),
-      accumulated=optax.tree.zeros_like(params) if per_update > 1 else (),
+      accumulated=common.state_zeros(params) if per_update > 1 else (),
       accumulated_count=common.zeros_int(),
       released=jnp.asarray(False),
       last_staleness=common.zeros_int(),
