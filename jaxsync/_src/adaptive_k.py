@@ -129,7 +129,8 @@ def adaptive_k(
   step the gradient was computed on) and ``num_live_workers`` (int32 scalar:
   the forced-release bound; required when ``max_k`` is ``None``). Unknown extra
   args are ignored. NaN/Inf gradients and versions newer than ``step`` are
-  rejected and counted in the state.
+  rejected and counted in the state; ``grads_finite`` (bool scalar) replaces
+  the NaN/Inf scan when the caller already knows.
 
   Args:
     momentum: ``gamma``, the momentum decay in ``[0, 1)``.

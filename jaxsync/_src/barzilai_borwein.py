@@ -164,7 +164,8 @@ def bb_step_size(
   Extra args of ``update``: ``noise_ratio`` (float scalar ``r``, default 0: no
   noise correction) and ``value_fn`` (optional callable, enables Armijo). The
   update needs ``params`` (``theta``). Unknown extra args are ignored. A
-  NaN/Inf gradient is rejected (zeros out, state unchanged, counted).
+  NaN/Inf gradient is rejected (zeros out, state unchanged, counted);
+  ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
 
   Args:
     initial_step_size: the first ``alpha`` (the LR column of seed 000's Table 3).

@@ -77,7 +77,8 @@ def easgd_worker(
 
   Extra args of ``update``: ``center`` (required: the centre parameters the
   worker read). ``params`` (``x``) is required. Unknown extra args are ignored.
-  A NaN/Inf gradient is rejected (zeros out, state unchanged, counted).
+  A NaN/Inf gradient is rejected (zeros out, state unchanged, counted);
+  ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
 
   Args:
     learning_rate: ``eta``, a positive number or a schedule of the local clock.
@@ -226,7 +227,8 @@ def easgd_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
 
   This is a *final-update* rule: add its output to the centre with
   ``optax.apply_updates``. ``params`` is required; unknown extra args are
-  ignored. A NaN/Inf worker model is rejected (zeros out, counted).
+  ignored. A NaN/Inf worker model is rejected (zeros out, counted);
+  ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
 
   Args:
     moving_rate: ``alpha = eta rho`` in ``[0, 1]``.
@@ -270,7 +272,8 @@ def ea_wild_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
   The input "updates" are the worker's parameters ``x``; the extra arg
   ``center_read`` (required) is the centre the worker read. This is a
   *final-update* rule. Unknown extra args are ignored. A NaN/Inf worker model
-  is rejected (zeros out, counted).
+  is rejected (zeros out, counted); ``grads_finite`` (bool scalar) replaces
+  the scan when the caller knows.
 
   Args:
     moving_rate: ``alpha = eta rho`` in ``[0, 1]`` (``rho`` is not reported by

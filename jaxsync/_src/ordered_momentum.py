@@ -97,7 +97,8 @@ def ordered_momentum(
   ``False`` while a synchronous scheduler is collecting a round). Unknown extra
   args are ignored. A NaN/Inf gradient or an impossible version is rejected:
   zeros out, state unchanged, counted in ``nonfinite_count`` /
-  ``invalid_version_count``.
+  ``invalid_version_count``; ``grads_finite`` (bool scalar) replaces the
+  NaN/Inf scan when the caller already knows (see the benchmark in the README).
 
   Args:
     learning_rate: ``eta``, a positive number or a schedule of ``count``.

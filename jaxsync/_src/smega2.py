@@ -91,7 +91,8 @@ def smega2(
   With ``N = 1`` it is Nesterov SGD in Sutskever's form.
 
   No extra args are needed; unknown ones are ignored. A NaN/Inf gradient is
-  rejected (zeros out, state unchanged, counted).
+  rejected (zeros out, state unchanged, counted); ``grads_finite`` (bool
+  scalar) replaces the scan when the caller already knows.
 
   Args:
     learning_rate: ``eta``, a positive number or a schedule of ``count``.

@@ -76,7 +76,8 @@ def scale_by_staleness(
   Extra args of ``update``: ``version`` (required, int32 scalar: the number of
   updates the server had released when it sent the parameters). Unknown extra
   args are ignored. NaN/Inf gradients and versions newer than ``step`` are
-  rejected and counted in the state.
+  rejected and counted in the state; ``grads_finite`` (bool scalar) replaces
+  the NaN/Inf scan when the caller already knows.
 
   Args:
     mode: ``"linear"`` or ``"exponential"``.
