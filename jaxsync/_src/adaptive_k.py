@@ -174,7 +174,8 @@ def adaptive_k(
     max_k = common.check_int(_RULE, "max_k", max_k, low=1)
   # Per-coordinate variances are needed by Test 2 with the lower endpoint only.
   per_coordinate_m2 = ci_endpoint == "lower"
-  t_table = jnp.asarray(_t_quantiles(confidence, max(max_k - 1, 1) if max_k else _DEFAULT_T_TABLE))
+  if per_coordinate_m2:  # only the lower endpoint evaluates the t-interval
+    t_table = jnp.asarray(_t_quantiles(confidence, max(max_k - 1, 1) if max_k else _DEFAULT_T_TABLE))
 
   def init_fn(params: optax.Params) -> AdaptiveKState:
     return AdaptiveKState(
