@@ -53,6 +53,7 @@ from jaxsync._src.ordered_momentum import OrderedMomentumState, ordered_momentum
 from jaxsync._src.release import OnReleaseState, on_release
 from jaxsync._src.smega2 import Smega2State, smega2
 from jaxsync._src.staleness import ScaleByStalenessState, scale_by_staleness
+from jaxsync import sim, strategies  # noqa: E402  (submodules, after the rules they use)
 
 __version__ = "0.1.0"
 
@@ -76,5 +77,7 @@ __all__ = (
   "on_release",
   "ordered_momentum",
   "scale_by_staleness",
+  "sim",
   "smega2",
+  "strategies",
 )

@@ -12,7 +12,7 @@ from jax import lax
 from jaxsync._src import common
 
 _RULE = "scale_by_staleness"
-MODES = ("linear", "exponential")
+MODES = ("linear", "exponential", "none")
 
 
 class ScaleByStalenessState(NamedTuple):
@@ -54,7 +54,8 @@ def scale_by_staleness(
   .. math::
 
     s(\tau) = \begin{cases} 1/\max(\tau, 1) & \text{linear (Zhang et al. 2016)} \\
-                            e^{-\kappa \tau} & \text{exponential (Chan \& Lane 2014)}
+                            e^{-\kappa \tau} & \text{exponential (Chan \& Lane 2014)} \\
+                            1 & \text{none (plain aggregation: K-async, InHAD)}
               \end{cases}
 
   so that ``alpha(tau) = alpha_0 s(tau)``; ``tau = 0`` gives ``alpha_0``. The
@@ -80,9 +81,10 @@ def scale_by_staleness(
   the NaN/Inf scan when the caller already knows.
 
   Args:
-    mode: ``"linear"`` or ``"exponential"``.
+    mode: ``"linear"``, ``"exponential"`` or ``"none"`` (no scaling: the
+      rule only averages ``c`` arrivals, as K-async SGD and InHAD's pull do).
     penalty: ``kappa > 0`` for ``mode="exponential"``; must be ``None`` for
-      ``"linear"``.
+      the other modes.
     gradients_per_update: ``c >= 1``, the gradients averaged per update.
 
   Returns:
@@ -110,13 +112,15 @@ def scale_by_staleness(
       raise common.invalid(_RULE, "penalty", penalty, "a finite number > 0 (kappa) with mode='exponential'")
     penalty = common.check_real(_RULE, "penalty", penalty, low=0.0, low_open=True)
   elif penalty is not None:
-    raise common.invalid(_RULE, "penalty", penalty, "None with mode='linear'")
+    raise common.invalid(_RULE, "penalty", penalty, f"None with mode={mode!r}")
   per_update = common.check_int(_RULE, "gradients_per_update", gradients_per_update, low=1)
 
   def factor(tau: jax.Array) -> jax.Array:
     tau_f = tau.astype(jnp.float32)
     if mode == "linear":
       return 1.0 / jnp.maximum(tau_f, 1.0)
+    if mode == "none":
+      return jnp.ones_like(tau_f)
     return jnp.exp(-penalty * tau_f)
 
   def init_fn(params: optax.Params) -> ScaleByStalenessState:

@@ -1,0 +1,261 @@
+"""The synchronous engine: one compiled step per round behind a barrier.
+
+All ``K`` workers start a round on the same parameters, so their gradients are
+one batched computation: the gradient of ``sum_k w_k L(theta; batch_k)``
+equals ``sum_k w_k g_k`` (``w_k = 1/k`` for the ``k`` gradients kept, 0 for
+the dropped ones) and costs what the ``K`` separate gradients cost, without
+``K`` gradient copies. Local SGD keeps the ``K`` models (a leading worker axis)
+and ``vmap``s their local steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxsync._src import common
+from jaxsync._src.sim_records import EvalSchedule, EventRecord
+from jaxsync._src.strategies import Strategy
+from jaxsync._src.time_model import TimeModel
+from jaxsync._src.worker_data import WorkerData
+
+
+class RoundState(NamedTuple):
+  """The whole state of a synchronous simulation (checkpoint it to resume).
+
+  Attributes:
+    clock: simulated seconds at the end of the last round.
+    idle: seconds each worker spent not computing.
+    steps: gradients each worker started.
+    used: gradients of each worker that were aggregated.
+    params: the server (global) parameters.
+    rule_state: the server rule's state (the outer optimizer for local SGD).
+    version: server updates so far.
+    worker_params: ``[K, ...]`` local models (local SGD), else ``()``.
+    worker_state: ``[K, ...]`` local optimizer states (local SGD), else ``()``.
+    inter_messages: full-size messages sent over the network.
+    next_eval: the next evaluation point (updates or seconds).
+    event: rounds simulated.
+    key: the compute-time jitter key.
+  """
+
+  clock: jax.Array
+  idle: jax.Array
+  steps: jax.Array
+  used: jax.Array
+  params: Any
+  rule_state: Any
+  version: jax.Array
+  worker_params: Any
+  worker_state: Any
+  inter_messages: jax.Array
+  next_eval: jax.Array
+  event: jax.Array
+  key: jax.Array
+
+
+def init(
+  strategy: Strategy, params: Any, time_model: TimeModel, schedule: EvalSchedule, key: jax.Array
+) -> RoundState:
+  """The state at time 0: every worker holds ``params``."""
+  del time_model
+  k_workers = strategy.num_workers
+  local = strategy.protocol == "local"
+
+  def stack(tree):
+    return jax.tree.map(lambda x: jnp.broadcast_to(x, (k_workers, *jnp.shape(x))), tree)
+
+  return RoundState(
+    clock=jnp.zeros([], jnp.float32),
+    idle=jnp.zeros([k_workers], jnp.float32),
+    steps=jnp.zeros([k_workers], jnp.int32),
+    used=jnp.zeros([k_workers], jnp.int32),
+    params=params,
+    rule_state=strategy.server_rule.init(params),
+    version=common.zeros_int(),
+    worker_params=stack(params) if local else (),
+    worker_state=stack(strategy.worker_rule.init(params)) if local else (),
+    inter_messages=common.zeros_int(),
+    next_eval=schedule.first_due(),
+    event=common.zeros_int(),
+    key=key,
+  )
+
+
+def communication_time(strategy: Strategy, time_model: TimeModel, pushes: int) -> float:
+  """Seconds of one round's exchange (the formulas of :class:`TimeModel`)."""
+  k_workers = strategy.num_workers
+  comm = strategy.communication
+  if comm == "ring":
+    return time_model.ring_allreduce_time(k_workers)
+  if comm == "hierarchical":
+    return time_model.hierarchical_allreduce_time(k_workers, strategy.group_size)
+  # Parameter server: `pushes` gradients in, K replies out, one apply.
+  return (
+    2 * time_model.link.latency
+    + (pushes + k_workers) * time_model.transfer_time()
+    + time_model.apply_time
+  )
+
+
+def messages_per_round(strategy: Strategy, pushes: int) -> int:
+  """Full-size messages a round moves (a ring all-reduce moves ``2(K-1)/K`` per worker)."""
+  if strategy.communication == "parameter_server":
+    return pushes + strategy.num_workers
+  # Ring and hierarchical all-reduce: every worker sends 2(P-1)/P of a message.
+  return 2 * (strategy.num_workers - 1)
+
+
+def step(
+  strategy: Strategy,
+  loss_fn,
+  data: WorkerData,
+  time_model: TimeModel,
+  schedule: EvalSchedule,
+  metric_names: tuple[str, ...],
+  s: RoundState,
+) -> tuple[RoundState, EventRecord]:
+  """One round: every worker computes, the server aggregates, everyone gets the result."""
+  k_workers = strategy.num_workers
+  workers = jnp.arange(k_workers, dtype=jnp.int32)
+  if strategy.protocol == "local":
+    return _local_round(strategy, loss_fn, data, time_model, schedule, metric_names, s)
+
+  keep = strategy.gradients_per_round
+  durations = time_model.sample_compute(s.key, workers, s.steps)
+  if keep < k_workers:
+    # Fastest-k (spec §9): the k earliest finishers are kept, the rest cancelled.
+    rank = jnp.argsort(jnp.argsort(durations, stable=True), stable=True)
+    kept = rank < keep
+    round_compute = jnp.sort(durations)[keep - 1]
+  else:
+    kept = jnp.ones([k_workers], jnp.bool_)
+    round_compute = jnp.max(durations)
+  weights = kept.astype(jnp.float32) / keep
+  batches = jax.vmap(data.batch)(workers, s.steps)
+
+  def weighted_loss(p):
+    losses = jax.vmap(loss_fn, in_axes=(None, 0))(p, batches)
+    return jnp.sum(weights * losses)
+
+  loss, grads = jax.value_and_grad(weighted_loss)(s.params)
+  finite = common.tree_all_finite(grads)
+  updates, rule_state = strategy.server_rule.update(
+    grads, s.rule_state, s.params, version=s.version, num_live_workers=k_workers, grads_finite=finite
+  )
+  params = optax.apply_updates(s.params, updates)
+  end = s.clock + round_compute + communication_time(strategy, time_model, keep)
+  busy = jnp.minimum(durations, round_compute)  # dropped workers are cancelled at the cut
+  return _finish_round(
+    strategy,
+    schedule,
+    metric_names,
+    s,
+    params=params,
+    rule_state=rule_state,
+    end=end,
+    busy=busy,
+    started=1,
+    kept=kept & finite,
+    finite=finite,
+    loss=loss,
+    keep=keep,
+    worker_params=s.worker_params,
+    worker_state=s.worker_state,
+  )
+
+
+def _local_round(strategy, loss_fn, data, time_model, schedule, metric_names, s: RoundState):
+  """``local_steps`` vmapped local steps, then the outer step on ``theta - mean_k x_k``."""
+  k_workers = strategy.num_workers
+  workers = jnp.arange(k_workers, dtype=jnp.int32)
+  worker_rule = strategy.worker_rule
+
+  def local_step(carry, _):
+    xs, states, steps, busy = carry
+    durations = time_model.sample_compute(s.key, workers, steps)
+    batches = jax.vmap(data.batch)(workers, steps)
+    losses, grads = jax.vmap(jax.value_and_grad(loss_fn))(xs, batches)
+    updates, states = jax.vmap(worker_rule.update)(grads, states, xs)
+    xs = jax.vmap(optax.apply_updates)(xs, updates)
+    return (xs, states, steps + 1, busy + durations), jnp.mean(losses)
+
+  carry = (s.worker_params, s.worker_state, s.steps, jnp.zeros([k_workers], jnp.float32))
+  (xs, states, _, busy), losses = jax.lax.scan(local_step, carry, None, length=strategy.local_steps)
+  mean_model = jax.tree.map(lambda x: jnp.mean(x, axis=0), xs)
+  pseudo_grads = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), s.params, mean_model)
+  finite = common.tree_all_finite(pseudo_grads)
+  updates, rule_state = strategy.server_rule.update(pseudo_grads, s.rule_state, s.params, grads_finite=finite)
+  params = optax.apply_updates(s.params, updates)
+  xs = jax.tree.map(lambda p: jnp.broadcast_to(p, (k_workers, *p.shape)), params)
+  end = s.clock + jnp.max(busy) + communication_time(strategy, time_model, k_workers)
+  return _finish_round(
+    strategy,
+    schedule,
+    metric_names,
+    s,
+    params=params,
+    rule_state=rule_state,
+    end=end,
+    busy=busy,
+    started=strategy.local_steps,
+    kept=jnp.full([k_workers], finite),
+    finite=finite,
+    loss=jnp.mean(losses),
+    keep=k_workers,
+    worker_params=xs,
+    worker_state=states,
+  )
+
+
+def _finish_round(
+  strategy,
+  schedule,
+  metric_names,
+  s: RoundState,
+  *,
+  params,
+  rule_state,
+  end,
+  busy,
+  started,
+  kept,
+  finite,
+  loss,
+  keep,
+  worker_params,
+  worker_state,
+) -> tuple[RoundState, EventRecord]:
+  version = s.version + finite.astype(jnp.int32)
+  metrics, next_eval = schedule.maybe_evaluate(s.next_eval, params, version, end, metric_names)
+  new = RoundState(
+    clock=end,
+    idle=s.idle + (end - s.clock - busy),
+    steps=s.steps + started,
+    used=s.used + kept.astype(jnp.int32) * started,
+    params=params,
+    rule_state=rule_state,
+    version=version,
+    worker_params=worker_params,
+    worker_state=worker_state,
+    inter_messages=s.inter_messages + messages_per_round(strategy, keep),
+    next_eval=next_eval,
+    event=s.event + 1,
+    key=s.key,
+  )
+  record = EventRecord(
+    time=end,
+    worker=jnp.asarray(-1, jnp.int32),
+    staleness=jnp.asarray(0, jnp.int32),
+    version=version,
+    released=finite,
+    k=jnp.where(finite, keep, 0).astype(jnp.int32),
+    loss=jnp.asarray(loss, jnp.float32),
+    rejected=~finite,
+    step_size=jnp.asarray(jnp.nan, jnp.float32),
+    metrics=metrics,
+  )
+  return new, record

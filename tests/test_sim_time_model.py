@@ -1,0 +1,95 @@
+"""The time model: staleness patterns, SSP's bound, fastest-k's drops, round times from the formulas."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from sim_cases import simulate
+
+import jaxsync
+
+LR = 0.1
+
+
+def test_homogeneous_asp_staleness_is_k_minus_one_in_steady_state():
+  k = 6
+  time = jaxsync.sim.TimeModel(num_workers=k, jitter_shape=None)
+  _, history, _ = simulate("asp", k, events=10 * k, options={"learning_rate": LR}, time=time)
+  np.testing.assert_array_equal(history.staleness[k:], k - 1)
+  np.testing.assert_array_equal(history.staleness[:k], np.arange(k))
+
+
+def test_slow_workers_gradients_are_staler():
+  k = 8
+  time = jaxsync.sim.TimeModel(num_workers=k, slow_fraction=0.25, slowdown=4.0)
+  _, history, _ = simulate("asp", k, events=400, options={"learning_rate": LR}, time=time)
+  slow = np.isin(history.worker, time.slow_workers)
+  assert time.slow_workers == (6, 7)
+  assert history.staleness[slow].mean() > 3 * history.staleness[~slow].mean()
+  # A slow worker computes a quarter as many gradients.
+  steps = history.worker_steps
+  assert steps[6] < steps[0] / 3 and steps[7] < steps[1] / 3
+
+
+def test_ssp_never_exceeds_its_bound_and_the_bound_binds():
+  k, bound = 6, 2
+  time = jaxsync.sim.TimeModel(num_workers=k, slow_fraction=1 / 6, slowdown=5.0)
+  _, history, _ = simulate("ssp", k, events=300, options={"learning_rate": LR, "staleness_bound": bound}, time=time)
+  clocks = np.zeros(k, int)
+  gaps = []
+  for w in history.worker:  # a worker computes only while it is within the bound
+    gaps.append(clocks[w] - clocks.min())
+    clocks[w] += 1
+  assert max(gaps) == bound
+  # Without the bound, the fast workers would run far ahead of the slow one.
+  _, free, _ = simulate("asp", k, events=300, options={"learning_rate": LR}, time=time)
+  assert free.worker_steps.max() - free.worker_steps.min() > 10 * bound
+  assert history.worker_steps.max() - history.worker_steps.min() <= bound + 1
+  assert history.worker_idle[:5].sum() > 0  # fast workers waited
+
+
+def test_fastest_k_drops_the_slow_workers_gradients():
+  k = 8
+  time = jaxsync.sim.TimeModel(num_workers=k, slow_fraction=0.25, slowdown=4.0)
+  _, history, _ = simulate("fastest_k", k, events=30, options={"learning_rate": LR, "k": 6}, time=time)
+  np.testing.assert_array_equal(history.worker_used, [30] * 6 + [0, 0])
+  np.testing.assert_array_equal(history.worker_steps, 30)
+  assert (history.k == 6).all()
+  # A round ends with the 6th finisher: about one fast compute time, not four.
+  assert np.diff(history.time).max() < 2.0
+
+
+@pytest.mark.parametrize(
+  ("name", "options", "cost"),
+  [
+    ("bsp", {}, lambda tm, k: tm.parameter_server_round_time(k)),
+    ("allreduce", {}, lambda tm, k: tm.ring_allreduce_time(k)),
+    ("hierarchical_allreduce", {"group_size": 4}, lambda tm, k: tm.hierarchical_allreduce_time(k, 4)),
+  ],
+)
+def test_sync_round_time_is_the_slowest_worker_plus_the_exchange_formula(name, options, cost):
+  k = 8
+  time = jaxsync.sim.TimeModel(
+    num_workers=k, jitter_shape=None, slow_fraction=0.25, slowdown=3.0, link="1gbps", message_bytes=10_000_000, apply_time=0.01
+  )
+  _, history, _ = simulate(name, k, events=5, options=options, time=time)
+  expected = 3.0 + cost(time, k)
+  np.testing.assert_allclose(np.diff(np.concatenate([[0.0], history.time])), expected, rtol=1e-5)
+  # By hand, for the ring: 2 (P-1) (l + n/(P B)) at 1 Gbit/s.
+  if name == "allreduce":
+    np.testing.assert_allclose(cost(time, k), 2 * 7 * (50e-6 + 10e6 / 8 / 125e6), rtol=1e-9)
+
+
+def test_parameter_server_interface_is_the_asp_bottleneck():
+  k = 16
+  fast_net = jaxsync.sim.TimeModel(num_workers=k, link="100gbps", message_bytes=40_000_000)
+  slow_net = jaxsync.sim.TimeModel(num_workers=k, link="1gbps", message_bytes=40_000_000)
+  _, fast, _ = simulate("asp", k, events=200, options={"learning_rate": LR}, time=fast_net)
+  _, slow, _ = simulate("asp", k, events=200, options={"learning_rate": LR}, time=slow_net)
+  # At 1 Gbit/s one 40 MB push and one reply take 0.64 s of the server's interface each:
+  # throughput is bounded by the interface, not by the 16 workers.
+  rate = 200 / slow.simulated_time
+  assert rate < 1 / 0.32 and rate > 0.9 / 0.32 * 0.5
+  assert fast.simulated_time < slow.simulated_time / 5
+  assert slow.worker_idle.sum() > fast.worker_idle.sum()
+  assert slow.bytes_moved == pytest.approx(400 * 40_000_000)
