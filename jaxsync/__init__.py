@@ -34,6 +34,7 @@ gradient; a caller that already checked it (the runtimes do, on the worker)
 passes the extra arg ``grads_finite`` and the rule trusts it.
 """
 
+from jaxsync import sim, strategies  # noqa: E402  (submodules, after the rules they use)
 from jaxsync._src.adaptive_k import AdaptiveKState, adaptive_k
 from jaxsync._src.barzilai_borwein import (
   BBStepSizeState,
@@ -53,7 +54,6 @@ from jaxsync._src.ordered_momentum import OrderedMomentumState, ordered_momentum
 from jaxsync._src.release import OnReleaseState, on_release
 from jaxsync._src.smega2 import Smega2State, smega2
 from jaxsync._src.staleness import ScaleByStalenessState, scale_by_staleness
-from jaxsync import sim, strategies  # noqa: E402  (submodules, after the rules they use)
 
 __version__ = "0.1.0"
 

@@ -48,7 +48,9 @@ def simulate(name, num_workers, *, events, options=None, time=None, seed=0, prob
   loss, params, data = problem(num_workers, **(problem_kw or {}))
   strategy = jaxsync.strategies.make(name, num_workers, **(options or {}))
   time_model = time or jaxsync.sim.TimeModel(num_workers=num_workers)
-  final, history = jaxsync.sim.run(strategy, loss, params, data, time_model, num_events=events, seed=seed, **sim_kw)
+  final, history = jaxsync.sim.run(
+    strategy, loss, params, data, time_model, num_events=events, seed=seed, **sim_kw
+  )
   return final, history, data
 
 

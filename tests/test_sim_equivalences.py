@@ -6,10 +6,11 @@ import jax
 import numpy as np
 import optax
 import pytest
-from helpers import assert_trees_close
-from sim_cases import concatenated, problem, sgd_reference, simulate, loss_fn
 
 import jaxsync
+
+from helpers import assert_trees_close
+from sim_cases import concatenated, loss_fn, problem, sgd_reference, simulate
 
 K = 4
 LR = 0.2
@@ -31,7 +32,9 @@ def test_bsp_equals_sgd_momentum_on_the_concatenated_batch():
 
 def test_asp_with_one_worker_equals_sgd():
   steps = 20
-  final, history, data = simulate("asp", 1, events=steps, options={"learning_rate": LR}, problem_kw={"per_worker": 64})
+  final, history, data = simulate(
+    "asp", 1, events=steps, options={"learning_rate": LR}, problem_kw={"per_worker": 64}
+  )
   _, params, _ = problem(1, per_worker=64)
   expected = sgd_reference(params, [data.batch(0, t) for t in range(steps)], optax.sgd(LR))
   assert_trees_close(final, expected, rtol=1e-5, atol=1e-6)
@@ -41,7 +44,11 @@ def test_asp_with_one_worker_equals_sgd():
 def test_ssp_with_zero_bound_equals_bsp_with_summed_gradients():
   rounds = 8
   ssp, history, _ = simulate(
-    "ssp", K, events=rounds * K, options={"learning_rate": LR, "staleness_bound": 0}, time=jaxsync.sim.TimeModel(num_workers=K)
+    "ssp",
+    K,
+    events=rounds * K,
+    options={"learning_rate": LR, "staleness_bound": 0},
+    time=jaxsync.sim.TimeModel(num_workers=K),
   )
   bsp, _, _ = simulate("bsp", K, events=rounds, options={"learning_rate": K * LR, "momentum": 0.0})
   assert_trees_close(ssp, bsp, rtol=1e-5, atol=1e-6)
@@ -79,7 +86,11 @@ def test_allreduce_forms_equal_bsp_in_parameters_not_in_time():
 def test_easgd_one_worker_zero_elastic_force_equals_sgd():
   steps = 15
   final_centre, history, data = simulate(
-    "easgd", 1, events=steps, options={"learning_rate": LR, "moving_rate": 0.0, "period": 1}, problem_kw={"per_worker": 64}
+    "easgd",
+    1,
+    events=steps,
+    options={"learning_rate": LR, "moving_rate": 0.0, "period": 1},
+    problem_kw={"per_worker": 64},
   )
   _, params, _ = problem(1, per_worker=64)
   # The centre never moves with alpha = 0; the worker's own model is plain SGD.
@@ -98,7 +109,13 @@ def test_easgd_one_worker_zero_elastic_force_equals_sgd():
 
 def test_inhad_one_node_threshold_k_lockstep_equals_bsp():
   rounds = 10
-  options = {"learning_rate": LR, "momentum": 0.9, "local_workers": K, "pull_threshold": K, "wait_for_pull": True}
+  options = {
+    "learning_rate": LR,
+    "momentum": 0.9,
+    "local_workers": K,
+    "pull_threshold": K,
+    "wait_for_pull": True,
+  }
   inhad, history, _ = simulate("inhad", K, events=rounds * K, options=options, time=no_jitter())
   bsp, _, _ = simulate("bsp", K, events=rounds, options={"learning_rate": LR, "momentum": 0.9})
   assert_trees_close(inhad, bsp, rtol=1e-5, atol=1e-6)

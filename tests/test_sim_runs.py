@@ -6,10 +6,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import assert_trees_close
-from sim_cases import accuracy_fn, loss_fn, problem, simulate
 
 import jaxsync
+
+from helpers import assert_trees_close
+from sim_cases import accuracy_fn, loss_fn, problem, simulate
 
 K = 8
 
@@ -47,7 +48,9 @@ def test_every_strategy_learns_and_records_a_consistent_history(name):
   time = jaxsync.sim.TimeModel(num_workers=K, slow_fraction=0.25, slowdown=2.0)
   loss, params, data = problem(K)
   evaluate = accuracy_fn(data)
-  final, history, _ = simulate(name, K, events=240, options=options, time=time, eval_fn=evaluate, eval_every_time=5.0)
+  final, history, _ = simulate(
+    name, K, events=240, options=options, time=time, eval_fn=evaluate, eval_every_time=5.0
+  )
   start, end = float(evaluate(params)["loss"]), float(evaluate(final)["loss"])
   assert end < 0.8 * start, (name, start, end)
   assert np.all(np.diff(history.time) >= 0) and np.all(np.diff(history.version) >= 0)
@@ -75,7 +78,14 @@ def test_sixty_four_workers_long_run():
   loss, params, data = problem(k, per_worker=16)
   evaluate = accuracy_fn(data)
   final, history, _ = simulate(
-    "ormo", k, events=6400, options={"learning_rate": 0.02}, time=time, problem_kw={"per_worker": 16}, eval_fn=evaluate, eval_every=640
+    "ormo",
+    k,
+    events=6400,
+    options={"learning_rate": 0.02},
+    time=time,
+    problem_kw={"per_worker": 16},
+    eval_fn=evaluate,
+    eval_every=640,
   )
   assert history.worker_steps.sum() == 6400 and (history.worker_steps > 0).all()
   assert history.eval_metrics["accuracy"][-1] > 0.8
@@ -89,7 +99,9 @@ def test_nonfinite_gradients_are_rejected_counted_and_the_run_survives():
   bad = jaxsync.sim.WorkerData({"x": x, "y": data.arrays["y"]}, num_workers=K, batch_size=8)
   for name in ("ormo", "k_async", "adaptive_k", "bsp", "shifted_momentum"):
     strategy = jaxsync.strategies.make(name, K)
-    final, history = jaxsync.sim.run(strategy, loss, params, bad, jaxsync.sim.TimeModel(num_workers=K), num_events=80)
+    final, history = jaxsync.sim.run(
+      strategy, loss, params, bad, jaxsync.sim.TimeModel(num_workers=K), num_events=80
+    )
     assert all(np.isfinite(np.asarray(v)).all() for v in jax.tree.leaves(final)), name
     assert history.rejected_count > 0, name
     if strategy.engine == "async":
@@ -99,7 +111,9 @@ def test_nonfinite_gradients_are_rejected_counted_and_the_run_survives():
 
 def test_smega2_with_one_worker_is_nesterov_sgd_in_sutskever_form():
   lr, beta, steps = 0.1, 0.9, 12
-  final, _, data = simulate("smega2", 1, events=steps, options={"learning_rate": lr}, problem_kw={"per_worker": 64})
+  final, _, data = simulate(
+    "smega2", 1, events=steps, options={"learning_rate": lr}, problem_kw={"per_worker": 64}
+  )
   _, w, _ = problem(1, per_worker=64)
   grad = jax.jit(jax.grad(loss_fn))
   v = jax.tree.map(jnp.zeros_like, w)
@@ -129,7 +143,9 @@ def test_ea_wild_reads_stale_centres_and_easgd_exchanges_every_period():
 
 def test_inhad_free_running_workers_never_wait_and_staleness_is_bounded():
   time = jaxsync.sim.TimeModel(num_workers=K, slow_fraction=0.25, slowdown=2.0)
-  _, history, _ = simulate("inhad", K, events=200, options={"local_workers": 4, "pull_threshold": K}, time=time)
+  _, history, _ = simulate(
+    "inhad", K, events=200, options={"local_workers": 4, "pull_threshold": K}, time=time
+  )
   assert history.version[-1] == 200 // K
   assert history.staleness.max() <= 2  # a pull every K gradients
   assert history.bytes_moved_intra > 0

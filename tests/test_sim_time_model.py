@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sim_cases import simulate
 
 import jaxsync
+
+from sim_cases import simulate
 
 LR = 0.1
 
@@ -34,7 +35,9 @@ def test_slow_workers_gradients_are_staler():
 def test_ssp_never_exceeds_its_bound_and_the_bound_binds():
   k, bound = 6, 2
   time = jaxsync.sim.TimeModel(num_workers=k, slow_fraction=1 / 6, slowdown=5.0)
-  _, history, _ = simulate("ssp", k, events=300, options={"learning_rate": LR, "staleness_bound": bound}, time=time)
+  _, history, _ = simulate(
+    "ssp", k, events=300, options={"learning_rate": LR, "staleness_bound": bound}, time=time
+  )
   clocks = np.zeros(k, int)
   gaps = []
   for w in history.worker:  # a worker computes only while it is within the bound
@@ -70,7 +73,13 @@ def test_fastest_k_drops_the_slow_workers_gradients():
 def test_sync_round_time_is_the_slowest_worker_plus_the_exchange_formula(name, options, cost):
   k = 8
   time = jaxsync.sim.TimeModel(
-    num_workers=k, jitter_shape=None, slow_fraction=0.25, slowdown=3.0, link="1gbps", message_bytes=10_000_000, apply_time=0.01
+    num_workers=k,
+    jitter_shape=None,
+    slow_fraction=0.25,
+    slowdown=3.0,
+    link="1gbps",
+    message_bytes=10_000_000,
+    apply_time=0.01,
   )
   _, history, _ = simulate(name, k, events=5, options=options, time=time)
   expected = 3.0 + cost(time, k)

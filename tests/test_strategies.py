@@ -5,9 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from sim_cases import problem
 
 import jaxsync
+
+from sim_cases import problem
 
 REQUIRED = (
   "bsp allreduce hierarchical_allreduce asp naive_asgdm shifted_momentum smega2 ormo ormo_da ssp "
@@ -46,7 +47,10 @@ def test_easgd_default_moving_rate_is_point_nine_over_p():
   ("call", "words"),
   [
     (lambda: jaxsync.strategies.make("nope", 4), ["name='nope'", "asp", "ormo"]),
-    (lambda: jaxsync.strategies.make("asp", 4, momentum=0.9), ["unknown option(s) momentum", "learning_rate"]),
+    (
+      lambda: jaxsync.strategies.make("asp", 4, momentum=0.9),
+      ["unknown option(s) momentum", "learning_rate"],
+    ),
     (lambda: jaxsync.strategies.make("fastest_k", 4, k=5), ["k=5", "num_workers=4"]),
     (lambda: jaxsync.strategies.make("k_async", 4, k=5), ["k=5", "num_workers=4"]),
     (lambda: jaxsync.strategies.make("ssp", 4, staleness_bound=-1), ["staleness_bound=-1", ">= 0"]),
@@ -62,7 +66,10 @@ def test_easgd_default_moving_rate_is_point_nine_over_p():
     (lambda: jaxsync.sim.Link(latency=-1.0, bandwidth=1e9), ["latency=-1.0"]),
     (lambda: jaxsync.sim.TimeModel(num_workers=4, slowdown=0.5), ["slowdown=0.5"]),
     (lambda: jaxsync.sim.TimeModel(num_workers=2, compute_times=[1.0]), ["compute_times"]),
-    (lambda: jaxsync.sim.WorkerData({"x": np.zeros(10)}, num_workers=4, batch_size=3), ["batch_size=3", "shard"]),
+    (
+      lambda: jaxsync.sim.WorkerData({"x": np.zeros(10)}, num_workers=4, batch_size=3),
+      ["batch_size=3", "shard"],
+    ),
   ],
 )
 def test_invalid_options_raise_a_clear_error(call, words):

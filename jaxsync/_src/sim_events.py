@@ -232,7 +232,9 @@ def step(
   worker_params = s.worker_params
   if elastic:
     finite = common.tree_all_finite(grads)
-    local, new_ws = strategy.worker_rule.update(grads, worker_state, x, center=center_read, grads_finite=finite)
+    local, new_ws = strategy.worker_rule.update(
+      grads, worker_state, x, center=center_read, grads_finite=finite
+    )
     worker_params = _set_row(worker_params, k, optax.apply_updates(x, local))
     worker_states = _set_row(worker_states, k, new_ws)
     communicates = new_ws.exchanged

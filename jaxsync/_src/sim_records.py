@@ -79,7 +79,12 @@ class EvalSchedule(NamedTuple):
     return {k: jnp.asarray(v, jnp.float32) for k, v in self.eval_fn(params).items()}
 
   def maybe_evaluate(
-    self, next_due: jax.Array, params: optax.Params, version: jax.Array, time: jax.Array, names: tuple[str, ...]
+    self,
+    next_due: jax.Array,
+    params: optax.Params,
+    version: jax.Array,
+    time: jax.Array,
+    names: tuple[str, ...],
   ) -> tuple[dict[str, jax.Array], jax.Array]:
     """Metrics (NaN when not due) and the next due point, in updates or seconds."""
     if self.eval_fn is None:

@@ -95,9 +95,7 @@ def communication_time(strategy: Strategy, time_model: TimeModel, pushes: int) -
     return time_model.hierarchical_allreduce_time(k_workers, strategy.group_size)
   # Parameter server: `pushes` gradients in, K replies out, one apply.
   return (
-    2 * time_model.link.latency
-    + (pushes + k_workers) * time_model.transfer_time()
-    + time_model.apply_time
+    2 * time_model.link.latency + (pushes + k_workers) * time_model.transfer_time() + time_model.apply_time
   )
 
 

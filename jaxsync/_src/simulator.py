@@ -144,7 +144,10 @@ class Simulator:
     if not isinstance(data, WorkerData):
       raise common.invalid(_WHAT, "data", data, "a jaxsync.sim.WorkerData")
     k = strategy.num_workers
-    for name, value in (("time_model.num_workers", time_model.num_workers), ("data.num_workers", data.num_workers)):
+    for name, value in (
+      ("time_model.num_workers", time_model.num_workers),
+      ("data.num_workers", data.num_workers),
+    ):
       if value != k:
         raise common.invalid(_WHAT, name, value, f"the strategy's num_workers={k}")
     self.strategy = strategy
@@ -275,6 +278,12 @@ def run(
     ``(final_params, history)``.
   """
   sim = Simulator(
-    strategy, loss_fn, data, time_model, eval_fn=eval_fn, eval_every=eval_every, eval_every_time=eval_every_time
+    strategy,
+    loss_fn,
+    data,
+    time_model,
+    eval_fn=eval_fn,
+    eval_every=eval_every,
+    eval_every_time=eval_every_time,
   )
   return sim.run(params, num_events, seed=seed)

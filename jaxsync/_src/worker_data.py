@@ -58,7 +58,9 @@ class WorkerData:
       raise common.invalid(_WHAT, "arrays", arrays, "a non-empty pytree of arrays")
     sizes = {np.shape(x)[0] if np.ndim(x) else None for x in leaves}
     if len(sizes) != 1 or None in sizes:
-      raise common.invalid(_WHAT, "arrays", f"<leading sizes {sorted(map(str, sizes))}>", "one common leading size N")
+      raise common.invalid(
+        _WHAT, "arrays", f"<leading sizes {sorted(map(str, sizes))}>", "one common leading size N"
+      )
     (n,) = sizes
     shard = n // num_workers
     if shard < batch_size:
