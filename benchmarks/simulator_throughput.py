@@ -117,7 +117,9 @@ def main():
     f"# simulator_throughput: MLP 64-{args.hidden}-{args.hidden}-10 ({num_params:,} float32 parameters), "
     f"batch {args.batch}, {args.steps} worker-steps per call, {args.rounds} interleaved rounds"
   )
-  print(f"# machine: {platform.machine()}, {jax.device_count()} {jax.default_backend()} device(s), jax {jax.__version__}")
+  print(
+    f"# machine: {platform.machine()}, {jax.device_count()} {jax.default_backend()} device(s), jax {jax.__version__}"
+  )
 
   base = plain_loop(params, loss_fn, synthetic(1, args.batch, 512), args.steps)
   cases = {}
@@ -139,7 +141,9 @@ def main():
       ratios[key].append(worker_steps / timed(run) / base_rate)
 
   print(f"\nplain loop: {np.median(base_rates):,.0f} gradient steps/s (median of {args.rounds})\n")
-  print("| strategy | K | worker-steps/s | ratio to plain loop, median (IQR) | >= 0.8x | parameter-sized arrays in state |")
+  print(
+    "| strategy | K | worker-steps/s | ratio to plain loop, median (IQR) | >= 0.8x | parameter-sized arrays in state |"
+  )
   print("|---|---|---|---|---|---|")
   for (name, k), values in ratios.items():
     q1, med, q3 = np.percentile(values, [25, 50, 75])

@@ -96,3 +96,17 @@ def test_time_model_helpers():
   np.testing.assert_allclose(tm.mean_compute_times(), [1, 1, 3, 3])
   assert jaxsync.sim.message_bytes({"a": jnp.zeros([10]), "b": jnp.zeros([2, 2], jnp.bfloat16)}) == 48
   assert jaxsync.sim.link("100gbps").bandwidth == 100e9 / 8
+
+
+@pytest.mark.parametrize("shape", [0.5, 1.0, 3.0, 100.0])
+def test_loop_free_gamma_jitter_has_the_gamma_distribution(shape):
+  import jax
+  import scipy.stats
+
+  from jaxsync._src.time_model import unit_gamma
+
+  seed = jax.numpy.asarray([12345, 678], jax.numpy.uint32)
+  workers, steps = np.divmod(np.arange(20_000), 100)  # draws across workers and steps
+  draws = np.asarray(jax.jit(jax.vmap(lambda w, s: unit_gamma(seed, w, s, shape)))(workers, steps))
+  assert abs(draws.mean() - 1.0) < 4 * np.sqrt(1 / shape / draws.size)
+  assert scipy.stats.kstest(draws * shape, scipy.stats.gamma(shape).cdf).pvalue > 1e-3
