@@ -153,3 +153,26 @@ def test_inhad_free_running_workers_never_wait_and_staleness_is_bounded():
   size = jaxsync.sim.message_bytes(problem(K)[1])
   assert history.bytes_moved == 25 * 4 * size
   assert history.bytes_moved_intra == 200 * 2 * size
+
+
+def test_ea_wild_groups_all_reduce_inside_and_exchange_once_per_group_step():
+  k, lr, steps = 4, 0.2, 6
+  loss, params, data = problem(k)
+  time = jaxsync.sim.TimeModel(
+    num_workers=k, jitter_shape=None, slow_fraction=0.25, slowdown=2.0, message_bytes=10**6
+  )
+  strategy = jaxsync.strategies.make("ea_wild", k, learning_rate=lr, moving_rate=0.0, group_size=k)
+  sim = jaxsync.sim.Simulator(strategy, loss, data, time)
+  state, _ = sim.advance(sim.init(params), steps)
+  # One group of all workers and no elastic force: the group's model is SGD on the mean gradient.
+  group_model = jax.tree.map(lambda x: x[0], state.worker_params)
+  bsp, _, _ = simulate("allreduce", k, events=steps, options={"learning_rate": lr, "momentum": 0.0})
+  assert_trees_close(group_model, bsp, rtol=1e-5, atol=1e-6)
+  _, history = sim.run(params, steps)
+  # A group step lasts as long as its slowest member plus the intra-group ring all-reduce.
+  step_time = 2.0 + time.ring_allreduce_time(k, over=time.intra_link)
+  assert history.time[0] > step_time and (history.worker == 0).all() and history.worker_steps.shape == (1,)
+  _, two = jaxsync.sim.run(
+    jaxsync.strategies.make("ea_wild", k, group_size=2), loss, params, data, time, num_events=40
+  )
+  assert set(two.worker) == {0, 1} and two.version[-1] == 40

@@ -93,6 +93,32 @@ def _set_row(tree: Any, i: jax.Array, row: Any) -> Any:
   return jax.tree.map(lambda x, r: x.at[i].set(r), tree, row)
 
 
+def num_units(strategy: Strategy) -> int:
+  """Workers as the engine schedules them: EA-wild groups act as one worker each."""
+  if strategy.protocol == "elastic":
+    return strategy.num_workers // strategy.group_size
+  return strategy.num_workers
+
+
+def _compute_times(strategy: Strategy, time_model: TimeModel, key, units, steps) -> jax.Array:
+  """Next compute times of ``units``; a group takes its slowest member plus its all-reduce (spec §13)."""
+  g = strategy.group_size
+  if strategy.protocol != "elastic" or g == 1:
+    return time_model.sample_compute(key, units, steps)
+  members = (units[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1)
+  times = time_model.sample_compute(key, members, jnp.repeat(steps, g)).reshape(-1, g)
+  return jnp.max(times, axis=1) + time_model.ring_allreduce_time(g, over=time_model.intra_link)
+
+
+def _batch(strategy: Strategy, data: WorkerData, unit, step):
+  """A unit's batch: a group's is its members' batches, concatenated (their mean gradient)."""
+  g = strategy.group_size
+  if strategy.protocol != "elastic" or g == 1:
+    return data.batch(unit, step)
+  parts = [data.batch(unit * g + i, step) for i in range(g)]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
+
+
 def _uses_snapshots(strategy: Strategy) -> bool:
   # Locked EASGD reads the current centre at its exchange; nothing is pulled ahead.
   return strategy.protocol == "gradient" or strategy.lock_free
@@ -102,16 +128,16 @@ def init(
   strategy: Strategy, params: Any, time_model: TimeModel, schedule: EvalSchedule, key: jax.Array
 ) -> EventState:
   """The state at time 0: every worker has pulled ``params`` (version 0) and starts."""
-  k_workers = strategy.num_workers
+  k_workers = num_units(strategy)
   workers = jnp.arange(k_workers, dtype=jnp.int32)
   steps = jnp.zeros([k_workers], jnp.int32)
   worker_state = ()
   if strategy.worker_rule is not None:
     worker_state = _stack(strategy.worker_rule.init(params), k_workers)
-  groups = k_workers // strategy.group_size
+  groups = strategy.num_workers // strategy.group_size
   zero = jnp.zeros([], jnp.float32)
   return EventState(
-    finish=time_model.sample_compute(key, workers, steps),
+    finish=_compute_times(strategy, time_model, key, workers, steps),
     idle_since=jnp.zeros([k_workers], jnp.float32),
     idle=jnp.zeros([k_workers], jnp.float32),
     steps=steps,
@@ -208,10 +234,10 @@ def step(
   s: EventState,
 ) -> tuple[EventState, EventRecord]:
   """One arrival: the earliest finisher's gradient goes through the strategy."""
-  k_workers = strategy.num_workers
+  k_workers = num_units(strategy)
   k = jnp.argmin(s.finish).astype(jnp.int32)
   t = s.finish[k]
-  batch = data.batch(k, s.steps[k])
+  batch = _batch(strategy, data, k, s.steps[k])
   elastic = strategy.protocol == "elastic"
 
   if _uses_snapshots(strategy):
@@ -316,12 +342,12 @@ def step(
   # Next finish times; elastic workers continue locally without waiting.
   idle_since = s.idle_since.at[k].set(t)
   if strategy.dispatch == "immediate" or elastic:
-    duration = time_model.sample_compute(s.key, k[None], steps[k][None])[0]
+    duration = _compute_times(strategy, time_model, s.key, k[None], steps[k][None])[0]
     start = receive
     finish = s.finish.at[k].set(start + duration)
     idle = s.idle.at[k].add(start - t)
   else:
-    durations = time_model.sample_compute(s.key, jnp.arange(k_workers, dtype=jnp.int32), steps)
+    durations = _compute_times(strategy, time_model, s.key, jnp.arange(k_workers, dtype=jnp.int32), steps)
     finish = jnp.where(send, receive + durations, s.finish)
     finish = finish.at[k].set(jnp.where(send[k], finish[k], jnp.inf))
     idle = s.idle + jnp.where(send, receive - idle_since, 0.0)

@@ -63,7 +63,8 @@ class Strategy:
     gradients_per_round: sync only: how many of the ``K`` gradients of a round
       are aggregated (the fastest ones); ``K`` for BSP.
     local_steps: ``"local"`` protocol: steps between model averages.
-    group_size: workers per group (hierarchical all-reduce) or per node (InHAD).
+    group_size: workers per group (hierarchical all-reduce), per node (InHAD),
+      or per synchronous group (EA-wild; the engine schedules a group as one worker).
     uses_noise_ratio: the worker rule reads the server's noise ratio (BB).
     armijo: the worker rule backtracks on its batch loss (BB with Armijo).
     lock_free: elastic: the centre increment is computed against the centre
@@ -549,8 +550,17 @@ def _eamsgd(num_workers, *, learning_rate=0.01, momentum=0.99, moving_rate=None,
 
 
 @_register("ea_wild")
-def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None) -> Strategy:
-  """EA-wild: an elastic exchange every step against a lock-free, possibly stale read of the centre (spec §13)."""
-  alpha = _moving_rate("ea_wild", moving_rate, num_workers)
+def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None, group_size=1) -> Strategy:
+  """EA-wild: an elastic exchange every step against a lock-free, possibly stale read of the centre (spec §13).
+
+  With ``group_size`` G > 1 the workers form K/G groups: inside a group the
+  gradients are all-reduced synchronously (the group steps on the mean of its
+  members' batches, as fast as its slowest member plus a ring all-reduce over
+  ``intra_link``), and each group makes one EA-wild exchange per step. The
+  default moving rate is then ``0.9 / (K/G)``.
+  """
+  groups = _check_divides("ea_wild", "group_size", group_size, num_workers)
+  alpha = _moving_rate("ea_wild", moving_rate, num_workers // groups)
   worker = easgd_worker(_check_lr("ea_wild", learning_rate), moving_rate=alpha, period=1)
-  return dataclasses.replace(_elastic("ea_wild", num_workers, worker, ea_wild_center(alpha)), lock_free=True)
+  strategy = _elastic("ea_wild", num_workers, worker, ea_wild_center(alpha))
+  return dataclasses.replace(strategy, lock_free=True, group_size=groups)
