@@ -58,3 +58,13 @@ def test_docstring_examples_run(module):
     importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
   )
   assert result.failed == 0
+
+
+@pytest.mark.parametrize("module", [jaxsync.sim, jaxsync.strategies])
+def test_submodules_document_every_public_name(module):
+  assert module.__doc__
+  public = {n for n in vars(module) if not n.startswith("_") and not inspect.ismodule(getattr(module, n))}
+  assert public - set(module.__all__) - {"annotations"} == set()
+  for name in module.__all__:
+    doc = inspect.getdoc(getattr(module, name))
+    assert doc and len(doc.splitlines()[0]) > 10, name

@@ -176,3 +176,17 @@ def test_ea_wild_groups_all_reduce_inside_and_exchange_once_per_group_step():
     jaxsync.strategies.make("ea_wild", k, group_size=2), loss, params, data, time, num_events=40
   )
   assert set(two.worker) == {0, 1} and two.version[-1] == 40
+
+
+def test_a_state_advanced_by_a_fresh_simulator_continues_exactly():
+  loss, params, data = problem(K)
+  strategy = jaxsync.strategies.make("adaptive_k", K)
+  time = jaxsync.sim.TimeModel(num_workers=K)
+  first = jaxsync.sim.Simulator(strategy, loss, data, time)
+  state, _ = first.advance(first.init(params), 30)
+  saved = jax.tree.map(np.asarray, state)  # what a checkpoint holds
+  resumed = jaxsync.sim.Simulator(strategy, loss, data, time)
+  state_b, _ = resumed.advance(jax.tree.map(jnp.asarray, saved), 30)
+  state_a, _ = first.advance(state, 30)
+  _trees_equal(state_a.params, state_b.params)
+  np.testing.assert_array_equal(state_a.finish, state_b.finish)

@@ -52,7 +52,7 @@ class EventState(NamedTuple):
     intra_messages: full-size messages inside a node.
     next_eval: the next evaluation point (updates or seconds).
     event: events simulated.
-    key: the compute-time jitter key.
+    key: the compute-time jitter seed, ``uint32[2]``.
   """
 
   finish: jax.Array

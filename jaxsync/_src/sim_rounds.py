@@ -39,7 +39,7 @@ class RoundState(NamedTuple):
     inter_messages: full-size messages sent over the network.
     next_eval: the next evaluation point (updates or seconds).
     event: rounds simulated.
-    key: the compute-time jitter key.
+    key: the compute-time jitter seed, ``uint32[2]``.
   """
 
   clock: jax.Array

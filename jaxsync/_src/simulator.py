@@ -159,17 +159,20 @@ class Simulator:
     self._advance = jax.jit(self._advance_impl, static_argnames="num_events", donate_argnums=0)
     self._evaluate = jax.jit(self.schedule.evaluate) if eval_fn is not None else None
 
-  def _timed(self, params: optax.Params) -> TimeModel:
-    return self.time_model.with_message_bytes(params)
+  def _prepare(self, params: optax.Params) -> None:
+    # What the compiled step needs from the parameters' shapes (idempotent, no compute).
+    self._metric_names = tuple(sorted(self.schedule.metric_shapes(params)))
+    self._time_model = self.time_model.with_message_bytes(params)
 
   def init(self, params: optax.Params, seed: int = 0):
     """The simulation state at time 0 with every worker holding ``params``."""
     seed = common.check_int(_WHAT, "seed", seed, low=0)
     params = jax.tree.map(jnp.asarray, params)
-    self._metric_names = tuple(sorted(self.schedule.metric_shapes(params)))
-    self._time_model = self._timed(params)
+    self._prepare(params)
     self._initial_metrics = self._evaluate(params) if self._evaluate is not None else {}
-    state = self._engine.init(self.strategy, params, self._time_model, self.schedule, jax.random.key(seed))
+    state = self._engine.init(
+      self.strategy, params, self._time_model, self.schedule, jax.random.key_data(jax.random.key(seed))
+    )
     # advance() donates the state: give it buffers of its own (init shares zeros
     # between fields, and the caller keeps its params).
     return jax.tree.map(lambda x: x.copy(), state)
@@ -188,6 +191,8 @@ class Simulator:
     The input state is donated: use the returned one.
     """
     num_events = common.check_int(_WHAT, "num_events", num_events)
+    if not hasattr(self, "_time_model"):  # a state restored from a checkpoint
+      self._prepare(state.params)
     return self._advance(state, num_events=num_events)
 
   def history(self, records: list[EventRecord], state) -> History:
@@ -196,7 +201,8 @@ class Simulator:
     evaluated = (
       ~np.isnan(rec.metrics[self._metric_names[0]]) if self._metric_names else np.zeros(len(rec.time), bool)
     )
-    first = {name: np.asarray([float(self._initial_metrics[name])]) for name in self._metric_names}
+    initial = getattr(self, "_initial_metrics", {})  # absent for a state restored elsewhere
+    first = {name: np.asarray([float(initial.get(name, np.nan))]) for name in self._metric_names}
     eval_metrics = {
       name: np.concatenate([first[name], rec.metrics[name][evaluated]]) for name in self._metric_names
     }

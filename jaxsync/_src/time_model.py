@@ -250,12 +250,16 @@ class TimeModel:
       )
     return float(self.message_bytes)
 
-  def sample_compute(self, key: jax.Array, workers: jax.Array, steps: jax.Array) -> jax.Array:
-    """Compute times of the given workers' next steps; a pure function of (key, worker, step)."""
+  def sample_compute(self, seed: jax.Array, workers: jax.Array, steps: jax.Array) -> jax.Array:
+    """Compute times of the given workers' next steps; a pure function of (seed, worker, step).
+
+    ``seed`` is a ``uint32[2]`` (``jax.random.key_data`` of a key), so that a
+    simulation state holds only plain arrays and checkpoints as such.
+    """
     means = jnp.asarray(self.mean_compute_times())[workers]
     if self.jitter_shape is None:
       return means
-    seed = jax.random.key_data(key).reshape(-1)[:2].astype(jnp.uint32)
+    seed = jnp.asarray(seed, jnp.uint32).reshape(-1)[:2]
     return means * jax.vmap(lambda w, s: unit_gamma(seed, w, s, self.jitter_shape))(workers, steps)
 
   # Costs of exchanges, in seconds (Python floats: the topology is static).
