@@ -18,7 +18,7 @@ import optax
 
 from jaxsync._src import common
 from jaxsync._src.look_ahead import look_ahead
-from jaxsync._src.sim_records import EvalSchedule, EventRecord
+from jaxsync._src.sim_records import EvalSchedule, EventRecord, stack_workers
 from jaxsync._src.strategies import Strategy
 from jaxsync._src.time_model import TimeModel
 from jaxsync._src.worker_data import WorkerData
@@ -81,10 +81,6 @@ class EventState(NamedTuple):
   key: jax.Array
 
 
-def _stack(tree: Any, n: int) -> Any:
-  return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *jnp.shape(x))), tree)
-
-
 def _row(tree: Any, i: jax.Array) -> Any:
   return jax.tree.map(lambda x: x[i], tree)
 
@@ -133,7 +129,7 @@ def init(
   steps = jnp.zeros([k_workers], jnp.int32)
   worker_state = ()
   if strategy.worker_rule is not None:
-    worker_state = _stack(strategy.worker_rule.init(params), k_workers)
+    worker_state = stack_workers(strategy.worker_rule.init(params), k_workers)
   groups = strategy.num_workers // strategy.group_size
   zero = jnp.zeros([], jnp.float32)
   return EventState(
@@ -146,11 +142,11 @@ def init(
     rule_state=strategy.server_rule.init(params),
     version=common.zeros_int(),
     pending=common.zeros_int(),
-    snapshots=_stack(params, k_workers + 1) if _uses_snapshots(strategy) else (),
+    snapshots=stack_workers(params, k_workers + 1) if _uses_snapshots(strategy) else (),
     snapshot_of=jnp.zeros([k_workers], jnp.int32),
     pulled_version=jnp.zeros([k_workers], jnp.int32),
     noise_ratio=jnp.zeros([k_workers], jnp.float32),
-    worker_params=_stack(params, k_workers) if strategy.protocol == "elastic" else (),
+    worker_params=stack_workers(params, k_workers) if strategy.protocol == "elastic" else (),
     worker_state=worker_state,
     waiting=jnp.zeros([k_workers], jnp.bool_),
     node_count=jnp.zeros([groups], jnp.int32),

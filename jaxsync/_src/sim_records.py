@@ -12,6 +12,11 @@ import optax
 from jaxsync._src import common
 
 
+def stack_workers(tree: Any, n: int) -> Any:
+  """``n`` copies of ``tree`` along a new leading worker axis."""
+  return jax.tree.map(lambda x: jnp.broadcast_to(x, (n, *jnp.shape(x))), tree)
+
+
 class EventRecord(NamedTuple):
   """One row per event (an arrival at the server, or a synchronous round).
 

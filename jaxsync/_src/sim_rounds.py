@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src import common
-from jaxsync._src.sim_records import EvalSchedule, EventRecord
+from jaxsync._src.sim_records import EvalSchedule, EventRecord, stack_workers
 from jaxsync._src.strategies import Strategy
 from jaxsync._src.time_model import TimeModel
 from jaxsync._src.worker_data import WorkerData
@@ -65,9 +65,6 @@ def init(
   k_workers = strategy.num_workers
   local = strategy.protocol == "local"
 
-  def stack(tree):
-    return jax.tree.map(lambda x: jnp.broadcast_to(x, (k_workers, *jnp.shape(x))), tree)
-
   return RoundState(
     clock=jnp.zeros([], jnp.float32),
     idle=jnp.zeros([k_workers], jnp.float32),
@@ -76,8 +73,8 @@ def init(
     params=params,
     rule_state=strategy.server_rule.init(params),
     version=common.zeros_int(),
-    worker_params=stack(params) if local else (),
-    worker_state=stack(strategy.worker_rule.init(params)) if local else (),
+    worker_params=stack_workers(params, k_workers) if local else (),
+    worker_state=stack_workers(strategy.worker_rule.init(params), k_workers) if local else (),
     inter_messages=common.zeros_int(),
     next_eval=schedule.first_due(),
     event=common.zeros_int(),
@@ -93,10 +90,7 @@ def communication_time(strategy: Strategy, time_model: TimeModel, pushes: int) -
     return time_model.ring_allreduce_time(k_workers)
   if comm == "hierarchical":
     return time_model.hierarchical_allreduce_time(k_workers, strategy.group_size)
-  # Parameter server: `pushes` gradients in, K replies out, one apply.
-  return (
-    2 * time_model.link.latency + (pushes + k_workers) * time_model.transfer_time() + time_model.apply_time
-  )
+  return time_model.parameter_server_round_time(k_workers, pushes)
 
 
 def messages_per_round(strategy: Strategy, pushes: int) -> int:
@@ -188,7 +182,7 @@ def _local_round(strategy, loss_fn, data, time_model, schedule, metric_names, s:
   finite = common.tree_all_finite(pseudo_grads)
   updates, rule_state = strategy.server_rule.update(pseudo_grads, s.rule_state, s.params, grads_finite=finite)
   params = optax.apply_updates(s.params, updates)
-  xs = jax.tree.map(lambda p: jnp.broadcast_to(p, (k_workers, *p.shape)), params)
+  xs = stack_workers(params, k_workers)
   end = s.clock + jnp.max(busy) + communication_time(strategy, time_model, k_workers)
   return _finish_round(
     strategy,

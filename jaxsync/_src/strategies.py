@@ -322,12 +322,12 @@ def _local_sgd(
 # ---------------------------------------------------------------------------
 
 
-def _async(name, num_workers, server_rule, worker_rule=None, **fields) -> Strategy:
+def _async(name, num_workers, server_rule, worker_rule=None, *, protocol="gradient", **fields) -> Strategy:
   return Strategy(
     name=name,
     num_workers=num_workers,
     engine="async",
-    protocol="gradient",
+    protocol=protocol,
     server_rule=server_rule,
     worker_rule=worker_rule,
     **fields,
@@ -521,14 +521,7 @@ def _inhad(
 
 
 def _elastic(name, num_workers, worker, center) -> Strategy:
-  return Strategy(
-    name=name,
-    num_workers=num_workers,
-    engine="async",
-    protocol="elastic",
-    server_rule=center,
-    worker_rule=worker,
-  )
+  return _async(name, num_workers, center, worker, protocol="elastic")
 
 
 @_register("easgd")

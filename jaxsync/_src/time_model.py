@@ -159,10 +159,10 @@ class TimeModel:
     T_{ring}(P) &= 2 (P-1) \left(l + \frac{n}{P B}\right) \\
     T_{hier}(P, G) &= \underbrace{(G-1)\left(l_i + \frac{n}{G B_i}\right)}_{\text{reduce}}
         + T_{ring}(P/G) + \underbrace{(G-1)\left(l_i + \frac{n}{G B_i}\right)}_{\text{broadcast}} \\
-    T_{ps}(P) &= 2 \left(l + \frac{P n}{B}\right) + t_{apply}
+    T_{ps}(P, k) &= 2 l + \frac{(k + P)\, n}{B} + t_{apply}
 
-  where ``T_ps`` is a synchronous round through a parameter server: ``P`` pushes
-  and ``P`` replies through its interface.
+  where ``T_ps`` is a synchronous round through a parameter server: ``k``
+  pushes (``P``, or fastest-k's ``k``) and ``P`` replies through its interface.
 
   Attributes:
     num_workers: ``K >= 1``.
@@ -289,6 +289,7 @@ class TimeModel:
     )
     return 2 * intra + self.ring_allreduce_time(leaders)
 
-  def parameter_server_round_time(self, participants: int) -> float:
-    """``2 (l + P n/B) + t_apply``: a synchronous round through one server."""
-    return 2 * (self.link.latency + participants * self.transfer_time()) + self.apply_time
+  def parameter_server_round_time(self, participants: int, pushes: int | None = None) -> float:
+    """``2 l + (k + P) n/B + t_apply``: ``k`` pushes (default ``P``) and ``P`` replies through one server."""
+    pushes = participants if pushes is None else pushes
+    return 2 * self.link.latency + (pushes + participants) * self.transfer_time() + self.apply_time
