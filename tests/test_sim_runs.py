@@ -190,3 +190,76 @@ def test_a_state_advanced_by_a_fresh_simulator_continues_exactly():
   state_a, _ = first.advance(state, 30)
   _trees_equal(state_a.params, state_b.params)
   np.testing.assert_array_equal(state_a.finish, state_b.finish)
+
+
+def _corrupt(data, worker):
+  x = np.array(data.arrays["x"])
+  x[np.asarray(data.shards[worker])] = np.nan
+  return jaxsync.sim.WorkerData(
+    {"x": x, "y": data.arrays["y"]}, num_workers=data.num_workers, batch_size=data.batch_size
+  )
+
+
+def test_a_dropped_workers_nan_never_touches_fastest_k_and_a_bsp_round_with_one_is_skipped():
+  loss, params, data = problem(K)
+  bad = _corrupt(data, K - 1)  # the slowest worker: always dropped by fastest-k
+  time = jaxsync.sim.TimeModel(num_workers=K, slow_fraction=0.125, slowdown=4.0)
+  _, fastest = jaxsync.sim.run(
+    jaxsync.strategies.make("fastest_k", K, k=6), loss, params, bad, time, num_events=10
+  )
+  assert fastest.rejected_count == 0 and fastest.version[-1] == 10 and fastest.worker_used[K - 1] == 0
+  # A barrier cannot tell whose gradient poisoned the mean: the round is skipped, as a
+  # synchronous job skips a non-finite step; the parameters stay finite and unchanged.
+  final, bsp = jaxsync.sim.run(jaxsync.strategies.make("bsp", K), loss, params, bad, time, num_events=10)
+  assert bsp.rejected_count == 10 and bsp.version[-1] == 0
+  assert_trees_close(final, params, rtol=0, atol=0)
+
+
+def test_a_worker_rule_that_overflows_is_rejected_at_the_server():
+  # Gradients of 1e38: shifted momentum's local trace overflows to inf within a few steps.
+  loss, params, data = problem(2)
+  huge = lambda p, b: 1e38 * jnp.sum(p["w"]) + 0.0 * loss(p, b)  # noqa: E731
+  final, history = jaxsync.sim.run(
+    jaxsync.strategies.make("shifted_momentum", 2, learning_rate=1e-40),
+    huge,
+    params,
+    data,
+    jaxsync.sim.TimeModel(num_workers=2),
+    num_events=10,
+  )
+  assert history.rejected_count > 0
+  assert all(np.isfinite(np.asarray(v)).all() for v in jax.tree.leaves(final))
+
+
+@pytest.mark.parametrize("name", ["easgd", "inhad", "k_async"])
+def test_event_times_never_go_backwards_even_when_the_server_queues(name):
+  time = jaxsync.sim.TimeModel(
+    num_workers=K, link="1gbps", message_bytes=50_000_000, slow_fraction=0.25, slowdown=2.0
+  )
+  loss, params, data = problem(K)
+  evaluate = accuracy_fn(data)
+  options = {"period": 2} if name == "easgd" else {}
+  _, history, _ = simulate(
+    name, K, events=120, options=options, time=time, eval_fn=evaluate, eval_every_time=3.0
+  )
+  assert np.all(np.diff(history.time) >= 0)
+  assert np.all(np.diff(history.eval_time) > 0)
+  if name == "easgd":
+    assert set(np.unique(history.k)) == {0, 1}  # one worker model per exchange
+    np.testing.assert_array_equal(history.k, history.released)
+
+
+def test_a_diverged_evaluation_keeps_its_row():
+  loss, params, data = problem(K)
+  evaluate = lambda p: {"loss": jnp.nan * jnp.sum(p["b"])}  # noqa: E731
+  _, history, _ = simulate("asp", K, events=40, eval_fn=evaluate, eval_every=10)
+  assert len(history.eval_version) == 5 and np.isnan(history.eval_metrics["loss"]).all()
+  np.testing.assert_array_equal(history.eval_version, [0, 10, 20, 30, 40])
+
+
+def test_hierarchical_allreduce_counts_only_the_leaders_ring_between_machines():
+  time = jaxsync.sim.TimeModel(num_workers=8, message_bytes=1000)
+  _, flat, _ = simulate("allreduce", 8, events=3, time=time)
+  _, hier, _ = simulate("hierarchical_allreduce", 8, events=3, options={"group_size": 4}, time=time)
+  assert flat.bytes_moved == 3 * 2 * 7 * 1000
+  assert hier.bytes_moved == 3 * 2 * 1 * 1000 and hier.bytes_moved_intra == 3 * 2 * 3 * 2 * 1000

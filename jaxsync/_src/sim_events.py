@@ -28,6 +28,8 @@ class EventState(NamedTuple):
   """The whole state of an asynchronous simulation (checkpoint it to resume).
 
   Attributes:
+    clock: simulated seconds of the last event (events are recorded in
+      nondecreasing time).
     finish: when each worker finishes its current gradient (``inf`` while it
       waits for parameters).
     idle_since: when each worker last finished a gradient.
@@ -49,12 +51,13 @@ class EventState(NamedTuple):
     nic_in: when the server's receive queue is next free.
     nic_out: when the server's send queue is next free.
     inter_messages: full-size messages over the inter-machine link.
-    intra_messages: full-size messages inside a node.
+    intra_messages: full-size messages inside a node or an EA-wild group.
     next_eval: the next evaluation point (updates or seconds).
     event: events simulated.
     key: the compute-time jitter seed, ``uint32[2]``.
   """
 
+  clock: jax.Array
   finish: jax.Array
   idle_since: jax.Array
   idle: jax.Array
@@ -133,6 +136,7 @@ def init(
   groups = strategy.num_workers // strategy.group_size
   zero = jnp.zeros([], jnp.float32)
   return EventState(
+    clock=jnp.zeros([], jnp.float32),
     finish=_compute_times(strategy, time_model, key, workers, steps),
     idle_since=jnp.zeros([k_workers], jnp.float32),
     idle=jnp.zeros([k_workers], jnp.float32),
@@ -282,6 +286,9 @@ def step(
         extra["value_fn"] = lambda p: loss_fn(p, batch)
       message, new_ws = strategy.worker_rule.update(grads, worker_state, x, **extra)
       worker_states = _set_row(worker_states, k, new_ws)
+      # A finite gradient can still make a non-finite message (a momentum or a
+      # BB step that overflows): the server must not trust the gradient's flag.
+      finite = finite & common.tree_all_finite(message)
       size = optax.tree.get(new_ws, "step_size", None)
       if size is not None:
         step_size = jnp.asarray(size, jnp.float32)
@@ -303,7 +310,10 @@ def step(
   version = s.version + released.astype(jnp.int32)
   pending = s.pending + finite.astype(jnp.int32)
   last_k = optax.tree.get(new_rule_state, "last_k", None)
-  k_used = jnp.where(released, pending if last_k is None else last_k, 0)
+  if elastic:
+    k_used = released.astype(jnp.int32)  # one worker model per exchange
+  else:
+    k_used = jnp.where(released, pending if last_k is None else last_k, 0)
   pending = jnp.where(released, 0, pending)
   steps = s.steps.at[k].add(1)
   used = s.used.at[k].add(finite.astype(jnp.int32))
@@ -348,8 +358,14 @@ def step(
     finish = finish.at[k].set(jnp.where(send[k], finish[k], jnp.inf))
     idle = s.idle + jnp.where(send, receive - idle_since, 0.0)
 
-  metrics, next_eval = schedule.maybe_evaluate(s.next_eval, params, version, server_time, metric_names)
+  # Events are taken in finish order; an exchange that queued at the server
+  # ends later than a following local step, so the clock is the running max.
+  clock = jnp.maximum(s.clock, server_time)
+  evaluated, metrics, next_eval = schedule.maybe_evaluate(s.next_eval, params, version, clock, metric_names)
+  if elastic and strategy.group_size > 1:
+    intra = intra + 2 * (strategy.group_size - 1)  # the group's all-reduce of its gradient
   new = EventState(
+    clock=clock,
     finish=finish,
     idle_since=idle_since,
     idle=idle,
@@ -376,7 +392,7 @@ def step(
     key=s.key,
   )
   record = EventRecord(
-    time=jnp.asarray(server_time, jnp.float32),
+    time=clock,
     worker=k,
     staleness=staleness,
     version=version,
@@ -385,6 +401,7 @@ def step(
     loss=jnp.asarray(loss, jnp.float32),
     rejected=rejected,
     step_size=step_size,
+    evaluated=evaluated,
     metrics=metrics,
   )
   return new, record

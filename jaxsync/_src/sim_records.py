@@ -30,7 +30,9 @@ class EventRecord(NamedTuple):
     loss: the training loss of the event's gradient(s) on its batch.
     rejected: the arrival was non-finite and was rejected.
     step_size: the sender's learning rate when it adapts (BB), else NaN.
-    metrics: evaluation metrics when an evaluation was due, else NaN.
+    evaluated: whether an evaluation was taken after this event.
+    metrics: evaluation metrics when ``evaluated`` (may be NaN for a diverged
+      model), else NaN.
   """
 
   time: jax.Array
@@ -42,6 +44,7 @@ class EventRecord(NamedTuple):
   loss: jax.Array
   rejected: jax.Array
   step_size: jax.Array
+  evaluated: jax.Array
   metrics: dict[str, jax.Array]
 
 
@@ -90,10 +93,10 @@ class EvalSchedule(NamedTuple):
     version: jax.Array,
     time: jax.Array,
     names: tuple[str, ...],
-  ) -> tuple[dict[str, jax.Array], jax.Array]:
-    """Metrics (NaN when not due) and the next due point, in updates or seconds."""
+  ) -> tuple[jax.Array, dict[str, jax.Array], jax.Array]:
+    """(due, metrics (NaN when not due), the next due point in updates or seconds)."""
     if self.eval_fn is None:
-      return {}, next_due
+      return jnp.asarray(False), {}, next_due
     if self.every_updates is not None:
       now, every = version.astype(jnp.float32), float(self.every_updates)
     else:
@@ -103,4 +106,4 @@ class EvalSchedule(NamedTuple):
     metrics = jax.lax.cond(due, lambda: self.evaluate(params), lambda: nan)
     # The next multiple of the interval after now: several intervals crossed at once give one row.
     after = (jnp.floor(now / every) + 1.0) * every
-    return metrics, jnp.where(due, after, next_due)
+    return due, metrics, jnp.where(due, after, next_due)

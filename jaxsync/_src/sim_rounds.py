@@ -36,7 +36,8 @@ class RoundState(NamedTuple):
     version: server updates so far.
     worker_params: ``[K, ...]`` local models (local SGD), else ``()``.
     worker_state: ``[K, ...]`` local optimizer states (local SGD), else ``()``.
-    inter_messages: full-size messages sent over the network.
+    inter_messages: full-size messages sent between machines.
+    intra_messages: full-size messages inside a group (hierarchical all-reduce).
     next_eval: the next evaluation point (updates or seconds).
     event: rounds simulated.
     key: the compute-time jitter seed, ``uint32[2]``.
@@ -52,6 +53,7 @@ class RoundState(NamedTuple):
   worker_params: Any
   worker_state: Any
   inter_messages: jax.Array
+  intra_messages: jax.Array
   next_eval: jax.Array
   event: jax.Array
   key: jax.Array
@@ -76,6 +78,7 @@ def init(
     worker_params=stack_workers(params, k_workers) if local else (),
     worker_state=stack_workers(strategy.worker_rule.init(params), k_workers) if local else (),
     inter_messages=common.zeros_int(),
+    intra_messages=common.zeros_int(),
     next_eval=schedule.first_due(),
     event=common.zeros_int(),
     key=key,
@@ -93,12 +96,20 @@ def communication_time(strategy: Strategy, time_model: TimeModel, pushes: int) -
   return time_model.parameter_server_round_time(k_workers, pushes)
 
 
-def messages_per_round(strategy: Strategy, pushes: int) -> int:
-  """Full-size messages a round moves (a ring all-reduce moves ``2(K-1)/K`` per worker)."""
+def messages_per_round(strategy: Strategy, pushes: int) -> tuple[int, int]:
+  """Full-size messages a round moves: (between machines, inside groups).
+
+  A ring all-reduce over ``P`` moves ``2(P-1)/P`` of a message per member,
+  ``2(P-1)`` in all; the hierarchical form runs that ring over the ``P/G``
+  leaders and a reduce plus a broadcast inside each group.
+  """
+  k_workers = strategy.num_workers
   if strategy.communication == "parameter_server":
-    return pushes + strategy.num_workers
-  # Ring and hierarchical all-reduce: every worker sends 2(P-1)/P of a message.
-  return 2 * (strategy.num_workers - 1)
+    return pushes + k_workers, 0
+  if strategy.communication == "hierarchical":
+    g = strategy.group_size
+    return 2 * (k_workers // g - 1), 2 * (g - 1) * (k_workers // g)
+  return 2 * (k_workers - 1), 0
 
 
 def step(
@@ -127,7 +138,11 @@ def step(
     kept = jnp.ones([k_workers], jnp.bool_)
     round_compute = jnp.max(durations)
   weights = kept.astype(jnp.float32) / keep
-  batches = jax.vmap(data.batch)(workers, s.steps)
+  # A cancelled worker's gradient must not touch the round even when it is
+  # NaN (0 * NaN = NaN): it is computed on the fastest worker's batch instead.
+  fastest = jnp.argmin(durations).astype(jnp.int32)
+  source = jnp.where(kept, workers, fastest)
+  batches = jax.vmap(data.batch)(source, s.steps[source])
 
   def weighted_loss(p):
     losses = jax.vmap(loss_fn, in_axes=(None, 0))(p, batches)
@@ -222,7 +237,8 @@ def _finish_round(
   worker_state,
 ) -> tuple[RoundState, EventRecord]:
   version = s.version + finite.astype(jnp.int32)
-  metrics, next_eval = schedule.maybe_evaluate(s.next_eval, params, version, end, metric_names)
+  inter, intra = messages_per_round(strategy, keep)
+  evaluated, metrics, next_eval = schedule.maybe_evaluate(s.next_eval, params, version, end, metric_names)
   new = RoundState(
     clock=end,
     idle=s.idle + (end - s.clock - busy),
@@ -233,7 +249,8 @@ def _finish_round(
     version=version,
     worker_params=worker_params,
     worker_state=worker_state,
-    inter_messages=s.inter_messages + messages_per_round(strategy, keep),
+    inter_messages=s.inter_messages + inter,
+    intra_messages=s.intra_messages + intra,
     next_eval=next_eval,
     event=s.event + 1,
     key=s.key,
@@ -248,6 +265,7 @@ def _finish_round(
     loss=jnp.asarray(loss, jnp.float32),
     rejected=~finite,
     step_size=jnp.asarray(jnp.nan, jnp.float32),
+    evaluated=evaluated,
     metrics=metrics,
   )
   return new, record

@@ -198,9 +198,7 @@ class Simulator:
   def history(self, records: list[EventRecord], state) -> History:
     """Assembles a :class:`History` from the records of one or more :meth:`advance` calls."""
     rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
-    evaluated = (
-      ~np.isnan(rec.metrics[self._metric_names[0]]) if self._metric_names else np.zeros(len(rec.time), bool)
-    )
+    evaluated = rec.evaluated
     initial = getattr(self, "_initial_metrics", {})  # absent for a state restored elsewhere
     first = {name: np.asarray([float(initial.get(name, np.nan))]) for name in self._metric_names}
     eval_metrics = {

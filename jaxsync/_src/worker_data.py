@@ -29,7 +29,8 @@ class WorkerData:
     p = t b + i, \; e = \lfloor p / S \rfloor
 
   with ``a`` a random unit modulo ``S`` (coprime to it, so each epoch visits
-  every example once) and ``c`` a random offset. Over an already shuffled
+  every example once; at most ``2^31 / S`` so that ``a p`` is exact in int32)
+  and ``c`` a random offset. Over an already shuffled
   shard this reorders each epoch at ``O(b)`` cost, where a full permutation
   would sort ``S`` keys per batch. A batch is a function of the worker and its
   step count only: the simulator fetches it inside a compiled loop, and a
@@ -79,7 +80,9 @@ class WorkerData:
     self.seed = seed
     self.shards = jnp.asarray(order.reshape(num_workers, shard), jnp.int32)
     self._key = jax.random.key(seed)
-    self._units = jnp.asarray([a for a in range(1, shard + 1) if math.gcd(a, shard) == 1], jnp.int32)
+    # a p + c < 2^31 for every position p < S: a <= (2^31 - 1) / S - 1 keeps int32 exact.
+    largest = max(1, min(shard, (2**31 - 1) // shard - 1))
+    self._units = jnp.asarray([a for a in range(1, largest + 1) if math.gcd(a, shard) == 1], jnp.int32)
 
   def indices(self, worker: jax.Array, step: jax.Array) -> jax.Array:
     """The example indices of ``worker``'s batch at its ``step``, shape ``[b]``."""
