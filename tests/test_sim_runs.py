@@ -263,3 +263,23 @@ def test_hierarchical_allreduce_counts_only_the_leaders_ring_between_machines():
   _, hier, _ = simulate("hierarchical_allreduce", 8, events=3, options={"group_size": 4}, time=time)
   assert flat.bytes_moved == 3 * 2 * 7 * 1000
   assert hier.bytes_moved == 3 * 2 * 1 * 1000 and hier.bytes_moved_intra == 3 * 2 * 3 * 2 * 1000
+
+
+@pytest.mark.parametrize("name", ["asp", "bsp"])
+def test_max_time_stops_at_a_simulated_time_budget(name):
+  loss, params, data = problem(K)
+  sim = jaxsync.sim.Simulator(
+    jaxsync.strategies.make(name, K), loss, data, jaxsync.sim.TimeModel(num_workers=K)
+  )
+  full_params, full = sim.run(params, 400)
+  cut_params, cut = sim.run(params, 400, max_time=20.0, chunk=64)
+  n = len(cut.time)
+  assert 0 < n < 400 and len(full.time) == 400
+  # The budgeted run is the full run's prefix, and it stopped at the first event starting after 20 s.
+  np.testing.assert_array_equal(cut.time, full.time[:n])
+  np.testing.assert_array_equal(cut.version, full.version[:n])
+  starts = full.time[n - 1] if name == "bsp" else None
+  if name == "bsp":
+    assert starts >= 20.0 and full.time[n - 2] < 20.0
+  else:
+    assert cut.time[-1] < 20.0 + 2.0 and full.time[n] >= 20.0

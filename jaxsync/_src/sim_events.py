@@ -224,6 +224,11 @@ def _elapsed(strategy, time_model, s: EventState, t, communicates, released, n_s
   )
 
 
+def next_event_time(s: EventState) -> jax.Array:
+  """When the next arrival's worker finishes computing."""
+  return jnp.min(s.finish)
+
+
 def step(
   strategy: Strategy,
   loss_fn,

@@ -112,6 +112,11 @@ def messages_per_round(strategy: Strategy, pushes: int) -> tuple[int, int]:
   return 2 * (k_workers - 1), 0
 
 
+def next_event_time(s: RoundState) -> jax.Array:
+  """When the next round starts."""
+  return s.clock
+
+
 def step(
   strategy: Strategy,
   loss_fn,

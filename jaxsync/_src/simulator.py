@@ -177,23 +177,49 @@ class Simulator:
     # between fields, and the caller keeps its params).
     return jax.tree.map(lambda x: x.copy(), state)
 
-  def _advance_impl(self, state, num_events: int):
-    def body(s, _):
-      return self._engine.step(
-        self.strategy, self.loss_fn, self.data, self._time_model, self.schedule, self._metric_names, s
-      )
+  def _step(self, state):
+    return self._engine.step(
+      self.strategy, self.loss_fn, self.data, self._time_model, self.schedule, self._metric_names, state
+    )
 
-    return jax.lax.scan(body, state, None, length=num_events)
+  def _advance_impl(self, state, max_time, num_events: int):
+    # A while_loop, not a scan, so that a run can stop at a simulated time; the
+    # records go into preallocated buffers, one row per event run.
+    shapes = jax.eval_shape(self._step, state)[1]
+    buffers = jax.tree.map(lambda x: jnp.zeros((num_events, *x.shape), x.dtype), shapes)
 
-  def advance(self, state, num_events: int) -> tuple[Any, EventRecord]:
-    """Runs ``num_events`` more events (compiled once per length); returns the state and records.
+    def running(carry):
+      i, s, _ = carry
+      return (i < num_events) & (self._engine.next_event_time(s) < max_time)
 
-    The input state is donated: use the returned one.
+    def body(carry):
+      i, s, rec = carry
+      s, row = self._step(s)
+      return i + 1, s, jax.tree.map(lambda buf, x: buf.at[i].set(x), rec, row)
+
+    count, state, records = jax.lax.while_loop(running, body, (jnp.zeros([], jnp.int32), state, buffers))
+    return state, records, count
+
+  def advance(self, state, num_events: int, *, max_time: float | None = None) -> tuple[Any, EventRecord]:
+    """Runs up to ``num_events`` more events; returns the new state and their records.
+
+    With ``max_time`` the run stops before the first event that would start at
+    or after that simulated time (an arrival whose worker finishes then, or a
+    round that begins then); the records hold only the events that ran.
+    Compiled once per ``num_events``. The input state is donated: use the
+    returned one.
     """
     num_events = common.check_int(_WHAT, "num_events", num_events)
+    limit = (
+      np.inf if max_time is None else common.check_real(_WHAT, "max_time", max_time, low=0.0, low_open=True)
+    )
     if not hasattr(self, "_time_model"):  # a state restored from a checkpoint
       self._prepare(state.params)
-    return self._advance(state, num_events=num_events)
+    state, records, count = self._advance(state, jnp.asarray(limit, jnp.float32), num_events=num_events)
+    count = int(count)
+    if count < num_events:
+      records = jax.tree.map(lambda x: x[:count], records)
+    return state, records
 
   def history(self, records: list[EventRecord], state) -> History:
     """Assembles a :class:`History` from the records of one or more :meth:`advance` calls."""
@@ -230,15 +256,24 @@ class Simulator:
     )
 
   def run(
-    self, params: optax.Params, num_events: int, *, seed: int = 0, chunk: int | None = None
+    self,
+    params: optax.Params,
+    num_events: int,
+    *,
+    seed: int = 0,
+    chunk: int | None = None,
+    max_time: float | None = None,
   ) -> tuple[optax.Params, History]:
     """Simulates ``num_events`` events from ``params``; returns the final parameters and the history.
 
     Args:
       params: the initial parameters (every worker starts from them).
-      num_events: arrivals (asynchronous) or rounds (synchronous) to simulate.
+      num_events: arrivals (asynchronous) or rounds (synchronous) to simulate,
+        at most.
       seed: the compute-time jitter seed (data order is ``data.seed``).
       chunk: events per compiled call (default: all at once).
+      max_time: stop at this simulated time instead (see :meth:`advance`),
+        e.g. to compare strategies on an equal time budget.
     """
     num_events = common.check_int(_WHAT, "num_events", num_events)
     chunk = num_events if chunk is None else common.check_int(_WHAT, "chunk", chunk)
@@ -247,9 +282,12 @@ class Simulator:
     done = 0
     while done < num_events:
       n = min(chunk, num_events - done)
-      state, rec = self.advance(state, n)
+      state, rec = self.advance(state, n, max_time=max_time)
       records.append(rec)
-      done += n
+      ran = len(rec.time)
+      done += ran
+      if ran < n:  # stopped at max_time
+        break
     return state.params, self.history(records, state)
 
 
@@ -265,6 +303,7 @@ def run(
   eval_fn: Callable[[optax.Params], dict[str, Any]] | None = None,
   eval_every: int | None = None,
   eval_every_time: float | None = None,
+  max_time: float | None = None,
 ) -> tuple[optax.Params, History]:
   """Simulates a strategy on a model, data and cluster; see :class:`Simulator`.
 
@@ -277,6 +316,7 @@ def run(
     num_events: arrivals (async) or rounds (sync) to simulate.
     seed: jitter seed.
     eval_fn, eval_every, eval_every_time: the evaluation schedule.
+    max_time: stop at this simulated time (at most ``num_events`` events).
 
   Returns:
     ``(final_params, history)``.
@@ -290,4 +330,4 @@ def run(
     eval_every=eval_every,
     eval_every_time=eval_every_time,
   )
-  return sim.run(params, num_events, seed=seed)
+  return sim.run(params, num_events, seed=seed, max_time=max_time)
