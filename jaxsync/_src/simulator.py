@@ -90,7 +90,7 @@ class History:
 class Simulator:
   r"""K simulated workers and a server (or an all-reduce group), compiled end to end.
 
-  The run is a ``lax.scan`` over events. An asynchronous strategy's event is
+  The run is one compiled ``lax.while_loop`` over events. An asynchronous strategy's event is
   one arrival: the earliest finisher computes exactly one gradient on the
   parameters it pulled (kept per worker), its worker rule and the server rule
   apply it, the dispatch policy decides who gets the new parameters, and the
