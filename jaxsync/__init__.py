@@ -34,7 +34,7 @@ gradient; a caller that already checked it (the runtimes do, on the worker)
 passes the extra arg ``grads_finite`` and the rule trusts it.
 """
 
-from jaxsync import sim, strategies  # noqa: E402  (submodules, after the rules they use)
+from jaxsync import datasets, models, sim, strategies  # noqa: E402  (submodules, after the rules they use)
 from jaxsync._src.adaptive_k import AdaptiveKState, adaptive_k
 from jaxsync._src.barzilai_borwein import (
   BBStepSizeState,
@@ -69,11 +69,13 @@ __all__ = (
   "adaptive_k",
   "armijo_backtracking",
   "bb_step_size",
+  "datasets",
   "ea_wild_center",
   "easgd_center",
   "easgd_worker",
   "gradient_noise_ratio",
   "look_ahead",
+  "models",
   "on_release",
   "ordered_momentum",
   "scale_by_staleness",
