@@ -177,6 +177,17 @@ class Simulator:
     # between fields, and the caller keeps its params).
     return jax.tree.map(lambda x: x.copy(), state)
 
+  def evaluate(self, params: optax.Params) -> dict[str, float]:
+    """``eval_fn(params)`` as Python floats (``{}`` without an ``eval_fn``); compiled once."""
+    if self._evaluate is None:
+      return {}
+    return {name: float(value) for name, value in self._evaluate(params).items()}
+
+  @property
+  def initial_metrics(self) -> dict[str, float]:
+    """The metrics of the parameters given to the last :meth:`init` (``{}`` before one)."""
+    return {name: float(value) for name, value in getattr(self, "_initial_metrics", {}).items()}
+
   def _step(self, state):
     return self._engine.step(
       self.strategy, self.loss_fn, self.data, self._time_model, self.schedule, self._metric_names, state
@@ -221,11 +232,17 @@ class Simulator:
       records = jax.tree.map(lambda x: x[:count], records)
     return state, records
 
-  def history(self, records: list[EventRecord], state) -> History:
-    """Assembles a :class:`History` from the records of one or more :meth:`advance` calls."""
+  def history(
+    self, records: list[EventRecord], state, *, initial_metrics: dict[str, float] | None = None
+  ) -> History:
+    """Assembles a :class:`History` from the records of one or more :meth:`advance` calls.
+
+    ``initial_metrics`` gives the first evaluation row for a state restored
+    from a checkpoint (default: those of the last :meth:`init`).
+    """
     rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
     evaluated = rec.evaluated
-    initial = getattr(self, "_initial_metrics", {})  # absent for a state restored elsewhere
+    initial = self.initial_metrics if initial_metrics is None else initial_metrics
     first = {name: np.asarray([float(initial.get(name, np.nan))]) for name in self._metric_names}
     eval_metrics = {
       name: np.concatenate([first[name], rec.metrics[name][evaluated]]) for name in self._metric_names
