@@ -13,7 +13,8 @@ def test_defaults_and_a_full_round_trip(tmp_path):
     "name: quick\nstrategy: {name: asp, options: {learning_rate: 0.1}}\ncluster: {num_workers: 4, slowdown: 2}\n"
   )
   cfg = config.load(
-    path, ["run.gradients=800", "strategy.options.learning_rate=0.05", "model.hidden=[64, 32]"]
+    path,
+    ["run.gradients=800", "strategy.options.learning_rate=0.05", "model.name=mlp", "model.hidden=[64, 32]"],
   )
   assert cfg.name == "quick" and cfg.strategy.name == "asp"
   assert cfg.strategy.options == {"learning_rate": 0.05}

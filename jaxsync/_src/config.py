@@ -20,6 +20,20 @@ class ConfigError(ValueError):
   """A config key with an invalid value, or an unknown key; the message names both."""
 
 
+def _require(ok: bool, key: str, value: Any, expected: str) -> None:
+  """Range checks of the config dataclasses (types are checked while building)."""
+  if not ok:
+    raise ConfigError(f"{key}={value!r} is invalid; expected {expected}.")
+
+
+def _positive(section: str, obj: Any, *names: str) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    _require(
+      value is None or value > 0, f"{section}.{name}", value, "a positive number (or null where allowed)"
+    )
+
+
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
   """Which data (``jaxsync.datasets.load``) and each worker's batch size."""
@@ -29,6 +43,12 @@ class DataConfig:
   batch_size: int = 32
   num_examples: int = 10_000
 
+  def __post_init__(self):
+    from jaxsync._src.datasets import DATASETS
+
+    _require(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
+    _positive("data", self, "batch_size", "num_examples")
+
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
@@ -37,6 +57,17 @@ class ModelConfig:
   name: str = "cnn"
   hidden: list[int] | None = None
 
+  def __post_init__(self):
+    from jaxsync._src.models import MODELS
+
+    _require(self.name in MODELS, "model.name", self.name, f"one of {', '.join(MODELS)}")
+    _require(
+      self.hidden is None or (self.name == "mlp" and all(h > 0 for h in self.hidden)),
+      "model.hidden",
+      self.hidden,
+      "null, or positive layer widths with model.name=mlp",
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class StrategyConfig:
@@ -44,6 +75,18 @@ class StrategyConfig:
 
   name: str = "ormo"
   options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    from jaxsync._src.strategies import describe, names
+
+    _require(self.name in names(), "strategy.name", self.name, f"one of {', '.join(names())}")
+    valid = describe(self.name).options
+    unknown = sorted(set(self.options) - set(valid))
+    if unknown:
+      raise ConfigError(
+        f"unknown option strategy.options.{unknown[0]} for strategy {self.name!r}; valid options: "
+        f"{', '.join(valid) or 'none'}."
+      )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,6 +102,15 @@ class ClusterConfig:
   link: str = "10gbps"
   apply_time: float = 0.0
 
+  def __post_init__(self):
+    from jaxsync._src.time_model import LINK_PRESETS
+
+    _positive("cluster", self, "num_workers", "compute_time", "device_flops", "jitter_shape")
+    _require(0 <= self.slow_fraction < 1, "cluster.slow_fraction", self.slow_fraction, "a fraction in [0, 1)")
+    _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
+    _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
+    _require(self.link in LINK_PRESETS, "cluster.link", self.link, f"one of {', '.join(LINK_PRESETS)}")
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
@@ -69,11 +121,58 @@ class RunConfig:
   eval_every: int | None = 100
   eval_every_time: float | None = None
   chunk: int = 500
+  checkpoint_every: int | None = None
+  target_accuracy: float | None = 0.9
+
+  def __post_init__(self):
+    _positive(
+      "run", self, "gradients", "max_time", "eval_every", "eval_every_time", "chunk", "checkpoint_every"
+    )
+    _require(
+      (self.eval_every is None) != (self.eval_every_time is None),
+      "run.eval_every",
+      self.eval_every,
+      f"exactly one of run.eval_every and run.eval_every_time (eval_every_time={self.eval_every_time!r})",
+    )
+    _require(
+      self.checkpoint_every is None or self.checkpoint_every % self.chunk == 0,
+      "run.checkpoint_every",
+      self.checkpoint_every,
+      f"null or a multiple of run.chunk={self.chunk} (checkpoints are taken between chunks)",
+    )
+    _require(
+      self.target_accuracy is None or 0 < self.target_accuracy <= 1,
+      "run.target_accuracy",
+      self.target_accuracy,
+      "null or a fraction in (0, 1]",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+  """What ``jaxsync compare`` runs: strategies, seeds, and per-strategy option overrides."""
+
+  strategies: list[str] = dataclasses.field(default_factory=list)
+  seeds: int = 3
+  options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    from jaxsync._src.strategies import describe, names
+
+    _positive("compare", self, "seeds")
+    for name in self.strategies:
+      _require(name in names(), "compare.strategies", name, f"names from {', '.join(names())}")
+    for name, options in self.options.items():
+      _require(name in names(), "compare.options", name, f"strategy names as keys, from {', '.join(names())}")
+      _require(isinstance(options, dict), f"compare.options.{name}", options, "a mapping of option to value")
+      valid = describe(name).options
+      unknown = sorted(set(options) - set(valid))
+      _require(not unknown, f"compare.options.{name}", options, f"options of {name}: {', '.join(valid)}")
 
 
 @dataclasses.dataclass(frozen=True)
 class Config:
-  """A whole run: data, model, strategy, cluster and run length."""
+  """A whole run: data, model, strategy, cluster and run length (and what ``compare`` varies)."""
 
   name: str = "run"
   seed: int = 0
@@ -82,6 +181,7 @@ class Config:
   strategy: StrategyConfig = dataclasses.field(default_factory=StrategyConfig)
   cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
   run: RunConfig = dataclasses.field(default_factory=RunConfig)
+  compare: CompareConfig = dataclasses.field(default_factory=CompareConfig)
 
 
 def _type_name(hint: Any) -> str:

@@ -1,0 +1,145 @@
+"""The ``jaxsync`` command: train, compare and resume simulated runs; list the strategies.
+
+  jaxsync train configs/quickstart.yaml [--set run.gradients=800] [--out runs/q]
+  jaxsync compare configs/ormo_table.yaml --strategies asp,ormo --seeds 3
+  jaxsync resume runs/q
+  jaxsync strategies
+
+Exit codes: 0 on success, 2 for a bad command line, config, data path or run
+directory (one line on stderr, no traceback; ``--traceback`` shows it), 1 for
+anything else, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import sys
+
+from jaxsync._src import commands, progress
+
+
+def _parser() -> argparse.ArgumentParser:
+  parser = argparse.ArgumentParser(
+    prog="jaxsync",
+    description="Synchronization strategies for data-parallel training, on a simulated cluster.",
+    epilog="Run `jaxsync COMMAND --help` for a command's options.",
+  )
+  parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of errors")
+  sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+  def run_options(p, *, config: bool):
+    if config:
+      p.add_argument("config", type=pathlib.Path, help="a YAML config, e.g. configs/quickstart.yaml")
+      p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config value, e.g. --set cluster.num_workers=16 (repeatable)",
+      )
+      p.add_argument("--out", type=pathlib.Path, help="the run directory (default: runs/NAME, never reused)")
+      p.add_argument(
+        "--overwrite", action="store_true", help="replace --out if it is an existing run directory"
+      )
+    p.add_argument(
+      "--progress",
+      choices=progress.MODES,
+      default="bar",
+      help="a live progress bar (default), JSON lines on stdout, or nothing",
+    )
+
+  train = sub.add_parser(
+    "train", help="train one config into a run directory", description="Train one config."
+  )
+  run_options(train, config=True)
+  compare = sub.add_parser(
+    "compare",
+    help="run several strategies and seeds of a config; one table and one set of plots",
+    description="Same model, data and time model; several strategies and seeds; results.md and plots.",
+  )
+  run_options(compare, config=True)
+  compare.add_argument(
+    "--strategies", help="comma-separated names (default: the config's compare.strategies)"
+  )
+  compare.add_argument("--seeds", type=int, help="seeds per strategy (default: compare.seeds)")
+  resume = sub.add_parser(
+    "resume",
+    help="continue a run (or a compare) from its latest checkpoint",
+    description="Continue a run directory or a compare directory from its latest checkpoints.",
+  )
+  resume.add_argument("run_dir", type=pathlib.Path, help="a directory written by train or compare")
+  run_options(resume, config=False)
+  sub.add_parser(
+    "strategies",
+    help="list the strategies with their options and defaults",
+    description="List the registry's strategies with their options and defaults.",
+  )
+  return parser
+
+
+def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
+  acc = summary.get("final_accuracy")
+  tt = summary.get("time_to_target")
+  target = summary.get("target") or {}
+  reached = (
+    f"{target.get('metric')} {target.get('value')} at {tt:.1f} simulated s"
+    if tt is not None
+    else "target not reached"
+  )
+  print(
+    f"{summary.get('label', '')}: accuracy {acc:.3f} after {summary['updates']} updates, "
+    f"{summary['simulated_time']:.1f} simulated s ({reached}); run directory {run_dir}"
+  )
+
+
+def _dispatch(args: argparse.Namespace) -> None:
+  from jaxsync._src import config as config_lib
+
+  if args.command == "strategies":
+    print(commands.strategies_table())
+    return
+  reporter = progress.make(args.progress)
+  if args.command == "resume":
+    result = commands.resume(args.run_dir, reporter=reporter)
+  else:
+    cfg = config_lib.load(args.config, args.overrides)
+    out = args.out or commands.default_out(cfg.name if args.command == "train" else f"{cfg.name}-compare")
+    if args.command == "train":
+      result = commands.train(cfg, out, overwrite=args.overwrite, reporter=reporter)
+    else:
+      if args.seeds is not None and args.seeds < 1:
+        raise config_lib.ConfigError(f"--seeds={args.seeds} is invalid; expected a positive integer.")
+      names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None
+      result = commands.compare(
+        cfg, out, strategy_names=names, seeds=args.seeds, overwrite=args.overwrite, reporter=reporter
+      )
+  if args.progress == "jsonl":
+    return
+  if isinstance(result, dict):
+    print(result["table"], end="")
+  elif args.progress != "quiet":
+    _print_summary(result.summary, result.run_dir)
+
+
+def main(argv: list[str] | None = None) -> int:
+  """Runs the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
+  args = _parser().parse_args(argv)
+  show = args.traceback or os.environ.get("JAXSYNC_TRACEBACK")
+  try:
+    _dispatch(args)
+  except KeyboardInterrupt:
+    print("jaxsync: interrupted; continue the run with `jaxsync resume RUN_DIR`.", file=sys.stderr)
+    return 130
+  except ValueError as err:  # user input: configs, data paths, run directories, checkpoints, options
+    if show:
+      raise
+    print(f"jaxsync: error: {err}", file=sys.stderr)
+    return 2
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
