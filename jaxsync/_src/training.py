@@ -252,7 +252,8 @@ def train(
           last_eval = {
             k: v for k, v in evals[-1].items() if k not in ("kind", "event", "updates", "simulated_time")
           }
-        reporter.update({**rows[-1], **{k: v for k, v in last_eval.items() if k != "loss"}})
+        snapshot = {k: v for k, v in rows[-1].items() if k != "kind"}  # the train row: loss is the batch loss
+        reporter.update({**snapshot, **{k: v for k, v in last_eval.items() if k != "loss"}})
       if ran < n:
         stopped_by = "max_time"
       elif done >= num_events:
