@@ -129,7 +129,10 @@ def _run(capsys, *argv):
     (["cluster.num_workers=eight"], ["cluster.num_workers='eight'", "integer"]),
     (["cluster.slow_fraction=1.5"], ["cluster.slow_fraction=1.5", "[0, 1)"]),
     (["run.checkpoint_every=150"], ["run.checkpoint_every=150", "multiple of run.chunk=100"]),
-    (["data.name=cifar10", "data.data_dir=/nonexistent/cifar"], ["data:", "/nonexistent/cifar", "cifar.html"]),
+    (
+      ["data.name=cifar10", "data.data_dir=/nonexistent/cifar"],
+      ["data:", "/nonexistent/cifar", "cifar.html"],
+    ),
     (["strategy.name=warp"], ["strategy.name='warp'", "ormo"]),
     (["strategy.options.learning_rate=-1"], ["strategy 'ormo'", "learning_rate=-1", "expected"]),
     (["strategy.options.lr=0.1"], ["strategy.options.lr", "learning_rate"]),
@@ -206,8 +209,18 @@ def test_corrupt_and_incompatible_checkpoints_get_a_clear_error(tmp_path, capsys
 def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
   out = tmp_path / "cmp"
   code, stdout, _ = _run(
-    capsys, "compare", QUICKSTART, *FAST, "--strategies", "asp,bsp,ormo", "--seeds", "2", "--out", out,
-    "--progress", "quiet",
+    capsys,
+    "compare",
+    QUICKSTART,
+    *FAST,
+    "--strategies",
+    "asp,bsp,ormo",
+    "--seeds",
+    "2",
+    "--out",
+    out,
+    "--progress",
+    "quiet",
   )
   assert code == 0
   table = (out / "results.md").read_text()
@@ -218,7 +231,9 @@ def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
   results = json.loads((out / "results.json").read_text())
   accuracies = [s["final_accuracy"] for s in results["asp"]]
   mean, std = (float(x) for x in rows[0].split("|")[3].split("±"))
-  assert mean == pytest.approx(np.mean(accuracies), abs=5e-4) and std == pytest.approx(np.std(accuracies), abs=5e-4)
+  assert mean == pytest.approx(np.mean(accuracies), abs=5e-4) and std == pytest.approx(
+    np.std(accuracies), abs=5e-4
+  )
   assert results["bsp"][0]["updates"] == 400 // 8  # a synchronous round uses all 8 workers' gradients
   assert {p.name for p in (out / "plots").glob("*.png")} >= {"compare_accuracy_vs_time.png"}
   assert sorted(p.name for p in (out / "asp").iterdir()) == ["seed0", "seed1"]
@@ -228,7 +243,9 @@ def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
 
 
 def test_compare_rejects_unknown_strategies_before_running(tmp_path, capsys):
-  code, _, err = _run(capsys, "compare", QUICKSTART, *FAST, "--strategies", "asp,warp", "--out", tmp_path / "c")
+  code, _, err = _run(
+    capsys, "compare", QUICKSTART, *FAST, "--strategies", "asp,warp", "--out", tmp_path / "c"
+  )
   assert code == 2 and "compare.strategies='warp'" in err and not (tmp_path / "c").exists()
   code, _, err = _run(capsys, "compare", QUICKSTART, *FAST, "--seeds", "0", "--out", tmp_path / "c")
   assert code == 2 and "--seeds=0" in err

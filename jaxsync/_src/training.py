@@ -52,7 +52,7 @@ def _eval_rows(rec: EventRecord, offset: int) -> list[dict[str, Any]]:
 
 def _train_row(rec: EventRecord, offset: int) -> dict[str, Any]:
   ok = ~rec.rejected
-  losses = rec.loss[ok & np.isfinite(rec.loss)]
+  losses = rec.loss[ok & np.isfinite(rec.loss)].astype(np.float64)  # float32 sums overflow on divergence
   return {
     "kind": "train",
     "event": offset + len(rec.time),
@@ -121,8 +121,8 @@ class _TensorBoard:
     for row in rows:
       prefix = {"eval": "eval", "train": "train", "final": "final"}[row["kind"]]
       for name, value in row.items():
-        if name in ("kind", "event") or not isinstance(value, (int, float)) or value is None:
-          continue
+        if name in ("kind", "event") or not isinstance(value, (int, float)) or not math.isfinite(value):
+          continue  # a diverged value stays in metrics.jsonl (as null); TensorBoard gets the finite ones
         self.writer.add_scalar(
           f"{prefix}/{name}", value, global_step=row["event"], walltime=row["simulated_time"]
         )
