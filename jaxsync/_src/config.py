@@ -114,7 +114,7 @@ class ClusterConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  """How long to run and how often to evaluate."""
+  """How long to run, how often to evaluate and checkpoint (``checkpoint_every: null``: every 10 chunks)."""
 
   gradients: int = 4000
   max_time: float | None = None

@@ -54,7 +54,7 @@ class Experiment:
       num_events=self.num_events,
       seed=self.config.seed,
       log_every=run.chunk,
-      checkpoint_every=run.checkpoint_every,
+      checkpoint_every=run.checkpoint_every or 10 * run.chunk,
       max_time=run.max_time,
       target=None if run.target_accuracy is None else ("accuracy", run.target_accuracy),
       label=self.label,

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import pathlib
+import shutil
 import time
 from typing import Any
 
@@ -216,6 +217,8 @@ def train(
     metrics_log.open(keep_until_event=None)
     first = {"kind": "eval", "event": 0, "updates": 0, "simulated_time": 0.0, **initial_metrics}
     metrics_log.write([first] if initial_metrics else [])
+  if done == 0 and (run_dir / "tensorboard").exists():  # a restart from scratch: drop the old events
+    shutil.rmtree(run_dir / "tensorboard")
   board = _TensorBoard(run_dir / "tensorboard", purge_step=done if done else None) if tensorboard else None
   if board is not None and done == 0 and initial_metrics:
     board.write([{"kind": "eval", "event": 0, "updates": 0, "simulated_time": 0.0, **initial_metrics}])
