@@ -214,7 +214,7 @@ def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
     QUICKSTART,
     *FAST,
     "--strategies",
-    "asp,bsp,ormo",
+    "asp,bsp",
     "--seeds",
     "2",
     "--out",
@@ -226,7 +226,7 @@ def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
   table = (out / "results.md").read_text()
   assert table == stdout
   rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
-  assert [r.split("|")[1].strip() for r in rows] == ["asp", "bsp", "ormo"]
+  assert [r.split("|")[1].strip() for r in rows] == ["asp", "bsp"]
   assert all(r.split("|")[2].strip() == "2" and "±" in r.split("|")[3] for r in rows)
   results = json.loads((out / "results.json").read_text())
   accuracies = [s["final_accuracy"] for s in results["asp"]]

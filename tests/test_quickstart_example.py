@@ -1,4 +1,4 @@
-"""The README's main-job command runs on the simulated cluster and prints the comparison it promises."""
+"""examples/quickstart.py (the library API without the CLI) runs and prints the comparison it promises."""
 
 import pathlib
 import re
@@ -10,7 +10,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_quickstart_example_trains_on_digits():
   result = subprocess.run(
-    [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--gradients", "1600"],
+    [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--gradients", "1600", "--strategies", "asp,smega2,ormo,bsp"],
     capture_output=True,
     text=True,
     timeout=600,
@@ -26,7 +26,7 @@ def test_quickstart_example_trains_on_digits():
         "seconds": float(match.group(5)),
         "staleness": float(match.group(6)),
       }
-  expected = "asp naive_asgdm shifted_momentum smega2 ormo ormo_da ssp adaptive_k bsp".split()
+  expected = "asp smega2 ormo bsp".split()
   assert list(rows) == expected
   # 8 workers, every arrival served at once: mean staleness is K - 1.
   for name in ("asp", "ormo", "smega2"):
