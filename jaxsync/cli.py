@@ -18,6 +18,12 @@ import pathlib
 import sys
 
 from jaxsync._src import commands, progress
+from jaxsync._src.checkpoints import CheckpointError
+from jaxsync._src.config import ConfigError
+from jaxsync._src.run_directory import RunDirectoryError
+from jaxsync._src.training import EmptyRunError
+
+USER_ERRORS = (ConfigError, RunDirectoryError, CheckpointError, EmptyRunError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -133,12 +139,12 @@ def main(argv: list[str] | None = None) -> int:
   except KeyboardInterrupt:
     print("jaxsync: interrupted; continue the run with `jaxsync resume RUN_DIR`.", file=sys.stderr)
     return 130
-  except ValueError as err:  # user input: configs, data paths, run directories, checkpoints, options
+  except USER_ERRORS as err:  # configs, data paths, run directories, checkpoints: one line, exit 2
     if show:
       raise
     print(f"jaxsync: error: {err}", file=sys.stderr)
     return 2
-  return 0
+  return 0  # anything else is a bug: Python prints its traceback and the exit code is 1
 
 
 if __name__ == "__main__":

@@ -10,7 +10,14 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 def test_quickstart_example_trains_on_digits():
   result = subprocess.run(
-    [sys.executable, str(ROOT / "examples" / "quickstart.py"), "--gradients", "1600", "--strategies", "asp,smega2,ormo,bsp"],
+    [
+      sys.executable,
+      str(ROOT / "examples" / "quickstart.py"),
+      "--gradients",
+      "1600",
+      "--strategies",
+      "asp,smega2,ormo,bsp",
+    ],
     capture_output=True,
     text=True,
     timeout=600,

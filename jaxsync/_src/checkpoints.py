@@ -71,6 +71,8 @@ class RunCheckpoints:
   def save(self, events: int, state: Any, records: EventRecord, progress: dict[str, Any]) -> None:
     """Saves the state, the records of the first ``events`` events and ``progress`` (JSON)."""
     progress = {**progress, "events": int(events), "fingerprint": fingerprint(state)}
+    if int(events) in self._manager.all_steps():  # the same events again, now marked finished
+      self._manager.delete(int(events))
     self._manager.save(
       int(events),
       args=ocp.args.Composite(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import sys
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,13 @@ def compare(
   plan = _plan(config)
   for run_config in plan.values():  # every run's config errors surface before anything is written
     experiment.build(run_config)
+  for name in names:
+    dropped = experiment.dropped_options(config, name)
+    if dropped:
+      print(
+        f"jaxsync: note: {name} does not take strategy.options {', '.join(dropped)}; left out.",
+        file=sys.stderr,
+      )
   run_dir = run_directory.create(out, overwrite=overwrite)
   _write_config(run_dir, config)
   for sub, run_config in plan.items():
@@ -129,12 +137,13 @@ def _mean_std(values: list[float | None], digits: int) -> str:
   finite = [v for v in values if v is not None and np.isfinite(v)]
   if not finite:
     return "-"
-  text = f"{np.mean(finite):.{digits}f} ± {np.std(finite):.{digits}f}"
+  std = np.std(finite, ddof=1) if len(finite) > 1 else 0.0  # the sample std: few seeds
+  text = f"{np.mean(finite):.{digits}f} ± {std:.{digits}f}"
   return text if len(finite) == len(values) else f"{text} ({len(finite)}/{len(values)})"
 
 
 def results_table(results: dict[str, list[training.RunResult]]) -> str:
-  """A markdown table, one row per strategy: mean ± std over its seeds.
+  """A markdown table, one row per strategy: mean ± sample standard deviation over its seeds.
 
   A cell whose value some seeds lack (a target not reached, a diverged run)
   says how many seeds it averages, e.g. ``12.1 ± 0.3 (2/3)``.

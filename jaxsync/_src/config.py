@@ -214,6 +214,11 @@ def _coerce(path: str, hint: Any, value: Any) -> Any:
       raise ConfigError(f"{path}={value!r} is invalid; expected a mapping of names to values.")
     return dict(value)
   if hint is float:
+    if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+      try:
+        value = float(value)
+      except ValueError:
+        pass
     if isinstance(value, bool) or not isinstance(value, (int, float)):
       raise ConfigError(f"{path}={value!r} is invalid; expected a number.")
     return float(value)
@@ -254,6 +259,10 @@ def _build(cls: type, raw: Any, prefix: str = "") -> Any:
   return cls(**values)
 
 
+def _one_line(err: Exception) -> str:
+  return " ".join(str(err).split())
+
+
 def _keys(cls: type) -> str:
   return ", ".join(f.name for f in dataclasses.fields(cls))
 
@@ -279,7 +288,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
   try:
     parsed = yaml.safe_load(value) if value.strip() else None
   except yaml.YAMLError as err:
-    raise ConfigError(f"override {text!r}: the value is not valid YAML ({err}).") from None
+    raise ConfigError(f"override {text!r}: the value is not valid YAML ({_one_line(err)}).") from None
   return parts, parsed
 
 
@@ -310,7 +319,7 @@ def load(path: str | pathlib.Path, overrides: list[str] = ()) -> Config:
   try:
     raw = yaml.safe_load(path.read_text())
   except yaml.YAMLError as err:
-    raise ConfigError(f"config file {str(path)!r} is not valid YAML: {err}") from None
+    raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_one_line(err)}") from None
   if raw is not None and not isinstance(raw, dict):
     raise ConfigError(
       f"config file {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections."

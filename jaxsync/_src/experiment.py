@@ -62,10 +62,11 @@ class Experiment:
 
 
 def gradients_per_event(strategy: strategies.Strategy) -> int:
-  """Worker gradients one simulator event stands for: 1 for an arrival, a round's count for sync."""
+  """Worker gradients one simulator event costs: 1 for an arrival, ``K x local_steps`` for a round."""
   if strategy.engine == "async":
     return 1
-  return (strategy.gradients_per_round or strategy.num_workers) * strategy.local_steps
+  # Every worker computes in a round, also those fastest-k cancels: the budget counts computed gradients.
+  return strategy.num_workers * strategy.local_steps
 
 
 def build(config: Config) -> Experiment:
@@ -122,7 +123,7 @@ def for_strategy(config: Config, name: str, seed: int) -> Config:
   """``config`` with strategy ``name`` and ``seed``: the shared options it accepts, then ``compare.options[name]``.
 
   Returns the new config and is pure; options of ``strategy.options`` that
-  ``name`` does not take are left out (``jaxsync compare`` reports them).
+  ``name`` does not take are left out (see :func:`dropped_options`).
   """
   accepted = strategies.describe(name).options
   options = {k: v for k, v in config.strategy.options.items() if k in accepted}
@@ -132,3 +133,9 @@ def for_strategy(config: Config, name: str, seed: int) -> Config:
     seed=seed,
     strategy=dataclasses.replace(config.strategy, name=name, options=options),
   )
+
+
+def dropped_options(config: Config, name: str) -> list[str]:
+  """The shared ``strategy.options`` that strategy ``name`` does not take."""
+  accepted = strategies.describe(name).options
+  return sorted(k for k in config.strategy.options if k not in accepted)

@@ -6,6 +6,8 @@ import json
 import sys
 from typing import Any, TextIO
 
+from jaxsync._src.run_directory import clean
+
 MODES = ("bar", "jsonl", "quiet")
 
 
@@ -29,7 +31,8 @@ class JsonLinesReporter(Reporter):
     self.stream = stream or sys.stdout
 
   def _emit(self, kind: str, body: dict[str, Any]) -> None:
-    self.stream.write(json.dumps({"kind": kind, **body}) + "\n")
+    # JSON has no NaN: a diverged loss is written as null.
+    self.stream.write(json.dumps(clean({"kind": kind, **body})) + "\n")
     self.stream.flush()
 
   def start(self, label, total_events, done_events):

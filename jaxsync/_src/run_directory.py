@@ -38,21 +38,29 @@ def create(path: str | pathlib.Path, *, overwrite: bool = False) -> pathlib.Path
         f"run directory {str(path)!r} already exists and is not empty; choose another --out, "
         "continue it with `jaxsync resume`, or pass --overwrite to replace it."
       )
-    if not (path / "config.yaml").is_file():
+    if not (path / "config.yaml").is_file() or not any(
+      (path / marker).exists() for marker in ("metrics.jsonl", "compare.json", "checkpoints")
+    ):
       raise RunDirectoryError(
-        f"--overwrite refused: {str(path)!r} does not look like a jaxsync run directory (no config.yaml)."
+        f"--overwrite refused: {str(path)!r} does not look like a jaxsync run directory "
+        "(config.yaml with metrics.jsonl, checkpoints/ or compare.json)."
       )
     shutil.rmtree(path)
-  path.mkdir(parents=True, exist_ok=True)
+  try:
+    path.mkdir(parents=True, exist_ok=True)
+  except OSError as err:
+    raise RunDirectoryError(
+      f"run directory {str(path)!r} cannot be created: {err.strerror or err}."
+    ) from None
   return path
 
 
-def _clean(value: Any) -> Any:
+def clean(value: Any) -> Any:
   """JSON-safe: NaN and Inf become None (JSON has no NaN), NumPy scalars become Python numbers."""
   if isinstance(value, dict):
-    return {k: _clean(v) for k, v in value.items()}
+    return {k: clean(v) for k, v in value.items()}
   if isinstance(value, (list, tuple)):
-    return [_clean(v) for v in value]
+    return [clean(v) for v in value]
   if hasattr(value, "item") and not isinstance(value, (str, bytes)):
     value = value.item()
   if isinstance(value, float) and not math.isfinite(value):
@@ -63,7 +71,7 @@ def _clean(value: Any) -> Any:
 def write_json(path: pathlib.Path, data: dict[str, Any]) -> None:
   """Writes ``data`` as indented JSON, atomically (a temporary file renamed over ``path``)."""
   tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(_clean(data), indent=2) + "\n")
+  tmp.write_text(json.dumps(clean(data), indent=2) + "\n")
   tmp.replace(path)
 
 
@@ -90,13 +98,16 @@ class MetricsLog:
           continue
         if row.get("kind") != "final" and row.get("event", math.inf) <= keep_until_event:
           kept.append(line)
-    self.path.write_text("".join(line + "\n" for line in kept))
+    # Rewritten atomically: a kill mid-write must not lose the rows before the checkpoint.
+    tmp = self.path.with_suffix(".jsonl.tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(self.path)
     self._file = self.path.open("a")
 
   def write(self, rows: list[dict[str, Any]]) -> None:
     """Appends ``rows`` and flushes them (before any checkpoint that covers them)."""
     for row in rows:
-      self._file.write(json.dumps(_clean(row)) + "\n")
+      self._file.write(json.dumps(clean(row)) + "\n")
     self._file.flush()
 
   def close(self) -> None:

@@ -31,6 +31,10 @@ from jaxsync._src.simulator import History, Simulator
 _WHAT = "train"
 
 
+class EmptyRunError(ValueError):
+  """A run in which no event could run (``max_time`` before the first event)."""
+
+
 @dataclasses.dataclass
 class RunResult:
   """What :func:`train` returns: the final parameters, the history, the summary and where it all is."""
@@ -219,7 +223,10 @@ def train(
     metrics_log.write([first] if initial_metrics else [])
   if done == 0 and (run_dir / "tensorboard").exists():  # a restart from scratch: drop the old events
     shutil.rmtree(run_dir / "tensorboard")
-  board = _TensorBoard(run_dir / "tensorboard", purge_step=done if done else None) if tensorboard else None
+  # purge_step: TensorBoard drops steps >= it; the rows at `done` were written before the checkpoint.
+  board = (
+    _TensorBoard(run_dir / "tensorboard", purge_step=done + 1 if done else None) if tensorboard else None
+  )
   if board is not None and done == 0 and initial_metrics:
     board.write([{"kind": "eval", "event": 0, "updates": 0, "simulated_time": 0.0, **initial_metrics}])
 
@@ -239,7 +246,7 @@ def train(
   last_eval: dict[str, float] = dict(initial_metrics)
   try:
     while stopped_by is None:
-      n = min(log_every, num_events - done)
+      before, n = done, min(log_every, num_events - done)
       state, rec = simulator.advance(state, n, max_time=max_time)
       rec = jax.tree.map(np.asarray, rec)
       ran = len(rec.time)
@@ -249,7 +256,7 @@ def train(
         if board is not None:
           board.write(rows)
         records.append(rec)
-        before, done = done, done + ran
+        done += ran
         evals = [r for r in rows if r["kind"] == "eval"]
         if evals:
           last_eval = {
@@ -261,14 +268,18 @@ def train(
         stopped_by = "max_time"
       elif done >= num_events:
         stopped_by = "events"
+      if not records:
+        raise EmptyRunError(
+          f"train: max_time={max_time!r} is invalid; expected a simulated time after the first event "
+          "(no event ran)."
+        )
       if stopped_by is not None or (
         checkpoint_every and done // checkpoint_every > before // checkpoint_every
       ):
+        # A chunk that ran nothing (max_time hit on a chunk boundary) re-saves the same step as finished.
         checkpoints.save(done, state, all_records(), progress_record(stopped_by))
   finally:
     metrics_log.close()
-  if not records:
-    raise ValueError(f"train: no event ran (max_time={max_time!r} is before the first event).")
 
   history = simulator.history(records, state, initial_metrics=initial_metrics)
   final_params = state.params
