@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from jaxsync._src import config
@@ -61,3 +63,16 @@ def test_missing_or_malformed_files(tmp_path):
   bad.write_text("- just\n- a list\n")
   with pytest.raises(config.ConfigError, match="expected a mapping"):
     config.load(bad)
+
+
+@pytest.mark.parametrize(
+  "path", sorted((pathlib.Path(__file__).parents[1] / "configs").glob("*.yaml")), ids=str
+)
+def test_every_shipped_config_loads_and_builds(path):
+  from jaxsync._src import experiment
+
+  cfg = config.load(path)
+  exp = experiment.build(cfg)
+  assert exp.num_events >= 1 and exp.strategy.num_workers == cfg.cluster.num_workers
+  for name in cfg.compare.strategies:  # every compared strategy builds with its options too
+    experiment.build(experiment.for_strategy(cfg, name, cfg.seed))
