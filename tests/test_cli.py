@@ -74,6 +74,7 @@ def test_readme_main_command_on_a_shortened_quickstart_leaves_a_complete_run_dir
   assert summary["events"] == 400 and summary["updates"] == 400 and summary["gradients"] == 400
   assert summary["final_accuracy"] > 0.6  # 400 stale-momentum steps of a CNN on digits
   assert summary["final_accuracy"] == pytest.approx(rows[-1]["accuracy"])
+  assert summary["best_accuracy"] == pytest.approx(max(r["accuracy"] for r in rows if "accuracy" in r))
   assert summary["mean_staleness"] > 3 and summary["bytes_moved"] > 0  # 8 workers, 151k parameters
   hit = next(r for r in evals if r["accuracy"] >= 0.5)  # the first evaluation at the target
   assert summary["time_to_target"] == pytest.approx(hit["simulated_time"])

@@ -87,8 +87,9 @@ def summarize(
     "stopped_by": stopped_by,
   }
   summary.update({f"final_{name}": value for name, value in final_metrics.items()})
-  if "accuracy" in history.eval_metrics and len(history.eval_metrics["accuracy"]):
-    summary["best_accuracy"] = float(np.nanmax(history.eval_metrics["accuracy"]))
+  accuracies = [*history.eval_metrics.get("accuracy", []), final_metrics.get("accuracy", np.nan)]
+  if np.isfinite(accuracies).any():  # the final evaluation counts too
+    summary["best_accuracy"] = float(np.nanmax(accuracies))
   if target is not None:
     metric, value = target
     hit = (
