@@ -294,3 +294,17 @@ def test_a_checkpoint_saved_again_at_the_same_step_replaces_the_first(tmp_path):
   ckpt.save(2, {"w": jnp.ones(3)}, rec, {"finished": True})
   restored, _, progress = ckpt.restore(state)
   assert progress["finished"] is True and np.array_equal(restored["w"], np.ones(3))
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_from_scratch_on_resume(tmp_path, capsys):
+  whole, killed = tmp_path / "whole", tmp_path / "killed"
+  assert _run(capsys, "train", QUICKSTART, *FAST, "--out", whole, "--progress", "quiet")[0] == 0
+  # What a kill before the first checkpoint leaves: the config, some metrics, TensorBoard events.
+  killed.mkdir()
+  shutil.copy(whole / "config.yaml", killed / "config.yaml")
+  (killed / "metrics.jsonl").write_text('{"kind": "eval", "event": 0, "accuracy": 0.1}\n{"kind": "tra')
+  (killed / "tensorboard").mkdir()
+  (killed / "tensorboard" / "events.out.tfevents.stale").write_bytes(b"stale")
+  assert _run(capsys, "resume", killed, "--progress", "quiet")[0] == 0
+  assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+  assert not (killed / "tensorboard" / "events.out.tfevents.stale").exists()
