@@ -91,8 +91,10 @@ def compare(
   )
   config = dataclasses.replace(config, compare=compare_cfg)
   plan = _plan(config)
-  for run_config in plan.values():  # every run's config errors surface before anything is written
-    experiment.build(run_config)
+  # Every strategy's config errors surface before anything is written; its seeds differ only in the
+  # seed, so one build per strategy checks them all (each run builds its own when it starts).
+  for name in names:
+    experiment.build(experiment.for_strategy(config, name, config.seed))
   for name in names:
     dropped = experiment.dropped_options(config, name)
     if dropped:
