@@ -41,6 +41,7 @@ def test_defaults_and_a_full_round_trip(tmp_path):
     ({"model": {"hidden": [64, "x"]}}, [], ["model.hidden[1]='x'"]),
     ({"strategy": {"options": [1]}}, [], ["strategy.options=[1]", "mapping"]),
     ({"data": 3}, [], ["data=3", "mapping"]),
+    ({"cluster": {"message_bytes": 0}}, [], ["cluster.message_bytes=0", "byte count > 0"]),
     ({}, ["gradients"], ["override 'gradients'", "key.path=value"]),
     ({}, ["run.gradients=[1"], ["not valid YAML"]),
   ],
@@ -76,3 +77,15 @@ def test_every_shipped_config_loads_and_builds(path):
   assert exp.num_events >= 1 and exp.strategy.num_workers == cfg.cluster.num_workers
   for name in cfg.compare.strategies:  # every compared strategy builds with its options too
     experiment.build(experiment.for_strategy(cfg, name, cfg.seed))
+
+
+def test_message_bytes_times_the_exchanges_of_a_bigger_model():
+  from jaxsync._src import experiment
+
+  cfg = config.from_dict({"cluster": {"num_workers": 2, "message_bytes": 171_000_000, "link": "10gbps"}})
+  time_model = experiment.build(cfg).time_model
+  assert time_model.message_bytes == 171_000_000
+  assert abs(time_model.transfer_time() - 171e6 / 1.25e9) < 1e-9  # ResNet101 at 10 Gbit/s: 0.137 s
+  own = experiment.build(config.from_dict({"cluster": {"num_workers": 2}}))
+  assert own.time_model.message_bytes is None  # null: the simulator fills in the model's own size ...
+  assert own.time_model.with_message_bytes(own.model.params).message_bytes < 1_000_000  # ... the CNN's ~0.6 MB

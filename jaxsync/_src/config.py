@@ -101,6 +101,9 @@ class ClusterConfig:
   slowdown: float = 4.0
   link: str = "10gbps"
   apply_time: float = 0.0
+  # Bytes of one model or gradient message; null means the model's own size. Set it to time
+  # the exchanges of a bigger model (e.g. a paper's) while training the small one.
+  message_bytes: int | None = None
 
   def __post_init__(self):
     from jaxsync._src.time_model import LINK_PRESETS
@@ -109,6 +112,8 @@ class ClusterConfig:
     _require(0 <= self.slow_fraction < 1, "cluster.slow_fraction", self.slow_fraction, "a fraction in [0, 1)")
     _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
     _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
+    if self.message_bytes is not None:
+      _require(self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null")
     _require(self.link in LINK_PRESETS, "cluster.link", self.link, f"one of {', '.join(LINK_PRESETS)}")
 
 

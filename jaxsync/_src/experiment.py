@@ -103,6 +103,7 @@ def build(config: Config) -> Experiment:
       slowdown=cluster.slowdown,
       link=cluster.link,
       apply_time=cluster.apply_time,
+      message_bytes=cluster.message_bytes,
     )
   run = config.run
   with _section("run"):
