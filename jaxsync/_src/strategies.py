@@ -441,11 +441,18 @@ def _adaptive_k(
   max_k=None,
   bb_step_size=False,
   bb_smoothing=0.1,
+  bb_max_scale=barzilai_borwein.DEFAULT_MAX_SCALE,
   armijo=False,
 ) -> Strategy:
-  """Seed 000: adaptive-k release, progressive momentum, optional per-worker BB step sizes (spec §11)."""
+  """Seed 000: adaptive-k release, progressive momentum, optional per-worker BB step sizes (spec §11).
+
+  ``bb_max_scale`` (jaxsync's safeguard, not the paper's) bounds each worker's BB
+  step to ``[learning_rate / bb_max_scale, learning_rate * bb_max_scale]``;
+  ``None`` is the spec's unbounded rule (see :func:`jaxsync.bb_step_size`).
+  """
   name = "adaptive_k"
   lr = _check_lr(name, learning_rate)
+  max_scale = barzilai_borwein.check_max_scale(name, "bb_max_scale", bb_max_scale)
   use_bb = common.check_bool(name, "bb_step_size", bb_step_size)
   use_armijo = common.check_bool(name, "armijo", armijo)
   if use_armijo and not use_bb:
@@ -459,7 +466,7 @@ def _adaptive_k(
   )
   if use_bb:
     # Workers send alpha_i g_i (spec §11c); the server applies rate 1 (§11b).
-    worker = barzilai_borwein.bb_step_size(lr, smoothing=bb_smoothing)
+    worker = barzilai_borwein.bb_step_size(lr, smoothing=bb_smoothing, max_scale=max_scale)
     rule = optax.chain(server, optax.scale(-1.0))
   else:
     worker = None
