@@ -34,7 +34,8 @@ def default_out(name: str, root: str | pathlib.Path = "runs") -> pathlib.Path:
   return candidate
 
 
-def _write_config(run_dir: pathlib.Path, config: config_lib.Config) -> None:
+def write_config(run_dir: pathlib.Path, config: config_lib.Config) -> None:
+  """Writes ``run_dir/config.yaml``: the whole config, every default spelled out."""
   (run_dir / "config.yaml").write_text(yaml.safe_dump(config_lib.to_dict(config), sort_keys=False))
 
 
@@ -58,7 +59,7 @@ def train(
   """Validates and builds everything, creates ``out``, writes ``config.yaml`` and trains."""
   exp = experiment.build(config)  # every config error surfaces before anything is written
   run_dir = run_directory.create(out, overwrite=overwrite)
-  _write_config(run_dir, config)
+  write_config(run_dir, config)
   return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
 
 
@@ -103,10 +104,10 @@ def compare(
         file=sys.stderr,
       )
   run_dir = run_directory.create(out, overwrite=overwrite)
-  _write_config(run_dir, config)
+  write_config(run_dir, config)
   for sub, run_config in plan.items():
     (run_dir / sub).mkdir(parents=True)
-    _write_config(run_dir / sub, run_config)
+    write_config(run_dir / sub, run_config)
   run_directory.write_json(run_dir / _COMPARE_MARKER, {"runs": list(plan)})
   return _compare_runs(run_dir, reporter)
 
@@ -135,7 +136,8 @@ def _compare_runs(run_dir: pathlib.Path, reporter: Reporter) -> dict[str, Any]:
   return {"table": table, "results": results}
 
 
-def _mean_std(values: list[float | None], digits: int) -> str:
+def mean_std(values: list[float | None], digits: int) -> str:
+  """``mean ± sample std`` of the finite values; ``(n/m)`` when only n of m are finite; ``-`` if none."""
   finite = [v for v in values if v is not None and np.isfinite(v)]
   if not finite:
     return "-"
@@ -162,7 +164,7 @@ def results_table(results: dict[str, list[training.RunResult]]) -> str:
     s = [r.summary for r in runs]
 
     def col(key, digits, scale=1.0, s=s):
-      return _mean_std([None if x.get(key) is None else x[key] * scale for x in s], digits)
+      return mean_std([None if x.get(key) is None else x[key] * scale for x in s], digits)
 
     lines.append(
       f"| {name} | {len(s)} | {col('final_accuracy', 3)} | {col('final_loss', 3)} | {col('best_accuracy', 3)} | "

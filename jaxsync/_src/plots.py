@@ -214,17 +214,35 @@ def compare_figures(runs: dict[str, list[History]], num_points: int = 200) -> di
   for metric in _COMPARED_METRICS:
     for axis, xlabel in _AXES.items():
       figure, ax = _new_axes(f"{metric} (mean over seeds, ±1 std)", xlabel, metric)
-      for name, histories in runs.items():
-        curves = [_eval_curve(h, metric, axis) for h in histories if _has_metric(h, metric)]
-        if not curves:
-          continue
-        grid, mean, std = mean_curve([x for x, _ in curves], [y for _, y in curves], num_points)
-        (line,) = ax.plot(grid, mean, label=f"{name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
-        ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
-      if ax.get_lines():
+      if draw_compare(ax, runs, metric, axis, num_points):
         ax.legend()
         figures[f"compare_{metric}_vs_{axis}"] = figure
   return figures
+
+
+def draw_compare(ax, runs: dict[str, list[History]], metric: str, axis: str, num_points: int = 200) -> int:
+  """Draws one mean-over-seeds evaluation curve (±1 std band) per strategy on ``ax``.
+
+  Args:
+    ax: a matplotlib Axes.
+    runs: ``{strategy: [history per seed]}``.
+    metric: an evaluation metric, e.g. ``"accuracy"``.
+    axis: ``"time"`` (simulated seconds) or ``"updates"``.
+    num_points: points of each mean curve.
+
+  Returns:
+    How many curves were drawn (strategies that recorded ``metric``).
+  """
+  drawn = 0
+  for name, histories in runs.items():
+    curves = [_eval_curve(h, metric, axis) for h in histories if _has_metric(h, metric)]
+    if not curves:
+      continue
+    grid, mean, std = mean_curve([x for x, _ in curves], [y for _, y in curves], num_points)
+    (line,) = ax.plot(grid, mean, label=f"{name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+    ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
+    drawn += 1
+  return drawn
 
 
 def _save(figures: dict[str, Figure], out_dir: str | pathlib.Path) -> list[pathlib.Path]:

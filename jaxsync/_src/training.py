@@ -87,6 +87,10 @@ def summarize(
     "stopped_by": stopped_by,
   }
   summary.update({f"final_{name}": value for name, value in final_metrics.items()})
+  # The training loss the papers tabulate: the mean batch loss of the last 10% of the events.
+  tail = max(1, len(history.loss) // 10)
+  losses = np.asarray(history.loss[-tail:])[~np.asarray(history.rejected[-tail:], bool)]
+  summary["final_train_loss"] = float(losses.mean()) if losses.size and np.isfinite(losses).all() else None
   accuracies = [*history.eval_metrics.get("accuracy", []), final_metrics.get("accuracy", np.nan)]
   if np.isfinite(accuracies).any():  # the final evaluation counts too
     summary["best_accuracy"] = float(np.nanmax(accuracies))
