@@ -1,0 +1,280 @@
+"""What the paper benchmarks share: sizes, runs, tables, plots and the results file.
+
+A paper benchmark is a grid of *cells*: a setting (worker count, network,
+layout...) times a strategy, each run over a few seeds. Every run goes through
+the path ``jaxsync train`` takes (a shipped config under ``configs/`` plus
+dotted overrides, ``experiment.build``, ``training.train``), so a cell of a
+table can be rerun alone with the command the results file prints for it.
+
+Each script takes ``--size tiny|default|full`` (tiny: the suite's smoke size,
+seconds; default: under 30 minutes on 2 CPU cores; full: the paper's scale
+where this repo can reach it), ``--seeds``, ``--results-dir`` (default
+``benchmarks/results``) and ``--runs-dir`` (default ``runs/bench/<name>``,
+one run directory per seed of each cell, each with its metrics and summary).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import os
+import pathlib
+import platform
+import re
+import shlex
+import sys
+import time
+from typing import Any
+
+import jax
+import matplotlib
+import numpy as np
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from jaxsync._src import commands, experiment, plots, run_directory, training  # noqa: E402
+from jaxsync._src import config as config_lib  # noqa: E402
+from jaxsync._src.config import Config  # noqa: E402
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SIZES = ("tiny", "default", "full")
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+  """The arguments every paper benchmark takes (a script may add its own)."""
+  p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  p.add_argument("--size", choices=SIZES, default="default", help="tiny (smoke test), default, full")
+  p.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: the size's)")
+  p.add_argument("--results-dir", type=pathlib.Path, default=REPO / "benchmarks" / "results")
+  p.add_argument("--runs-dir", type=pathlib.Path, default=None, help="default: runs/bench/<name>")
+  return p
+
+
+@dataclasses.dataclass
+class Cell:
+  """One strategy in one setting: its runs over seeds, and the command that reproduces one of them."""
+
+  label: str
+  results: list[training.RunResult]
+  command: str
+
+  @property
+  def summaries(self) -> list[dict[str, Any]]:
+    return [r.summary for r in self.results]
+
+  @property
+  def histories(self) -> list:
+    return [r.history for r in self.results]
+
+  def values(self, key: str) -> list[float | None]:
+    return [s.get(key) for s in self.summaries]
+
+  def mean(self, key: str) -> float | None:
+    """Mean over the seeds that have a finite value; None if none has."""
+    finite = [v for v in self.values(key) if v is not None and np.isfinite(v)]
+    return float(np.mean(finite)) if finite else None
+
+  def text(self, key: str, digits: int, scale: float = 1.0) -> str:
+    """``mean ± std`` over seeds, as in ``jaxsync compare``'s results.md; one seed: its value alone."""
+    values = [None if v is None else v * scale for v in self.values(key)]
+    if len(values) == 1:
+      return "-" if values[0] is None or not np.isfinite(values[0]) else f"{values[0]:.{digits}f}"
+    return commands.mean_std(values, digits)
+
+
+class Benchmark:
+  """Runs cells and writes ``<results-dir>/<name>.md`` and ``<results-dir>/<name>/*.png``."""
+
+  def __init__(self, name: str, title: str, args: argparse.Namespace, argv: list[str], seeds: int):
+    if args.seeds is not None and args.seeds < 1:
+      raise SystemExit(f"{name}: --seeds={args.seeds}; give a count >= 1")
+    self.name, self.title, self.args = name, title, args
+    # seeds=0: the benchmark has no seeds (a speed benchmark).
+    self.seeds = 0 if seeds == 0 else args.seeds or (1 if args.size == "tiny" else seeds)
+    self.runs_dir = args.runs_dir or REPO / "runs" / "bench" / name
+    self.results_dir = args.results_dir
+    self.plot_dir = self.results_dir / name
+    self.command = " ".join(["python", f"benchmarks/{name}.py", *map(shlex.quote, argv)])
+    self.sections: list[str] = []
+    self.plots: list[pathlib.Path] = []
+    self.started = time.perf_counter()
+    self.run_count = 0
+
+  # -- running ---------------------------------------------------------------------------------------
+
+  def config(self, config_name: str, overrides: list[str]) -> Config:
+    """A shipped config (``configs/<config_name>.yaml``) with dotted ``--set`` overrides."""
+    return config_lib.load(REPO / "configs" / f"{config_name}.yaml", overrides)
+
+  def run(
+    self,
+    config: Config,
+    strategy: str,
+    *,
+    setting: str,
+    label: str | None = None,
+    options: dict[str, Any] | None = None,
+    config_name: str = "",
+    overrides: list[str] = (),
+  ) -> Cell:
+    """Runs ``strategy`` (the config's shared options, ``compare.options[strategy]``, then ``options``)."""
+    label = label or strategy
+    results = []
+    for i in range(self.seeds):
+      cfg = experiment.for_strategy(config, strategy, config.seed + i)
+      if options:
+        cfg = dataclasses.replace(
+          cfg, strategy=dataclasses.replace(cfg.strategy, options={**cfg.strategy.options, **options})
+        )
+      exp = experiment.build(cfg)
+      run_dir = run_directory.create(
+        self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}", overwrite=True
+      )
+      commands.write_config(run_dir, cfg)
+      kwargs = exp.train_kwargs()
+      kwargs["checkpoint_every"] = None  # only the final one: a benchmark reruns, it does not resume
+      started = time.perf_counter()
+      result = training.train(
+        exp.simulator, exp.model.params, run_dir, tensorboard=False, make_plots=False, **kwargs
+      )
+      self.run_count += 1
+      s = result.summary
+      print(
+        f"[{self.name} {self.elapsed()}] {setting} | {label} | seed {cfg.seed}: "
+        f"accuracy {_fmt(s.get('final_accuracy'))}, loss {_fmt(s.get('final_loss'))}, "
+        f"{s.get('updates')} updates in {_fmt(s.get('simulated_time'))} simulated s "
+        f"({time.perf_counter() - started:.1f} s)",
+        file=sys.stderr,
+        flush=True,
+      )
+      results.append(result)
+    sets = [*overrides, f"strategy.name={strategy}"] + [
+      f"strategy.options.{k}={_yaml_value(v)}" for k, v in (options or {}).items()
+    ]
+    command = f"jaxsync train configs/{config_name}.yaml " + " ".join(f"--set {shlex.quote(x)}" for x in sets)
+    return Cell(label, results, command if config_name else "")
+
+  def elapsed(self) -> str:
+    seconds = int(time.perf_counter() - self.started)
+    return f"{seconds // 60}:{seconds % 60:02d}"
+
+  # -- writing ---------------------------------------------------------------------------------------
+
+  def section(self, heading: str, text: str) -> None:
+    """A ``## heading`` and its text (a table, notes) in the results file, in order."""
+    self.sections.append(f"## {heading}\n\n{text.strip()}\n")
+
+  def figure(self, stem: str, figure) -> pathlib.Path:
+    """Saves a figure as ``<results-dir>/<name>/<stem>.png`` and links it in the results file."""
+    self.plot_dir.mkdir(parents=True, exist_ok=True)
+    path = self.plot_dir / f"{stem}.png"
+    figure.savefig(path, dpi=90)
+    plt.close(figure)
+    self.plots.append(path)
+    return path
+
+  def compare_figure(
+    self, stem: str, panels: dict[str, dict[str, list]], metric: str = "accuracy", axis: str = "time"
+  ) -> pathlib.Path:
+    """One panel per setting, one mean-over-seeds curve per strategy: ``{setting: {label: histories}}``."""
+    n = len(panels)
+    cols = min(n, 2)
+    rows = -(-n // cols)
+    figure, axes = plt.subplots(rows, cols, figsize=(6.4 * cols, 4.2 * rows), squeeze=False)
+    for ax, (setting, runs) in zip(axes.flat, panels.items()):
+      plots.draw_compare(ax, runs, metric, axis)
+      ax.set_title(setting)
+      ax.set_xlabel("simulated seconds" if axis == "time" else "server updates")
+      ax.set_ylabel(metric)
+      ax.grid(alpha=0.3)
+      if metric == "accuracy":
+        ax.set_ylim(max(0.0, ax.get_ylim()[0]), 1.0)
+      ax.legend(fontsize="small")
+    for ax in list(axes.flat)[n:]:
+      ax.set_visible(False)
+    figure.tight_layout()
+    return self.figure(stem, figure)
+
+  def write(self) -> pathlib.Path:
+    """Writes the results file: title, command, machine, date, wall time, sections, plots."""
+    self.results_dir.mkdir(parents=True, exist_ok=True)
+    path = self.results_dir / f"{self.name}.md"
+    lines = [
+      f"# {self.title}",
+      "",
+      f"- Command: `{self.command}` (size `{self.args.size}`"
+      + (f", {self.seeds} seed(s) per cell)" if self.seeds else ")"),
+      f"- Machine: {machine()}",
+      f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+      f"- Wall time: {self.elapsed()} (min:s) for {self.run_count} runs",
+    ]
+    if self.run_count and self.seeds:  # paper benchmarks leave run directories; speed benchmarks none
+      lines.append(
+        f"- Run directories: `{_relative(self.runs_dir)}` (each run's metrics.jsonl, summary.json, config.yaml)"
+      )
+    lines += ["", *self.sections]
+    if self.plots:
+      lines += ["## Plots", ""]
+      lines += [f"![{p.stem}]({_relative(p, self.results_dir)})" for p in self.plots]
+      lines.append("")
+    path.write_text("\n".join(lines))
+    print(f"[{self.name}] wrote {path}", file=sys.stderr)
+    return path
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+  """A markdown table; the first column left-aligned, the others right-aligned."""
+  for row in rows:
+    if len(row) != len(header):
+      raise ValueError(f"table: a row has {len(row)} cells, the header {len(header)}: {row}")
+  lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+  lines += ["| " + " | ".join(row) + " |" for row in rows]
+  return "\n".join(lines)
+
+
+def code(lines: list[str]) -> str:
+  """A fenced shell block (commands to copy)."""
+  return "```sh\n" + "\n".join(lines) + "\n```"
+
+
+def machine() -> str:
+  """One line: OS, CPU count the process may use, Python, JAX and its backend."""
+  cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+  model = platform.processor() or "unknown CPU"
+  cpuinfo = pathlib.Path("/proc/cpuinfo")
+  if cpuinfo.is_file():
+    names = re.findall(r"^model name\s*:\s*(.+)$", cpuinfo.read_text(), re.M)
+    model = names[0].strip() if names else model
+  return (
+    f"{platform.system()} {platform.machine()}, {cpus} CPU cores ({model}), "
+    f"Python {platform.python_version()}, JAX {jax.__version__} ({jax.default_backend()})"
+  )
+
+
+def ratio(numerator: float | None, denominator: float | None, digits: int = 2) -> str:
+  """``a/b`` as ``1.23x``, or ``-`` when either side is missing."""
+  if numerator is None or denominator is None or denominator == 0:
+    return "-"
+  return f"{numerator / denominator:.{digits}f}x"
+
+
+def _fmt(value: Any) -> str:
+  return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def _yaml_value(value: Any) -> str:
+  """A ``--set`` value as YAML reads it back: ``null``, ``true``, ``0.01``."""
+  return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _slug(text: str) -> str:
+  return re.sub(r"[^A-Za-z0-9_.+-]+", "_", text).strip("_")
+
+
+def _relative(path: pathlib.Path, to: pathlib.Path = REPO) -> str:
+  try:
+    return str(path.resolve().relative_to(to.resolve()))
+  except ValueError:
+    return str(path)

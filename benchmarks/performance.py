@@ -1,0 +1,110 @@
+"""Performance: the speed benchmarks in one results file, ``benchmarks/results/performance.md``.
+
+Runs, one after another in fresh processes (so none inherits another's
+compilation caches or memory), the library's speed benchmarks and collects
+their printed tables, each of which already compares side by side in one run
+(ratios, because these machines are noisy):
+
+- ``transform_overhead.py``: each rule's jitted update against ``optax.sgd``
+  with momentum on the same parameters, and against the memory-bandwidth floor;
+- ``simulator_throughput.py``: simulated worker-steps per second against a
+  plain jitted SGD loop on the same model;
+- ``conv_in_loop.py``: ``lax.conv`` against ``ShiftConv`` inside a compiled loop.
+
+The parameter-server throughput benchmark (``ps_throughput.py``) belongs to the
+multi-process runtime, which is not built yet (issue 5); the file says so.
+
+Sizes:
+  tiny     small arrays, one round each: the suite's smoke test (under a minute).
+  default  each script's own defaults (about 10 min on 2 cores).
+  full     the same as default with more rounds.
+
+    python benchmarks/performance.py [--size tiny|default|full]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+
+import _harness
+
+HERE = _harness.REPO / "benchmarks"
+# script: (what it compares, {size: arguments})
+SCRIPTS = {
+  "transform_overhead.py": (
+    "each rule's jitted update vs optax.sgd(momentum=0.9) on the same tree (target: OrMo <= 1.15x,"
+    " adaptive-k <= 2x)",
+    {
+      "tiny": ["--params", "20000", "--rounds", "3"],
+      "default": [],
+      "full": ["--rounds", "61"],
+    },
+  ),
+  "simulator_throughput.py": (
+    "simulated worker-steps/s vs a plain jitted SGD loop, same model and batch (target: >= 0.8x)",
+    {
+      "tiny": ["--steps", "64", "--rounds", "1", "--workers", "4", "--strategies", "asp,bsp"],
+      "default": [],
+      "full": ["--rounds", "9"],
+    },
+  ),
+  "conv_in_loop.py": (
+    "lax.conv vs ShiftConv, as a plain call and inside a fori_loop",
+    {"tiny": ["--rounds", "1", "--steps", "5"], "default": [], "full": ["--rounds", "15"]},
+  ),
+}
+_VERDICT = re.compile(r"^target .*$", re.M)
+
+
+def main(argv: list[str]) -> int:
+  args = _harness.parser(__doc__).parse_args(argv)
+  bench = _harness.Benchmark(
+    "performance", "Performance: overheads and throughput, side by side", args, argv, seeds=0
+  )
+  summary = []
+  for script, (what, sizes) in SCRIPTS.items():
+    command = [sys.executable, str(HERE / script), *sizes[args.size]]
+    started = time.perf_counter()
+    proc = subprocess.run(
+      command, capture_output=True, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=3600
+    )
+    seconds = time.perf_counter() - started
+    bench.run_count += 1
+    shown = " ".join(["python", f"benchmarks/{script}", *sizes[args.size]])
+    if proc.returncode != 0:
+      raise SystemExit(
+        f"performance: {shown} failed with exit code {proc.returncode}:\n{proc.stderr[-3000:]}"
+      )
+    verdicts = _VERDICT.findall(proc.stdout)
+    # The scripts' "# ..." context lines (versions, bandwidth) would read as markdown headings.
+    output = re.sub(r"^# ", "- ", proc.stdout.strip(), flags=re.M)
+    summary.append([f"`{script}`", what, "<br>".join(verdicts) or "(no target line)", f"{seconds:.0f} s"])
+    bench.section(
+      f"`{script}`",
+      f"{what}.\n\nCommand: `{shown}` ({seconds:.0f} s). Its output (context lines as a list):\n\n{output}",
+    )
+    print(f"[performance {bench.elapsed()}] {shown}: {seconds:.0f} s", file=sys.stderr, flush=True)
+  summary.append(
+    [
+      "`ps_throughput.py`",
+      "parameter-server push+pull vs a raw loopback socket (target >= 0.5x), updates/s at 1/2/4 workers",
+      "not measured: the multi-process runtime (issue 5) is not built yet",
+      "-",
+    ]
+  )
+  bench.sections.insert(
+    0,
+    "## Summary\n\n"
+    + _harness.table(["benchmark", "compares", "targets (each script's own verdict)", "wall"], summary)
+    + "\n",
+  )
+  bench.write()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,169 @@
+"""Every benchmark script runs at its tiny size and writes a well-formed results file with the right numbers."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import re
+import sys
+
+import numpy as np
+import pytest
+
+BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+_harness = importlib.import_module("_harness")
+# "mean ± std (n/m)" over seeds, or one seed's value alone.
+MEAN_STD = re.compile(r"^-?\d+(\.\d+)?( ± \d+(\.\d+)?( \(\d+/\d+\))?)?$")
+
+
+def tables(markdown: str) -> list[list[list[str]]]:
+  """Every markdown table as rows of cells (header first, the separator dropped); checks their shape."""
+  found, current = [], []
+  for line in [*markdown.splitlines(), ""]:
+    if line.startswith("|"):
+      current.append(line)
+      continue
+    if current:
+      rows = [[c.strip() for c in row.strip("|").split("|")] for row in current]
+      assert re.fullmatch(r"\|(:?-{3,}:?\|)+", current[1]), current[1]
+      assert len(current[1].split("|")) - 2 == len(rows[0])
+      assert all(len(r) == len(rows[0]) for r in rows), current
+      found.append([rows[0], *rows[2:]])
+      current = []
+  return found
+
+
+def run_tiny(script: str, tmp_path: pathlib.Path) -> tuple[str, pathlib.Path, pathlib.Path]:
+  results, runs = tmp_path / "results", tmp_path / "runs"
+  module = importlib.import_module(script)
+  assert module.main(["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(runs)]) == 0
+  markdown = (results / f"{script}.md").read_text()
+  assert f"`python benchmarks/{script}.py --size tiny" in markdown
+  assert "- Machine: Linux" in markdown or "- Machine: " in markdown
+  assert re.search(r"- Date: \d{4}-\d\d-\d\d \d\d:\d\d UTC", markdown)
+  for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", markdown):  # every linked plot exists and is a PNG
+    assert (results / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", image
+  return markdown, results, runs
+
+
+def summary(runs: pathlib.Path, *parts: str) -> dict:
+  return json.loads(runs.joinpath(*parts, "summary.json").read_text())
+
+
+def test_ormo_table_tiny(tmp_path):
+  markdown, results, runs = run_tiny("ormo_table", tmp_path)
+  main = tables(markdown)[0]
+  assert main[0] == ["rule", "4 hom.", "8 het."] and [r[0] for r in main[1:]] == ["ASGD", "OrMo"]
+  for row in main[1:]:
+    for cell in row[1:]:
+      loss, accuracy = cell.split(" / ")
+      assert MEAN_STD.match(loss) and MEAN_STD.match(accuracy), cell
+  s = summary(runs, "8_het.", "OrMo", "seed0")
+  assert main[2][2] == f"{s['final_train_loss']:.3f} / {100 * s['final_accuracy']:.2f}"
+  assert s["events"] == 240 and s["final_accuracy"] > 0.5  # OrMo learns digits in 240 MLP steps
+  assert len(list((results / "ormo_table").glob("*.png"))) == 1
+
+
+def test_adaptive_k_comparison_tiny(tmp_path):
+  markdown, _, runs = run_tiny("adaptive_k_comparison", tmp_path)
+  found = tables(markdown)
+  clock, ten, hundred, k_table, sweep = found
+  assert [r[0] for r in clock[1:]] == ["10 Gbit/s", "100 Gbit/s"]
+  assert clock[1][4] == "0.137 s" and clock[2][4] == "0.014 s"  # 171 MB at 10 and 100 Gbit/s
+  assert [r[0] for r in ten[1:]] == ["ASP", "adaptive k"] and ten[1][4] == "1.00x"
+  s = summary(runs, "10_Gbit_s", "adaptive_k", "seed0")
+  assert ten[2][1] == f"{s['final_accuracy']:.3f}"
+  # The clock is the paper's: 240 gradients over 4 workers at 0.89 s take at least 60 x 0.89 s.
+  assert s["simulated_time"] > 60 * 0.89
+  assert [r[0] for r in k_table[1:]] == ["10 Gbit/s", "100 Gbit/s"] and float(k_table[1][1]) >= 1
+  assert [r[0] for r in sweep[1:]] == ["fixed k=2", "adaptive k"]
+
+
+def test_ea_wild_comparison_tiny(tmp_path):
+  markdown, _, runs = run_tiny("ea_wild_comparison", tmp_path)
+  part1, ratios, part2 = tables(markdown)
+  assert [r[0] for r in part1[1:]] == ["EA-wild", "parameter-server ASGD"]
+  assert all(MEAN_STD.match(c) for r in part1[1:] for c in r[1:4]), part1
+  assert ratios[1][0] == "MLP (low ratio)" and float(ratios[1][1]) == pytest.approx(2.0, abs=0.05)
+  assert [r[1] for r in part2[1:]] == ["2", "4"] and [r[2] for r in part2[1:]] == ["0.0025", "0.005"]
+  sync = summary(runs, "MLP_low_ratio_4_workers", "sync_all-reduce", "seed0")
+  assert part2[2][3] == f"{sync['final_accuracy']:.3f}" and sync["updates"] == 240 // 4
+
+
+def test_inhad_layouts_tiny(tmp_path):
+  markdown, _, runs = run_tiny("inhad_layouts", tmp_path)
+  main = tables(markdown)[0]
+  assert [(r[0], r[1]) for r in main[1:]] == [
+    ("ASP", "any layout"),
+    ("all-reduce (flat ring)", "any layout"),
+    ("InHAD", "4 nodes x 1"),
+    ("InHAD", "2 nodes x 2"),
+    ("hierarchical all-reduce", "2 nodes x 2"),
+  ]
+  assert main[1][5] == "1.00x" and main[2][3] == "+0.00"  # ASP against itself, all-reduce against itself
+  inhad = summary(runs, "2_nodes_x_2", "InHAD", "seed0")
+  ring = summary(runs, "any_layout", "all-reduce_flat_ring", "seed0")
+  assert main[4][3] == f"{100 * (inhad['final_accuracy'] - ring['final_accuracy']):+.2f}"
+  assert inhad["bytes_moved_intra"] > 0  # node-local aggregation moves bytes inside the nodes
+
+
+def test_performance_tiny(tmp_path):
+  markdown, _, _ = run_tiny("performance", tmp_path)
+  overview = tables(markdown)[0]
+  assert [r[0] for r in overview[1:]] == [
+    "`transform_overhead.py`",
+    "`simulator_throughput.py`",
+    "`conv_in_loop.py`",
+    "`ps_throughput.py`",
+  ]
+  assert "not measured" in overview[4][2]
+  assert "measured" in overview[1][2]  # transform_overhead's own target verdicts are collected
+  assert "| optax.sgd(momentum=0.9) | baseline |" in markdown  # the scripts' tables are embedded
+
+
+def test_a_cell_shows_mean_and_sample_std_over_seeds_or_one_value():
+  class Result:
+    def __init__(self, accuracy):
+      self.summary = {"final_accuracy": accuracy}
+
+  three = _harness.Cell("x", [Result(0.9), Result(0.8), Result(None)], "")
+  assert three.text("final_accuracy", 2, 100) == "85.00 ± 7.07 (2/3)" and three.mean(
+    "final_accuracy"
+  ) == pytest.approx(0.85)
+  assert _harness.Cell("x", [Result(0.9)], "").text("final_accuracy", 3) == "0.900"
+  assert _harness.Cell("x", [Result(float("nan"))], "").text("final_accuracy", 3) == "-"
+
+
+def test_table_and_ratio_helpers():
+  assert _harness.table(["a", "b"], [["x", "1"]]) == "| a | b |\n|---|---:|\n| x | 1 |"
+  with pytest.raises(ValueError, match="a row has 1 cells, the header 2"):
+    _harness.table(["a", "b"], [["x"]])
+  assert (
+    _harness.ratio(3.0, 2.0) == "1.50x" and _harness.ratio(None, 2.0) == "-" and _harness.ratio(1.0, 0) == "-"
+  )
+
+
+def test_final_train_loss_is_the_mean_batch_loss_of_the_last_tenth(tmp_path):
+  import jax.numpy as jnp
+
+  import jaxsync
+  from jaxsync._src.training import train
+
+  x = np.linspace(-1, 1, 64, dtype=np.float32)
+  data = jaxsync.sim.WorkerData({"x": x, "y": 3 * x}, num_workers=4, batch_size=8)
+
+  def loss(w, b):
+    return jnp.mean((w * b["x"] - b["y"]) ** 2)
+
+  sim = jaxsync.sim.Simulator(
+    jaxsync.strategies.make("asp", 4, learning_rate=0.05), loss, data, jaxsync.sim.TimeModel(num_workers=4)
+  )
+  result = train(
+    sim, jnp.zeros([]), tmp_path, num_events=200, log_every=100, tensorboard=False, make_plots=False
+  )
+  expected = float(np.mean(result.history.loss[-20:]))
+  assert result.summary["final_train_loss"] == pytest.approx(expected, rel=1e-6)
+  assert expected < float(np.mean(result.history.loss[:20]))  # it trains: the tail is below the head
