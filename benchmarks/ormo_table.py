@@ -102,13 +102,7 @@ def main(argv: list[str]) -> int:
       for rule in rules
     }
   cols = list(cells)
-  task = (
-    f"{args.dataset} + ResNet-20"
-    if args.data_dir
-    else "digits + CNN"
-    if args.size != "tiny"
-    else "digits + MLP"
-  )
+  task = f"{config.data.name} + {config.model.name}"  # what ran (tiny swaps in the MLP)
   rows = [
     [NAMES[r]]
     + [
