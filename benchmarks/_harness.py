@@ -30,6 +30,7 @@ from typing import Any
 import jax
 import matplotlib
 import numpy as np
+import yaml
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -47,8 +48,18 @@ def parser(doc: str) -> argparse.ArgumentParser:
   p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   p.add_argument("--size", choices=SIZES, default="default", help="tiny (smoke test), default, full")
   p.add_argument("--seeds", type=int, default=None, help="seeds per cell (default: the size's)")
-  p.add_argument("--results-dir", type=pathlib.Path, default=REPO / "benchmarks" / "results")
-  p.add_argument("--runs-dir", type=pathlib.Path, default=None, help="default: runs/bench/<name>")
+  p.add_argument(
+    "--results-dir",
+    type=pathlib.Path,
+    default=None,
+    help="default: benchmarks/results (tiny: runs/bench/tiny)",
+  )
+  p.add_argument("--runs-dir", type=pathlib.Path, default=None, help="default: runs/bench/[tiny/]<name>")
+  p.add_argument(
+    "--fresh",
+    action="store_true",
+    help="rerun every cell (default: reuse finished runs with the same config)",
+  )
   return p
 
 
@@ -72,9 +83,12 @@ class Cell:
     return [s.get(key) for s in self.summaries]
 
   def mean(self, key: str) -> float | None:
-    """Mean over the seeds that have a finite value; None if none has."""
-    finite = [v for v in self.values(key) if v is not None and np.isfinite(v)]
-    return float(np.mean(finite)) if finite else None
+    """Mean over the seeds; None unless every seed has a finite value (a ratio of means must not
+    compare one strategy's lucky seeds with another's all)."""
+    values = self.values(key)
+    if not values or any(v is None or not np.isfinite(v) for v in values):
+      return None
+    return float(np.mean(values))
 
   def text(self, key: str, digits: int, scale: float = 1.0) -> str:
     """``mean ± std`` over seeds, as in ``jaxsync compare``'s results.md; one seed: its value alone."""
@@ -93,14 +107,19 @@ class Benchmark:
     self.name, self.title, self.args = name, title, args
     # seeds=0: the benchmark has no seeds (a speed benchmark).
     self.seeds = 0 if seeds == 0 else args.seeds or (1 if args.size == "tiny" else seeds)
-    self.runs_dir = args.runs_dir or REPO / "runs" / "bench" / name
-    self.results_dir = args.results_dir
+    # The tiny size writes beside the runs, never over the committed results.
+    tiny = ("tiny",) if args.size == "tiny" else ()
+    self.runs_dir = args.runs_dir or REPO.joinpath("runs", "bench", *tiny, name)
+    self.results_dir = args.results_dir or (
+      REPO.joinpath("runs", "bench", "tiny") if tiny else REPO / "benchmarks" / "results"
+    )
     self.plot_dir = self.results_dir / name
     self.command = " ".join(["python", f"benchmarks/{name}.py", *map(shlex.quote, argv)])
     self.sections: list[str] = []
     self.plots: list[pathlib.Path] = []
     self.started = time.perf_counter()
-    self.run_count = 0
+    self.run_count = self.reused_count = 0
+    self.train_seconds = 0.0  # the runs' own training wall time, reused runs included
 
   # -- running ---------------------------------------------------------------------------------------
 
@@ -129,32 +148,35 @@ class Benchmark:
           cfg, strategy=dataclasses.replace(cfg.strategy, options={**cfg.strategy.options, **options})
         )
       exp = experiment.build(cfg)
-      run_dir = run_directory.create(
-        self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}", overwrite=True
-      )
-      commands.write_config(run_dir, cfg)
+      run_dir = self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}"
+      # A finished run of this very config is read back from its final checkpoint, not rerun: an
+      # interrupted benchmark continues, and a report can be rewritten without retraining.
+      reuse = not self.args.fresh and _finished_with(run_dir, cfg)
+      if not reuse:
+        run_directory.create(run_dir, overwrite=True)
+        commands.write_config(run_dir, cfg)
       kwargs = exp.train_kwargs()
-      kwargs["checkpoint_every"] = None  # only the final one: a benchmark reruns, it does not resume
+      kwargs["checkpoint_every"] = None  # only the final one
       started = time.perf_counter()
       result = training.train(
         exp.simulator, exp.model.params, run_dir, tensorboard=False, make_plots=False, **kwargs
       )
       self.run_count += 1
+      self.reused_count += reuse
       s = result.summary
+      self.train_seconds += s.get("wall_seconds") or 0.0
       print(
         f"[{self.name} {self.elapsed()}] {setting} | {label} | seed {cfg.seed}: "
         f"accuracy {_fmt(s.get('final_accuracy'))}, loss {_fmt(s.get('final_loss'))}, "
         f"{s.get('updates')} updates in {_fmt(s.get('simulated_time'))} simulated s "
-        f"({time.perf_counter() - started:.1f} s)",
+        f"({'reused' if reuse else f'{time.perf_counter() - started:.1f} s'})",
         file=sys.stderr,
         flush=True,
       )
       results.append(result)
-    sets = [*overrides, f"strategy.name={strategy}"] + [
-      f"strategy.options.{k}={_yaml_value(v)}" for k, v in (options or {}).items()
-    ]
-    command = f"jaxsync train configs/{config_name}.yaml " + " ".join(f"--set {shlex.quote(x)}" for x in sets)
-    return Cell(label, results, command if config_name else "")
+    return Cell(
+      label, results, train_command(config_name, overrides, results[0].run_dir) if config_name else ""
+    )
 
   def elapsed(self) -> str:
     seconds = int(time.perf_counter() - self.started)
@@ -208,7 +230,13 @@ class Benchmark:
       + (f", {self.seeds} seed(s) per cell)" if self.seeds else ")"),
       f"- Machine: {machine()}",
       f"- Date: {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
-      f"- Wall time: {self.elapsed()} (min:s) for {self.run_count} runs",
+      f"- Wall time: {self.elapsed()} (min:s) for {self.run_count} runs"
+      + (
+        f" ({self.reused_count} read back from earlier finished runs; the runs' own training took"
+        f" {self.train_seconds / 60:.1f} min in all)"
+        if self.reused_count
+        else ""
+      ),
     ]
     if self.run_count and self.seeds:  # paper benchmarks leave run directories; speed benchmarks none
       lines.append(
@@ -264,9 +292,27 @@ def _fmt(value: Any) -> str:
   return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def _yaml_value(value: Any) -> str:
-  """A ``--set`` value as YAML reads it back: ``null``, ``true``, ``0.01``."""
-  return "null" if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+def train_command(config_name: str, overrides: list[str], run_dir: pathlib.Path) -> str:
+  """The ``jaxsync train`` line that reruns one cell's first seed: its config, the benchmark's
+  overrides, and the strategy with its resolved options (shared, ``compare.options``, the cell's own)
+  as one mapping, since ``jaxsync train`` reads ``strategy.options`` as they stand."""
+  ran = config_lib.load(run_dir / "config.yaml")
+  keep = [o for o in overrides if not o.startswith(("strategy.", "compare."))]
+  options = yaml.safe_dump(ran.strategy.options, default_flow_style=True, width=10_000).strip()
+  sets = [*keep, f"strategy.name={ran.strategy.name}", f"strategy.options={options}"]
+  if ran.seed:
+    sets.append(f"seed={ran.seed}")
+  return f"jaxsync train configs/{config_name}.yaml " + " ".join(f"--set {shlex.quote(x)}" for x in sets)
+
+
+def _finished_with(run_dir: pathlib.Path, cfg: Config) -> bool:
+  """Whether ``run_dir`` holds a finished run (its summary written) of exactly ``cfg``."""
+  if not (run_dir / "summary.json").is_file() or not (run_dir / "config.yaml").is_file():
+    return False
+  try:
+    return config_lib.load(run_dir / "config.yaml") == cfg
+  except config_lib.ConfigError:
+    return False
 
 
 def _slug(text: str) -> str:
