@@ -141,6 +141,9 @@ def test_performance_tiny(tmp_path):
   ]
   assert "not measured" in overview[4][2]
   assert "measured" in overview[1][2]  # transform_overhead's own target verdicts are collected
+  assert re.search(
+    r">= 0.8x of the plain loop in \d+ of 2 strategy x K cells", overview[2][2]
+  )  # asp, bsp at K=4
   assert "| optax.sgd(momentum=0.9) | baseline |" in markdown  # the scripts' tables are embedded
 
 

@@ -88,4 +88,6 @@ def test_message_bytes_times_the_exchanges_of_a_bigger_model():
   assert abs(time_model.transfer_time() - 171e6 / 1.25e9) < 1e-9  # ResNet101 at 10 Gbit/s: 0.137 s
   own = experiment.build(config.from_dict({"cluster": {"num_workers": 2}}))
   assert own.time_model.message_bytes is None  # null: the simulator fills in the model's own size ...
-  assert own.time_model.with_message_bytes(own.model.params).message_bytes < 1_000_000  # ... the CNN's ~0.6 MB
+  assert (
+    own.time_model.with_message_bytes(own.model.params).message_bytes < 1_000_000
+  )  # ... the CNN's ~0.6 MB
