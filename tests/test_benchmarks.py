@@ -192,3 +192,17 @@ def test_final_train_loss_is_the_mean_batch_loss_of_the_last_tenth(tmp_path):
   expected = float(np.mean(result.history.loss[-20:]))
   assert result.summary["final_train_loss"] == pytest.approx(expected, rel=1e-6)
   assert expected < float(np.mean(result.history.loss[:20]))  # it trains: the tail is below the head
+
+
+def test_bad_benchmark_arguments_are_refused_before_anything_runs(tmp_path, capsys):
+  ormo = importlib.import_module("ormo_table")
+  dirs = ["--results-dir", str(tmp_path / "r"), "--runs-dir", str(tmp_path / "runs")]
+  with pytest.raises(SystemExit, match=r"--seeds=0; give a count >= 1"):
+    ormo.main(["--size", "tiny", "--seeds", "0", *dirs])
+  with pytest.raises(SystemExit):
+    ormo.main(["--size", "tiny", "--dataset", "cifar100", *dirs])
+  assert "--dataset=cifar100 needs --data-dir" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    ormo.main(["--size", "huge", *dirs])
+  assert "invalid choice: 'huge'" in capsys.readouterr().err
+  assert not (tmp_path / "runs").exists() and not (tmp_path / "r").exists()  # nothing ran, nothing written
