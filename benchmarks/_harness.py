@@ -101,12 +101,15 @@ class Cell:
 class Benchmark:
   """Runs cells and writes ``<results-dir>/<name>.md`` and ``<results-dir>/<name>/*.png``."""
 
-  def __init__(self, name: str, title: str, args: argparse.Namespace, argv: list[str], seeds: int):
+  def __init__(
+    self, name: str, title: str, args: argparse.Namespace, argv: list[str], seeds: int, full_seeds: int = 3
+  ):
     if args.seeds is not None and args.seeds < 1:
       raise SystemExit(f"{name}: --seeds={args.seeds}; give a count >= 1")
     self.name, self.title, self.args = name, title, args
     # seeds=0: the benchmark has no seeds (a speed benchmark).
-    self.seeds = 0 if seeds == 0 else args.seeds or (1 if args.size == "tiny" else seeds)
+    by_size = {"tiny": 1, "default": seeds, "full": full_seeds}
+    self.seeds = 0 if seeds == 0 else args.seeds or by_size[args.size]
     # The tiny size writes beside the runs, never over the committed results.
     tiny = ("tiny",) if args.size == "tiny" else ()
     self.runs_dir = args.runs_dir or REPO.joinpath("runs", "bench", *tiny, name)
@@ -137,11 +140,13 @@ class Benchmark:
     options: dict[str, Any] | None = None,
     config_name: str = "",
     overrides: list[str] = (),
+    seeds: int | None = None,
   ) -> Cell:
-    """Runs ``strategy`` (the config's shared options, ``compare.options[strategy]``, then ``options``)."""
+    """Runs ``strategy`` (the config's shared options, ``compare.options[strategy]``, then ``options``)
+    over ``seeds`` seeds (default: the benchmark's)."""
     label = label or strategy
     results = []
-    for i in range(self.seeds):
+    for i in range(seeds or self.seeds):
       cfg = experiment.for_strategy(config, strategy, config.seed + i)
       if options:
         cfg = dataclasses.replace(

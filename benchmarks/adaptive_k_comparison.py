@@ -85,11 +85,14 @@ def network_overrides(network: str, gradients: int, workers: int) -> list[str]:
 def main(argv: list[str]) -> int:
   args = _harness.parser(__doc__).parse_args(argv)
   bench = _harness.Benchmark(
-    "adaptive_k_comparison", "Seed 000: adaptive k-synchronization on three networks", args, argv, seeds=1
+    "adaptive_k_comparison",
+    "Seed 000: adaptive k-synchronization on three networks",
+    args,
+    argv,
+    seeds=1,
+    full_seeds=3,
   )
   tiny = args.size == "tiny"
-  if args.size == "full":
-    bench.seeds = args.seeds or 3
   gradients = {"tiny": 240, "default": 4000, "full": 8000}[args.size]
   workers = 4 if tiny else 32
   base = [f"run.gradients={gradients}", f"cluster.num_workers={workers}"]

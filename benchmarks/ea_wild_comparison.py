@@ -74,8 +74,6 @@ def main(argv: list[str]) -> int:
   )
   tiny = args.size == "tiny"
   scaling_seeds = args.seeds or {"tiny": 1, "default": 1, "full": 3}[args.size]
-  if args.size == "full":
-    bench.seeds = args.seeds or 3
   small = ["model.name=mlp", "run.gradients=240", "run.chunk=60", "run.checkpoint_every=null"]
   small += ["run.target_accuracy=0.5", "run.eval_every_time=0.02"]
 
@@ -126,7 +124,6 @@ def main(argv: list[str]) -> int:
   )
 
   # Part 2: sync against EA-wild as workers grow, for two models.
-  bench.seeds, part1_seeds = scaling_seeds, bench.seeds
   workers = [2, 4] if tiny else [8, 16, 32, 64]
   models = ["mlp"] if tiny else list(MODELS)
   part2: dict[str, dict[int, dict[str, _harness.Cell]]] = {}
@@ -150,8 +147,8 @@ def main(argv: list[str]) -> int:
         f"{compute / message:.2f}",
       ]
     )
+    gradients = bench.config(CONFIG, common).run.gradients
     for k in workers:
-      gradients = bench.config(CONFIG, common).run.gradients
       # About 40 evaluations over the shorter run: async is bound by compute spread over K workers or by
       # the server's interface; sync makes G/K rounds of a step plus a ring all-reduce.
       ring = time_model.ring_allreduce_time(k)
@@ -167,11 +164,18 @@ def main(argv: list[str]) -> int:
           setting=setting,
           label="sync (all-reduce)",
           options={"learning_rate": sync_lr, "momentum": 0.9},
+          seeds=scaling_seeds,
           config_name=CONFIG,
           overrides=overrides,
         ),
         "ea_wild": bench.run(
-          config, "ea_wild", setting=setting, label="EA-wild", config_name=CONFIG, overrides=overrides
+          config,
+          "ea_wild",
+          setting=setting,
+          label="EA-wild",
+          config_name=CONFIG,
+          overrides=overrides,
+          seeds=scaling_seeds,
         ),
       }
   bench.section(
@@ -224,7 +228,6 @@ def main(argv: list[str]) -> int:
     " updates of a K times larger batch; its learning rate follows the linear scaling rule from 0.01 at 8"
     " workers, with momentum 0.9 and no warm-up. A last-column value > 1 means sync reached the target sooner.",
   )
-  bench.seeds = part1_seeds
   bench.section("What the paper reports", PAPER)
   bench.compare_figure(
     "part1_accuracy_vs_time", {"all solvers": {c.label: c.histories for c in part1.values()}}

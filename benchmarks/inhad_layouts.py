@@ -30,8 +30,6 @@ CONFIG = "inhad_layouts"
 def main(argv: list[str]) -> int:
   args = _harness.parser(__doc__).parse_args(argv)
   bench = _harness.Benchmark("inhad_layouts", "Seed 001: InHAD across node layouts", args, argv, seeds=2)
-  if args.size == "full":
-    bench.seeds = args.seeds or 3
   base = {
     "tiny": [
       "model.name=mlp",

@@ -94,10 +94,8 @@ def main(argv: list[str]) -> int:
     p.error(f"--dataset={args.dataset} needs --data-dir (the directory holding the CIFAR python pickles)")
   args.dataset = args.dataset or "cifar10"
   bench = _harness.Benchmark(
-    "ormo_table", "OrMo's table (seed 002): asynchronous momentum rules", args, argv, seeds=3
+    "ormo_table", "OrMo's table (seed 002): asynchronous momentum rules", args, argv, seeds=3, full_seeds=5
   )
-  if args.size == "full":
-    bench.seeds = args.seeds or 5
   data = []
   if args.data_dir:
     data = [f"data.name={args.dataset}", f"data.data_dir={args.data_dir}", "model.name=resnet20"]
