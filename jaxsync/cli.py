@@ -3,11 +3,13 @@
   jaxsync train configs/quickstart.yaml [--set run.gradients=800] [--out runs/q]
   jaxsync compare configs/ormo_table.yaml --strategies asp,ormo --seeds 3
   jaxsync resume runs/q
+  jaxsync launch -n 3 configs/quickstart.yaml --set cluster.num_workers=2   (real processes)
   jaxsync strategies
 
 Exit codes: 0 on success, 2 for a bad command line, config, data path or run
-directory (one line on stderr, no traceback; ``--traceback`` shows it), 1 for
-anything else, 130 when interrupted.
+directory (one line on stderr, no traceback; ``--traceback`` shows it), 3 when
+a multi-process run loses a process it cannot go on without (one line naming
+it), 1 for anything else, 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import sys
 
 from jaxsync._src import commands, progress
 from jaxsync._src.checkpoints import CheckpointError
+from jaxsync._src.cluster import RunFaultError
 from jaxsync._src.config import ConfigError
 from jaxsync._src.run_directory import RunDirectoryError
 from jaxsync._src.training import EmptyRunError
@@ -57,10 +60,36 @@ def _parser() -> argparse.ArgumentParser:
       help="a live progress bar (default), JSON lines on stdout, or nothing",
     )
 
+  def process_options(p):
+    g = p.add_argument_group(
+      "multi-process runs",
+      "jaxsync launch sets these for local processes; on a cluster JAX detects SLURM, TPU pods and "
+      "Kubernetes itself, or give all three",
+    )
+    g.add_argument("--coordinator", metavar="HOST:PORT", help="the coordination service (process 0's host)")
+    g.add_argument("--num-processes", type=int, metavar="N", help="processes in the run")
+    g.add_argument("--process-id", type=int, metavar="I", help="this process's id, 0..N-1")
+    g.add_argument(
+      "--single-process", action="store_true", help="ignore any detected cluster: run the simulator"
+    )
+
   train = sub.add_parser(
     "train", help="train one config into a run directory", description="Train one config."
   )
   run_options(train, config=True)
+  process_options(train)
+  launch = sub.add_parser(
+    "launch",
+    help="train one config on N local processes (a real parameter server or all-reduce)",
+    description="Start N local processes of one run (coordinator on --bind, a free port); stream their logs.",
+  )
+  launch.add_argument(
+    "-n", "--num-processes", type=int, required=True, metavar="N", help="processes to start"
+  )
+  launch.add_argument(
+    "--bind", default="127.0.0.1", help="the interface every socket binds to (default: loopback only)"
+  )
+  run_options(launch, config=True)
   compare = sub.add_parser(
     "compare",
     help="run several strategies and seeds of a config; one table and one set of plots",
@@ -78,6 +107,7 @@ def _parser() -> argparse.ArgumentParser:
   )
   resume.add_argument("run_dir", type=pathlib.Path, help="a directory written by train or compare")
   run_options(resume, config=False)
+  process_options(resume)
   sub.add_parser(
     "strategies",
     help="list the strategies with their options and defaults",
@@ -101,20 +131,55 @@ def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
   )
 
 
-def _dispatch(args: argparse.Namespace) -> None:
+def _launch(args: argparse.Namespace, run_args: list[str]) -> int:
+  from jaxsync._src import launch
+
+  return launch.launch(args.num_processes, run_args, bind=args.bind)
+
+
+def _group(args: argparse.Namespace):
+  """This process's multi-process group (None: the simulator), decided and logged once."""
+  from jaxsync._src import cluster
+
+  if getattr(args, "single_process", False):
+    return None
+  try:
+    return cluster.initialize(
+      coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id
+    )
+  except cluster.ClusterError as err:
+    from jaxsync._src.config import ConfigError
+
+    raise ConfigError(str(err)) from None
+
+
+def _dispatch(args: argparse.Namespace) -> int:
   from jaxsync._src import config as config_lib
 
   if args.command == "strategies":
     print(commands.strategies_table())
-    return
-  reporter = progress.make(args.progress)
+    return 0
+  if args.command == "launch":
+    cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
+    out = args.out or commands.default_out(cfg.name)
+    run_args = ["train", str(args.config), "--out", str(out), "--progress", args.progress]
+    run_args += [f"--set={o}" for o in args.overrides] + (["--overwrite"] if args.overwrite else [])
+    return _launch(args, run_args)
   if args.command == "resume":
-    result = commands.resume(args.run_dir, reporter=reporter)
+    processes = commands.launched_processes(args.run_dir)
+    if processes and args.coordinator is None and not os.environ.get("JAXSYNC_COORDINATOR"):
+      # A multi-process run directory, resumed from a shell: start its processes again, locally.
+      args.num_processes, args.bind = processes, "127.0.0.1"
+      return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress])
+  reporter = progress.make(args.progress)
+  group = _group(args)
+  if args.command == "resume":
+    result = commands.resume(args.run_dir, reporter=reporter, group=group)
   else:
     cfg = config_lib.load(args.config, args.overrides)
     out = args.out or commands.default_out(cfg.name if args.command == "train" else f"{cfg.name}-compare")
     if args.command == "train":
-      result = commands.train(cfg, out, overwrite=args.overwrite, reporter=reporter)
+      result = commands.train(cfg, out, overwrite=args.overwrite, reporter=reporter, group=group)
     else:
       if args.seeds is not None and args.seeds < 1:
         raise config_lib.ConfigError(f"--seeds={args.seeds} is invalid; expected a positive integer.")
@@ -122,12 +187,13 @@ def _dispatch(args: argparse.Namespace) -> None:
       result = commands.compare(
         cfg, out, strategy_names=names, seeds=args.seeds, overwrite=args.overwrite, reporter=reporter
       )
-  if args.progress == "jsonl":
-    return
+  if args.progress == "jsonl" or result is None:
+    return 0
   if isinstance(result, dict):
     print(result["table"], end="")
   elif args.progress != "quiet":
     _print_summary(result.summary, result.run_dir)
+  return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -135,16 +201,25 @@ def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)
   show = args.traceback or os.environ.get("JAXSYNC_TRACEBACK")
   try:
-    _dispatch(args)
+    code = _dispatch(args)
   except KeyboardInterrupt:
     print("jaxsync: interrupted; continue the run with `jaxsync resume RUN_DIR`.", file=sys.stderr)
     return 130
+  except RunFaultError as err:  # a lost process, server or worker: one line naming it, exit 3
+    if show:
+      raise
+    print(f"jaxsync: error: {err}", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip the exit handlers: jax.distributed's shutdown aborts the process when
+    # the coordinator is already gone, burying this line under a C++ stack trace.
+    os._exit(3)
   except USER_ERRORS as err:  # configs, data paths, run directories, checkpoints: one line, exit 2
     if show:
       raise
     print(f"jaxsync: error: {err}", file=sys.stderr)
     return 2
-  return 0  # anything else is a bug: Python prints its traceback and the exit code is 1
+  return code  # anything else is a bug: Python prints its traceback and the exit code is 1
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ class RunCheckpoints:
   Args:
     directory: where the checkpoints live (created on the first save).
     max_to_keep: how many of the latest checkpoints to keep.
+    read_only: restore only (the non-primary processes of a multi-process run).
 
   Example:
     >>> import tempfile, jax.numpy as jnp
@@ -51,15 +52,23 @@ class RunCheckpoints:
     True
   """
 
-  def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2):
+  def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2, read_only: bool = False):
     self.directory = pathlib.Path(directory).absolute()
+    # In a multi-process run only process 0 saves (the server's state, or the
+    # replicated state of a synchronous run); no manager waits for the others.
+    me = jax.process_index()
+    if not read_only:  # orbax refuses create=True with active_processes
+      self.directory.mkdir(parents=True, exist_ok=True)
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
-        max_to_keep=max_to_keep,
+        max_to_keep=None if read_only else max_to_keep,
+        save_interval_steps=0 if read_only else 1,
         enable_async_checkpointing=False,
-        cleanup_tmp_directories=True,
-        create=True,
+        cleanup_tmp_directories=not read_only,
+        create=False,
+        read_only=read_only,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}),
       ),
       item_names=_ITEMS,
     )
@@ -73,6 +82,8 @@ class RunCheckpoints:
     progress = {**progress, "events": int(events), "fingerprint": fingerprint(state)}
     if int(events) in self._manager.all_steps():  # the same events again, now marked finished
       self._manager.delete(int(events))
+    if jax.process_count() > 1:  # orbax refuses host-local jax.Arrays in a multi-process run
+      state = jax.tree.map(np.asarray, state)
     self._manager.save(
       int(events),
       args=ocp.args.Composite(
@@ -113,7 +124,10 @@ class RunCheckpoints:
         f"checkpoint {str(where)!r} is incompatible with this config: its state fingerprint is {found!r}, "
         f"this run's is {expected!r} (a different strategy, model, data or number of workers)."
       )
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), like_state)
+    if jax.process_count() > 1:  # restored as this process's own NumPy arrays
+      abstract = jax.tree.map(np.asarray, like_state)
+    else:
+      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), like_state)
     try:
       out = self._manager.restore(
         step,

@@ -12,6 +12,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+import time
 from typing import Any
 
 import numpy as np
@@ -19,9 +20,11 @@ import yaml
 
 from jaxsync._src import config as config_lib
 from jaxsync._src import experiment, plots, run_directory, strategies, training
+from jaxsync._src.cluster import ProcessGroup
 from jaxsync._src.progress import Reporter
 
 _COMPARE_MARKER = "compare.json"
+_LAUNCH_RECORD = "launch.json"
 
 
 def default_out(name: str, root: str | pathlib.Path = "runs") -> pathlib.Path:
@@ -48,27 +51,160 @@ def _read_config(run_dir: pathlib.Path) -> config_lib.Config:
   return config_lib.load(path)
 
 
-def _run_one(config: config_lib.Config, run_dir: pathlib.Path, reporter: Reporter) -> training.RunResult:
+def _run_one(
+  config: config_lib.Config, run_dir: pathlib.Path, reporter: Reporter, group: ProcessGroup | None = None
+) -> training.RunResult | None:
   exp = experiment.build(config)
+  if group is not None:
+    return _run_distributed(exp, run_dir, group, reporter)
   return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
 
 
 def train(
-  config: config_lib.Config, out: pathlib.Path, *, overwrite: bool, reporter: Reporter
-) -> training.RunResult:
-  """Validates and builds everything, creates ``out``, writes ``config.yaml`` and trains."""
+  config: config_lib.Config,
+  out: pathlib.Path,
+  *,
+  overwrite: bool,
+  reporter: Reporter,
+  group: ProcessGroup | None = None,
+) -> training.RunResult | None:
+  """Validates and builds everything, creates ``out``, writes ``config.yaml`` and trains.
+
+  With a process ``group`` every process of a multi-process run calls this;
+  process 0 creates ``out`` and returns the result, a worker returns None.
+  """
   exp = experiment.build(config)  # every config error surfaces before anything is written
-  run_dir = run_directory.create(out, overwrite=overwrite)
-  write_config(run_dir, config)
-  return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+  if group is None:
+    run_dir = run_directory.create(out, overwrite=overwrite)
+    write_config(run_dir, config)
+    return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+  check_processes(exp.strategy, group.count)
+  if group.is_primary:
+    run_dir = run_directory.create(out, overwrite=overwrite)
+    write_config(run_dir, config)
+    run_directory.write_json(run_dir / _LAUNCH_RECORD, {"num_processes": group.count})
+  return _run_distributed(exp, pathlib.Path(out), group, reporter)
 
 
-def resume(run_dir: pathlib.Path, *, reporter: Reporter) -> training.RunResult | dict[str, Any]:
+def resume(
+  run_dir: pathlib.Path, *, reporter: Reporter, group: ProcessGroup | None = None
+) -> training.RunResult | dict[str, Any] | None:
   """Continues a run (or every run of a compare directory) from its latest checkpoint."""
   run_dir = pathlib.Path(run_dir)
   if (run_dir / _COMPARE_MARKER).is_file():
     return _compare_runs(run_dir, reporter)
-  return _run_one(_read_config(run_dir), run_dir, reporter)
+  return _run_one(_read_config(run_dir), run_dir, reporter, group)
+
+
+def launched_processes(run_dir: pathlib.Path) -> int | None:
+  """The process count of a multi-process run directory (None for a simulated run)."""
+  path = pathlib.Path(run_dir) / _LAUNCH_RECORD
+  return int(json.loads(path.read_text())["num_processes"]) if path.is_file() else None
+
+
+def check_processes(strategy: strategies.Strategy, num_processes: int) -> None:
+  """Raises ConfigError unless ``num_processes`` fits the strategy's worker count."""
+  k = strategy.num_workers
+  if strategy.engine == "async":
+    if num_processes != k + 1:
+      raise config_lib.ConfigError(
+        f"cluster.num_workers={k} is invalid for {num_processes} processes: the asynchronous strategy "
+        f"{strategy.name!r} runs a parameter server (process 0) and one worker per other process; "
+        f"launch {k + 1} processes, or set cluster.num_workers={num_processes - 1}."
+      )
+  else:
+    import jax
+
+    if jax.device_count() != k:
+      raise config_lib.ConfigError(
+        f"cluster.num_workers={k} is invalid for {jax.device_count()} devices: the synchronous strategy "
+        f"{strategy.name!r} runs one worker per device across the processes; set "
+        f"cluster.num_workers={jax.device_count()}."
+      )
+
+
+def _run_distributed(
+  exp: experiment.Experiment, run_dir: pathlib.Path, group: ProcessGroup, reporter: Reporter
+) -> training.RunResult | None:
+  """One process's part of a multi-process run (async: server or worker; sync: one worker)."""
+  import logging
+
+  from jax._src import distributed
+
+  from jaxsync._src import cluster, param_server, ps_worker, sync_runtime
+
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+  logging.getLogger("jaxsync").addHandler(handler)
+  logging.getLogger("jaxsync").setLevel(logging.INFO)
+  logging.getLogger("jaxsync").propagate = False  # absl configures the root logger too
+  strategy, sim = exp.strategy, exp.simulator
+  client = distributed.global_state.client
+  client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
+  schedule = sim.schedule
+  evaluation = dict(
+    eval_fn=schedule.eval_fn, eval_every=schedule.every_updates, eval_every_time=schedule.every_time
+  )
+  kwargs = exp.train_kwargs()
+  if strategy.engine == "sync":
+    kwargs.pop("max_time")  # the processes of a synchronous run stop together, by rounds
+    liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
+    runtime = sync_runtime.SyncRuntime(strategy, sim.loss_fn, sim.data, liveness=liveness, **evaluation)
+    reporter = reporter if group.is_primary else Reporter()
+    result = training.train(
+      runtime, exp.model.params, run_dir, reporter=reporter, primary=group.is_primary, **kwargs
+    )
+    print(f"process {group.index}: final parameters sha256 {runtime.fingerprint(result.params)}", flush=True)
+    _leave_in_order(client, group)
+    return result if group.is_primary else None
+  if group.is_primary:
+    monitor = cluster.HeartbeatMonitor(client)
+    workers = range(1, group.count)
+    server = param_server.ParameterServer(
+      strategy,
+      bind=group.bind,
+      client=client,
+      liveness=lambda: {p - 1 for p in monitor.live(workers)},
+      **evaluation,
+    )
+    try:
+      result = training.train(server, exp.model.params, run_dir, reporter=reporter, **kwargs)
+    finally:
+      server.stop()
+    result.summary.update(lost_workers=server.lost, rejected_messages=dict(server.rejected_messages))
+    run_directory.write_json(run_dir / "summary.json", result.summary)
+    # Process 0 hosts the coordinator: it leaves last, once the workers have left.
+    deadline = time.monotonic() + 15.0
+    while monitor.beats() and time.monotonic() < deadline:
+      time.sleep(0.2)
+    time.sleep(1.0)
+    return result
+
+  heartbeat = cluster.Heartbeat(client, group.index).start()
+  address = client.blocking_key_value_get(param_server.KEY_ADDRESS, 120_000)
+  token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 120_000)
+  done = ps_worker.run_worker(
+    strategy, sim.loss_fn, sim.data, exp.model.params, worker=group.index - 1, address=address, token=token
+  )
+  heartbeat.stop()
+  print(
+    f"worker {group.index - 1}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s; the server said stop"
+  )
+  import jax
+
+  jax.distributed.shutdown()  # before process 0, which waits for this worker's heartbeat to go
+  return None
+
+
+def _leave_in_order(client, group: ProcessGroup) -> None:
+  """Every process finishes together; process 0, the coordinator's host, shuts down last."""
+  import jax
+
+  client.wait_at_barrier("jaxsync/finished", 600_000)
+  if group.is_primary:
+    time.sleep(1.0)  # the others' shutdown calls reach the coordinator first
+  else:
+    jax.distributed.shutdown()
 
 
 # ---------------------------------------------------------------------------

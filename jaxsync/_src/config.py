@@ -113,7 +113,9 @@ class ClusterConfig:
     _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
     _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
     if self.message_bytes is not None:
-      _require(self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null")
+      _require(
+        self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null"
+      )
     _require(self.link in LINK_PRESETS, "cluster.link", self.link, f"one of {', '.join(LINK_PRESETS)}")
 
 

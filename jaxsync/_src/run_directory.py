@@ -116,6 +116,22 @@ class MetricsLog:
       self._file = None
 
 
+class NullLog(MetricsLog):
+  """A metrics log that writes nothing (the non-primary processes of a multi-process run)."""
+
+  def __init__(self):
+    pass
+
+  def open(self, keep_until_event: int | None) -> None:
+    pass
+
+  def write(self, rows: list[dict[str, Any]]) -> None:
+    pass
+
+  def close(self) -> None:
+    pass
+
+
 def read_metrics(path: str | pathlib.Path) -> list[dict[str, Any]]:
   """The rows of a ``metrics.jsonl`` file."""
   return [json.loads(line) for line in pathlib.Path(path).read_text().splitlines() if line.strip()]

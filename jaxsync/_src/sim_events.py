@@ -17,6 +17,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src import common
+from jaxsync._src.arrival import dispatch, reply_parameters, server_arrival, worker_message
 from jaxsync._src.look_ahead import look_ahead
 from jaxsync._src.sim_records import EvalSchedule, EventRecord, stack_workers
 from jaxsync._src.strategies import Strategy
@@ -164,26 +165,6 @@ def init(
   )
 
 
-def _dispatch(strategy: Strategy, s: EventState, k, steps, released, fresh, rejected):
-  """Who gets the current parameters after worker ``k``'s arrival, and who keeps waiting."""
-  onehot = jnp.arange(strategy.num_workers) == k
-  policy = strategy.dispatch
-  if policy == "immediate":
-    return onehot, s.waiting
-  if policy == "ssp":
-    waiting = s.waiting | onehot
-    # Spec §8: send to every waiting worker within s clocks of the slowest.
-    send = waiting & (steps - jnp.min(steps) <= strategy.staleness_bound)
-  elif policy == "on_release":
-    waiting = s.waiting | (onehot & ~rejected)
-    send = (waiting & released) | (onehot & rejected)
-  else:  # on_release_fresh: stale (and rejected) arrivals get parameters at once (spec §11d).
-    joins = onehot & fresh & ~rejected
-    waiting = s.waiting | joins
-    send = (waiting & released) | (onehot & ~joins)
-  return send, waiting & ~send
-
-
 def _elapsed(strategy, time_model, s: EventState, t, communicates, released, n_send):
   """(server_time, receive_time, nic_in, nic_out, inter, intra) of one arrival."""
   comm = strategy.communication
@@ -255,13 +236,13 @@ def step(
   else:
     x = pulled
   worker_state = _row(s.worker_state, k) if strategy.worker_rule is not None else None
-  point = look_ahead(x, worker_state) if worker_state is not None else x
-  loss, grads = jax.value_and_grad(loss_fn)(point, batch)
 
   step_size = jnp.asarray(jnp.nan, jnp.float32)
   worker_states = s.worker_state
   worker_params = s.worker_params
+  staleness = s.version - s.pulled_version[k]
   if elastic:
+    loss, grads = jax.value_and_grad(loss_fn)(look_ahead(x, worker_state), batch)
     finite = common.tree_all_finite(grads)
     local, new_ws = strategy.worker_rule.update(
       grads, worker_state, x, center=center_read, grads_finite=finite
@@ -277,49 +258,29 @@ def step(
     new_rule_state = common.keep_if(communicates, new_rule_state, s.rule_state)
     params = optax.apply_updates(s.params, center_update)
     released = communicates
-    staleness = s.version - s.pulled_version[k]
+    k_used = released.astype(jnp.int32)  # one worker model per exchange
+    pending = jnp.where(released, 0, s.pending + finite.astype(jnp.int32))
   else:
-    message = grads
-    # The worker checks its gradient (off the server's path in a real cluster);
-    # its rule then rejects a bad one, and so does the server.
-    finite = common.tree_all_finite(grads)
+    sent = worker_message(strategy, loss_fn, x, worker_state, batch, s.noise_ratio[k])
+    loss, finite, step_size = sent.loss, sent.finite, sent.step_size
     if strategy.worker_rule is not None:
-      extra = {"grads_finite": finite}
-      if strategy.uses_noise_ratio:
-        extra["noise_ratio"] = s.noise_ratio[k]
-      if strategy.armijo:
-        extra["value_fn"] = lambda p: loss_fn(p, batch)
-      message, new_ws = strategy.worker_rule.update(grads, worker_state, x, **extra)
-      worker_states = _set_row(worker_states, k, new_ws)
-      # A finite gradient can still make a non-finite message (a momentum or a
-      # BB step that overflows): the server must not trust the gradient's flag.
-      finite = finite & common.tree_all_finite(message)
-      size = optax.tree.get(new_ws, "step_size", None)
-      if size is not None:
-        step_size = jnp.asarray(size, jnp.float32)
-    updates, new_rule_state = strategy.server_rule.update(
-      message,
-      s.rule_state,
+      worker_states = _set_row(worker_states, k, sent.worker_state)
+    arrived = server_arrival(
+      strategy,
       s.params,
+      s.rule_state,
+      sent.message,
       version=s.pulled_version[k],
-      num_live_workers=jnp.asarray(k_workers, jnp.int32),
-      grads_finite=finite,
+      pending=s.pending,
+      num_live_workers=k_workers,
+      finite=finite,
     )
-    params = optax.apply_updates(s.params, updates)
-    flag = optax.tree.get(new_rule_state, "released", None)
-    released = finite if flag is None else jnp.logical_and(flag, finite)
+    params, new_rule_state, released = arrived.params, arrived.rule_state, arrived.released
+    k_used, pending = arrived.k_used, arrived.pending
     communicates = jnp.asarray(True)
-    staleness = s.version - s.pulled_version[k]
 
   rejected = ~finite
   version = s.version + released.astype(jnp.int32)
-  pending = s.pending + finite.astype(jnp.int32)
-  last_k = optax.tree.get(new_rule_state, "last_k", None)
-  if elastic:
-    k_used = released.astype(jnp.int32)  # one worker model per exchange
-  else:
-    k_used = jnp.where(released, pending if last_k is None else last_k, 0)
-  pending = jnp.where(released, 0, pending)
   steps = s.steps.at[k].add(1)
   used = s.used.at[k].add(finite.astype(jnp.int32))
   fresh = s.pulled_version[k] == s.version
@@ -328,7 +289,7 @@ def step(
     send = (jnp.arange(k_workers) == k) & communicates
     waiting = s.waiting
   else:
-    send, waiting = _dispatch(strategy, s, k, steps, released, fresh, rejected)
+    send, waiting = dispatch(strategy, s.waiting, k, steps, released, fresh, rejected)
   n_send = jnp.sum(send).astype(jnp.int32)
   node = k // strategy.group_size
   node_count = s.node_count.at[node].add(finite.astype(jnp.int32))
@@ -340,7 +301,7 @@ def step(
   # Replies: the current parameters (SMEGA2's look-ahead estimate), written once.
   snapshots, snapshot_of = s.snapshots, s.snapshot_of
   if _uses_snapshots(strategy):
-    reply = params if elastic else look_ahead(params, new_rule_state)
+    reply = params if elastic else reply_parameters(params, new_rule_state)
     kept = jnp.where(send, -1, s.snapshot_of)
     in_use = jnp.any(kept[None, :] == jnp.arange(k_workers + 1)[:, None], axis=1)
     slot = jnp.argmin(in_use).astype(jnp.int32)  # the first free slot

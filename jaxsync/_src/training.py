@@ -157,6 +157,7 @@ def train(
   reporter: Reporter | None = None,
   tensorboard: bool = True,
   make_plots: bool = True,
+  primary: bool = True,
 ) -> RunResult:
   """Trains (or continues training) a simulated run into ``run_dir``.
 
@@ -179,6 +180,9 @@ def train(
     label: the progress bar's label.
     reporter: progress reporting (default: silent).
     tensorboard, make_plots: write TensorBoard events / PNG plots.
+    primary: this process writes the run directory. The other processes of
+      a multi-process synchronous run pass False: they run the same chunks,
+      restore from the same checkpoint and write nothing.
 
   Returns:
     A :class:`RunResult`.
@@ -208,9 +212,10 @@ def train(
   reporter = reporter or Reporter()
   start_wall = time.perf_counter()
 
-  checkpoints = RunCheckpoints(run_dir / "checkpoints")
+  checkpoints = RunCheckpoints(run_dir / "checkpoints", read_only=not primary)
   state = simulator.init(params, seed)
-  metrics_log = run_directory.MetricsLog(run_dir / "metrics.jsonl")
+  metrics_log = run_directory.MetricsLog(run_dir / "metrics.jsonl") if primary else run_directory.NullLog()
+  tensorboard = tensorboard and primary
   if checkpoints.latest_step() is not None:
     state, restored, progress = checkpoints.restore(state)
     done, records = progress["events"], [restored]
@@ -226,7 +231,9 @@ def train(
     metrics_log.open(keep_until_event=None)
     first = {"kind": "eval", "event": 0, "updates": 0, "simulated_time": 0.0, **initial_metrics}
     metrics_log.write([first] if initial_metrics else [])
-  if done == 0 and (run_dir / "tensorboard").exists():  # a restart from scratch: drop the old events
+  if (
+    primary and done == 0 and (run_dir / "tensorboard").exists()
+  ):  # a restart from scratch: drop the old events
     shutil.rmtree(run_dir / "tensorboard")
   # purge_step: TensorBoard drops steps >= it; the rows at `done` were written before the checkpoint.
   board = (
@@ -278,8 +285,8 @@ def train(
           f"train: max_time={max_time!r} is invalid; expected a simulated time after the first event "
           "(no event ran)."
         )
-      if stopped_by is not None or (
-        checkpoint_every and done // checkpoint_every > before // checkpoint_every
+      if primary and (
+        stopped_by is not None or (checkpoint_every and done // checkpoint_every > before // checkpoint_every)
       ):
         # A chunk that ran nothing (max_time hit on a chunk boundary) re-saves the same step as finished.
         checkpoints.save(done, state, all_records(), progress_record(stopped_by))
@@ -303,8 +310,9 @@ def train(
   if board is not None:
     board.write([{**final_row, **final_metrics}])
     board.close()
-  run_directory.write_json(run_dir / "summary.json", summary)
-  if make_plots:
+  if primary:
+    run_directory.write_json(run_dir / "summary.json", summary)
+  if make_plots and primary:
     plots.plot_run(history, run_dir / "plots", label=label)
   checkpoints.close()
   reporter.finish(summary)

@@ -1,0 +1,259 @@
+"""Joining a multi-process run: ``jax.distributed.initialize``, explicit, from ``jaxsync launch``, or detected.
+
+Which processes form the run is decided once, here, and logged:
+
+1. explicit ``coordinator`` / ``num_processes`` / ``process_id`` (the
+   ``jaxsync train --coordinator ... --num-processes ... --process-id ...``
+   flags), else
+2. the ``JAXSYNC_COORDINATOR`` / ``JAXSYNC_NUM_PROCESSES`` /
+   ``JAXSYNC_PROCESS_ID`` environment that ``jaxsync launch`` sets, else
+3. a cluster JAX detects itself (SLURM, TPU pods, Kubernetes, Open MPI) when
+   it reports more than one process: ``jax.distributed.initialize()`` with no
+   arguments, else
+4. no one: a single process, which runs the simulator.
+
+On CPU the cross-process collectives are gloo's. Recoverability is switched on
+so that the coordination service outlives a lost worker process (an
+asynchronous run goes on without it) and reports it in ``get_live_nodes``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+
+import jax
+
+ENV_COORDINATOR = "JAXSYNC_COORDINATOR"
+ENV_NUM_PROCESSES = "JAXSYNC_NUM_PROCESSES"
+ENV_PROCESS_ID = "JAXSYNC_PROCESS_ID"
+ENV_BIND = "JAXSYNC_BIND"
+
+#: Seconds without a heartbeat after which the coordination service declares a process lost.
+HEARTBEAT_TIMEOUT = 10
+
+
+@dataclasses.dataclass(frozen=True)
+class ProcessGroup:
+  """This process's place in a multi-process run.
+
+  Attributes:
+    index: this process's id, ``0 .. count - 1`` (0 is the coordinator and,
+      for asynchronous strategies, the parameter server).
+    count: processes in the run.
+    coordinator: the coordination service's ``host:port``.
+    bind: the interface the run's sockets bind to (``127.0.0.1`` for
+      ``jaxsync launch``; ``0.0.0.0`` only when asked for).
+    how: how the group was found: ``"explicit"``, ``"launch"`` or the
+      detected cluster's name.
+  """
+
+  index: int
+  count: int
+  coordinator: str
+  bind: str
+  how: str
+
+  @property
+  def is_primary(self) -> bool:
+    """Process 0: it writes the run directory."""
+    return self.index == 0
+
+
+class RunFaultError(RuntimeError):
+  """A multi-process run lost a part it cannot go on without (a process, the server, every worker)."""
+
+
+class ClusterError(ValueError):
+  """Inconsistent or incomplete process-group arguments."""
+
+
+def _explicit(coordinator, num_processes, process_id) -> tuple[str, int, int] | None:
+  given = {"--coordinator": coordinator, "--num-processes": num_processes, "--process-id": process_id}
+  if all(v is None for v in given.values()):
+    return None
+  missing = [k for k, v in given.items() if v is None]
+  if missing:
+    raise ClusterError(
+      f"{', '.join(f'{k}={v!r}' for k, v in given.items())} is incomplete; expected all three "
+      f"(missing {', '.join(missing)}), or none for auto-detection."
+    )
+  if not isinstance(num_processes, int) or num_processes < 1:
+    raise ClusterError(f"--num-processes={num_processes!r} is invalid; expected an integer >= 1.")
+  if not isinstance(process_id, int) or not 0 <= process_id < num_processes:
+    raise ClusterError(f"--process-id={process_id!r} is invalid; expected 0 <= id < {num_processes}.")
+  if ":" not in str(coordinator):
+    raise ClusterError(f"--coordinator={coordinator!r} is invalid; expected HOST:PORT, e.g. 10.0.0.1:4321.")
+  return str(coordinator), num_processes, process_id
+
+
+def _from_launch() -> tuple[str, int, int] | None:
+  if ENV_COORDINATOR not in os.environ:
+    return None
+  try:
+    return os.environ[ENV_COORDINATOR], int(os.environ[ENV_NUM_PROCESSES]), int(os.environ[ENV_PROCESS_ID])
+  except (KeyError, ValueError) as err:
+    raise ClusterError(
+      f"{ENV_COORDINATOR}={os.environ[ENV_COORDINATOR]!r} is set but {ENV_NUM_PROCESSES} / "
+      f"{ENV_PROCESS_ID} are missing or not integers ({err})."
+    ) from None
+
+
+def detected_cluster() -> tuple[str, int] | None:
+  """(name, process count) of the cluster environment JAX detects, when it has more than one process."""
+  try:
+    from jax._src import clusters  # the detectors jax.distributed.initialize() itself runs
+
+    for env in clusters.ClusterEnv._cluster_types:
+      if env.is_env_present():
+        count = env.get_process_count()
+        return (env.__name__, int(count)) if count and int(count) > 1 else None
+  except Exception:  # a detector that fails to read its environment means: not that cluster
+    return None
+  return None
+
+
+def initialize(
+  *,
+  coordinator: str | None = None,
+  num_processes: int | None = None,
+  process_id: int | None = None,
+  bind: str | None = None,
+  log: Callable[[str], None] = print,
+) -> ProcessGroup | None:
+  """Joins the multi-process run this process belongs to, or returns None for a single process.
+
+  Args:
+    coordinator, num_processes, process_id: explicit membership (all or none).
+    bind: the interface the coordinator and the data plane bind to (default:
+      ``JAXSYNC_BIND``, else ``127.0.0.1`` for a local coordinator and
+      ``0.0.0.0`` for a cluster).
+    log: where the decision is reported.
+
+  Returns:
+    The :class:`ProcessGroup`, or None when this is a single process.
+
+  Raises:
+    ClusterError: incomplete or invalid explicit arguments.
+  """
+  found = _explicit(coordinator, num_processes, process_id)
+  how = "explicit"
+  if found is None:
+    found, how = _from_launch(), "launch"
+  if found is None:
+    cluster = detected_cluster()
+    if cluster is None:
+      return None
+    how = cluster[0]
+  # Both flags must be set before the backend starts; gloo only concerns CPU devices.
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
+  jax.config.update("jax_enable_recoverability", True)
+  if found is not None:
+    address, count, index = found
+    host = address.rsplit(":", 1)[0]
+    local = host in ("127.0.0.1", "localhost", "::1")
+    bind = bind or os.environ.get(ENV_BIND) or ("127.0.0.1" if local else "0.0.0.0")
+    port = address.rsplit(":", 1)[1]
+    jax.distributed.initialize(
+      coordinator_address=address,
+      num_processes=count,
+      process_id=index,
+      coordinator_bind_address=f"{bind}:{port}",
+      heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+      initialization_timeout=120,
+      local_device_ids=None,
+    )
+  else:
+    bind = bind or os.environ.get(ENV_BIND) or "0.0.0.0"
+    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, initialization_timeout=300)
+    from jax._src import distributed
+
+    address = str(distributed.global_state.coordinator_address)
+  group = ProcessGroup(
+    index=jax.process_index(), count=jax.process_count(), coordinator=address, bind=bind, how=how
+  )
+  log(
+    f"jaxsync: process {group.index} of {group.count} ({how}; coordinator {group.coordinator}, "
+    f"sockets on {group.bind}, {jax.local_device_count()} local {jax.default_backend()} device(s))"
+  )
+  return group
+
+
+HEARTBEAT_PREFIX = "jaxsync/heartbeat/"
+
+
+class Heartbeat:
+  """A daemon thread that bumps ``jaxsync/heartbeat/INDEX`` in the coordination service's key-value store.
+
+  ``get_live_nodes`` is a barrier over the processes it names (each must call
+  it), so a parameter server cannot poll it while its workers compute; these
+  heartbeats give it a one-sided view instead (:class:`HeartbeatMonitor`).
+  """
+
+  def __init__(self, client, index: int, *, every: float = 0.5):
+    import threading
+
+    self._client, self._key, self._every = client, f"{HEARTBEAT_PREFIX}{index}", every
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._run, name="jaxsync-heartbeat", daemon=True)
+
+  def start(self) -> Heartbeat:
+    self._thread.start()
+    return self
+
+  def _run(self) -> None:
+    beat = 0
+    while not self._stop.is_set():
+      beat += 1
+      try:
+        self._client.key_value_set(self._key, str(beat), allow_overwrite=True)
+      except Exception:  # the coordinator is gone; JAX itself ends this process
+        return
+      self._stop.wait(self._every)
+
+  def stop(self) -> None:
+    """Stops beating and removes the key: the process left on purpose."""
+    self._stop.set()
+    self._thread.join(timeout=5)
+    try:
+      self._client.key_value_delete(self._key)
+    except Exception:
+      pass
+
+
+class HeartbeatMonitor:
+  """Which processes still beat: a process is live until ``timeout`` seconds pass without a new beat.
+
+  A process that has not beaten yet counts as live for ``startup`` seconds
+  (it may still be compiling). Times are this process's own clock: no clock
+  is compared across hosts.
+  """
+
+  def __init__(self, client, *, timeout: float = HEARTBEAT_TIMEOUT, startup: float = 120.0):
+    import time
+
+    self._client, self._timeout, self._startup = client, timeout, startup
+    self._clock = time.monotonic
+    self._since = self._clock()
+    self._seen: dict[int, tuple[str, float]] = {}
+    self._left: set[int] = set()
+
+  def beats(self) -> dict[int, str]:
+    """The current beat of every process that has a heartbeat key."""
+    entries = self._client.key_value_dir_get(HEARTBEAT_PREFIX)
+    return {int(key.rsplit("/", 1)[1]): value for key, value in entries}
+
+  def live(self, processes) -> set[int]:
+    """The subset of ``processes`` that is live now."""
+    now, beats = self._clock(), self.beats()
+    out = set()
+    for p in processes:
+      if p in beats:
+        if self._seen.get(p, (None,))[0] != beats[p]:
+          self._seen[p] = (beats[p], now)
+        if now - self._seen[p][1] < self._timeout:
+          out.add(p)
+      elif p not in self._seen and now - self._since < self._startup:
+        out.add(p)  # not started beating yet
+    return out

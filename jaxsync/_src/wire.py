@@ -1,0 +1,155 @@
+"""The parameter server's messages on the wire: a fixed 64-byte header and one flat payload frame.
+
+A message is a ZeroMQ multipart message of one or two frames::
+
+  [header (64 bytes)] [payload: count x dtype, the whole pytree raveled]
+
+The header carries the run token (only processes of the run know it: it is
+handed out on the coordination service), the sender's worker id, the
+parameter version a gradient was computed on, the worker's data step, its
+batch loss and its own NaN/Inf verdict. The receiver checks every field
+against what it expects before it looks at the payload (:func:`decode`), and
+the payload is received without a copy (``numpy.frombuffer`` over the ZeroMQ
+frame). A frame longer than the largest legal message is refused by ZeroMQ
+itself (``MAXMSGSIZE``) before it is read whole.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import struct
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"JXS1"
+_HEADER = struct.Struct("<4sBBBx16siqqfffQ")
+HEADER_BYTES = _HEADER.size
+_DTYPES = ("float32", "float64", "bfloat16", "float16")
+
+
+class Kind(enum.IntEnum):
+  """What a message is."""
+
+  HELLO = 1  # worker -> server: I am worker k, send me parameters
+  PUSH = 2  # worker -> server: a message (gradient) computed on `version`
+  PARAMS = 3  # server -> worker: parameters of `version`, continue at data `step`
+  STOP = 4  # server -> worker: the run is over
+  ERROR = 5  # server -> worker: your message was rejected (the reason is in the payload)
+  BYE = 6  # worker -> server: leaving
+
+
+class MessageError(ValueError):
+  """A message the receiver rejects; ``reason`` is one of :data:`REASONS`."""
+
+  def __init__(self, reason: str, detail: str):
+    super().__init__(f"{reason}: {detail}")
+    self.reason = reason
+
+
+REASONS = ("malformed", "token", "worker", "future_version", "version", "dtype", "shape")
+
+
+@dataclasses.dataclass(frozen=True)
+class Header:
+  """The fixed fields of a message (see the module docstring)."""
+
+  kind: Kind
+  token: bytes
+  worker: int
+  version: int = 0
+  step: int = 0
+  loss: float = float("nan")
+  step_size: float = float("nan")
+  noise_ratio: float = 0.0
+  finite: bool = True
+  dtype: str = "float32"
+  count: int = 0
+
+
+def encode(header: Header, payload: np.ndarray | None = None) -> list[Any]:
+  """The frames of a message; ``payload`` (1-D, contiguous) is sent without a copy."""
+  count = 0 if payload is None else int(payload.size)
+  dtype = header.dtype if payload is None else str(payload.dtype)
+  packed = _HEADER.pack(
+    MAGIC,
+    int(header.kind),
+    _DTYPES.index(dtype),
+    int(bool(header.finite)),
+    header.token,
+    header.worker,
+    header.version,
+    header.step,
+    header.loss,
+    header.step_size,
+    header.noise_ratio,
+    count,
+  )
+  return [packed] if payload is None else [packed, memoryview(np.ascontiguousarray(payload)).cast("B")]
+
+
+def max_message_bytes(count: int, dtype: str) -> int:
+  """The largest legal frame: a payload of ``count`` elements of ``dtype`` (or the header)."""
+  return max(HEADER_BYTES, count * np.dtype(_numpy_dtype(dtype)).itemsize)
+
+
+def _numpy_dtype(name: str):
+  if name == "bfloat16":
+    import ml_dtypes  # jax's own dependency
+
+    return ml_dtypes.bfloat16
+  return np.dtype(name)
+
+
+def decode_header(frame: Any, *, token: bytes) -> Header:
+  """The header of a message, checked for its magic, its kind and the run token."""
+  raw = bytes(frame.buffer if hasattr(frame, "buffer") else frame)
+  if len(raw) != HEADER_BYTES or raw[:4] != MAGIC:
+    raise MessageError("malformed", f"a {len(raw)}-byte header frame that is not a jaxsync header")
+  magic, kind, dtype, finite, got_token, worker, version, step, loss, step_size, noise, count = (
+    _HEADER.unpack(raw)
+  )
+  del magic
+  if kind not in Kind._value2member_map_ or dtype >= len(_DTYPES):
+    raise MessageError("malformed", f"kind={kind}, dtype code={dtype}")
+  if got_token != token:
+    raise MessageError("token", "the message carries another run's token (a stale or foreign process)")
+  return Header(
+    kind=Kind(kind),
+    token=got_token,
+    worker=worker,
+    version=version,
+    step=step,
+    loss=loss,
+    step_size=step_size,
+    noise_ratio=noise,
+    finite=bool(finite),
+    dtype=_DTYPES[dtype],
+    count=count,
+  )
+
+
+def decode_payload(header: Header, frames: list[Any], *, dtype: str, count: int) -> np.ndarray | None:
+  """The payload as a NumPy view of the frame, after checking its dtype and element count.
+
+  Args:
+    header: the message's decoded header.
+    frames: the frames after the header (zero or one).
+    dtype, count: what the receiver expects (the parameters' dtype and size).
+  """
+  if header.kind not in (Kind.PUSH, Kind.PARAMS):
+    if frames:
+      raise MessageError("malformed", f"a {header.kind.name} message with {len(frames)} payload frame(s)")
+    return None
+  if len(frames) != 1:
+    raise MessageError("malformed", f"{len(frames)} payload frames; expected 1")
+  if header.dtype != dtype:
+    raise MessageError("dtype", f"payload dtype={header.dtype!r}; expected {dtype!r}")
+  buffer = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
+  itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
+  if header.count != count or len(buffer) != count * itemsize:
+    raise MessageError(
+      "shape", f"payload of {header.count} elements ({len(buffer)} bytes); expected {count} elements"
+    )
+  return np.frombuffer(buffer, dtype=_numpy_dtype(dtype))
