@@ -30,8 +30,25 @@ ENV_NUM_PROCESSES = "JAXSYNC_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXSYNC_PROCESS_ID"
 ENV_BIND = "JAXSYNC_BIND"
 
-#: Seconds without a heartbeat after which the coordination service declares a process lost.
-HEARTBEAT_TIMEOUT = 10
+ENV_HEARTBEAT_TIMEOUT = "JAXSYNC_HEARTBEAT_TIMEOUT"
+
+
+def heartbeat_timeout() -> int:
+  """Seconds without a heartbeat before a process counts as lost: ``JAXSYNC_HEARTBEAT_TIMEOUT``, default 10.
+
+  Both the coordination service's own heartbeats and jaxsync's key-value
+  heartbeats use it; it bounds how long a lost process goes unnoticed.
+  """
+  raw = os.environ.get(ENV_HEARTBEAT_TIMEOUT, "10")
+  try:
+    value = int(raw)
+  except ValueError:
+    value = 0
+  if value < 1:
+    raise ClusterError(
+      f"{ENV_HEARTBEAT_TIMEOUT}={raw!r} is invalid; expected an integer number of seconds >= 1."
+    )
+  return value
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,13 +177,13 @@ def initialize(
       num_processes=count,
       process_id=index,
       coordinator_bind_address=f"{bind}:{port}",
-      heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT,
+      heartbeat_timeout_seconds=heartbeat_timeout(),
       initialization_timeout=120,
       local_device_ids=None,
     )
   else:
     bind = bind or os.environ.get(ENV_BIND) or "0.0.0.0"
-    jax.distributed.initialize(heartbeat_timeout_seconds=HEARTBEAT_TIMEOUT, initialization_timeout=300)
+    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout(), initialization_timeout=300)
     from jax._src import distributed
 
     address = str(distributed.global_state.coordinator_address)
@@ -230,9 +247,10 @@ class HeartbeatMonitor:
   is compared across hosts.
   """
 
-  def __init__(self, client, *, timeout: float = HEARTBEAT_TIMEOUT, startup: float = 120.0):
+  def __init__(self, client, *, timeout: float | None = None, startup: float = 120.0):
     import time
 
+    timeout = heartbeat_timeout() if timeout is None else timeout
     self._client, self._timeout, self._startup = client, timeout, startup
     self._clock = time.monotonic
     self._since = self._clock()

@@ -164,6 +164,7 @@ class ParameterServer:
     self._clock_offset = 0.0
     self._last_liveness = 0.0
     self._state: ServerState | None = None
+
   def _open_socket(self, max_bytes: int) -> None:
     """Binds the data plane and publishes its address and the run token on the control plane."""
     socket = zmq.Context.instance().socket(zmq.ROUTER)
@@ -432,6 +433,7 @@ class ParameterServer:
   def advance(self, state: ServerState, num_events: int, *, max_time: float | None = None):
     """Serves until ``num_events`` more arrivals (or ``max_time`` wall seconds); returns (state, records)."""
     num_events = common.check_int(_WHAT, "num_events", num_events)
+    state = jax.tree.map(jnp.asarray, state)  # a restored state is NumPy (see checkpoints)
     if not hasattr(self, "_arrive"):  # a state restored from a checkpoint
       self._prepare(state.params)
       self._clock_offset = float(state.clock)
