@@ -11,8 +11,9 @@ their printed tables, each of which already compares side by side in one run
   plain jitted SGD loop on the same model;
 - ``conv_in_loop.py``: ``lax.conv`` against ``ShiftConv`` inside a compiled loop.
 
-The parameter-server throughput benchmark (``ps_throughput.py``) belongs to the
-multi-process runtime, which is not built yet (issue 5); the file says so.
+- ``ps_throughput.py``: the parameter server's push+pull against a raw loopback
+  socket, its updates/s with 1, 2 and 4 worker processes, and the real
+  staleness distribution against the simulator's prediction.
 
 Sizes:
   tiny     small arrays, one round each: the suite's smoke test (under a minute).
@@ -56,6 +57,28 @@ SCRIPTS = {
     "lax.conv vs ShiftConv, as a plain call and inside a fori_loop",
     {"tiny": ["--rounds", "1", "--steps", "5"], "default": [], "full": ["--rounds", "15"]},
   ),
+  "ps_throughput.py": (
+    "parameter-server push+pull vs a raw loopback socket, same bytes (target >= 0.5x); updates/s with "
+    "1/2/4 worker processes; real vs simulated asp staleness",
+    {
+      "tiny": [
+        "--sizes-mb",
+        "1",
+        "--rounds",
+        "3",
+        "--blocks",
+        "1",
+        "--workers",
+        "2",
+        "--events",
+        "40",
+        "--out",
+        "",
+      ],
+      "default": ["--out", ""],
+      "full": ["--rounds", "60", "--blocks", "3", "--events", "2000", "--out", ""],
+    },
+  ),
 }
 _VERDICT = re.compile(r"^target .*$", re.M)
 
@@ -91,14 +114,6 @@ def main(argv: list[str]) -> int:
       f"{what}.\n\nCommand: `{shown}` ({seconds:.0f} s). Its output (context lines as a list):\n\n{output}",
     )
     print(f"[performance {bench.elapsed()}] {shown}: {seconds:.0f} s", file=sys.stderr, flush=True)
-  summary.append(
-    [
-      "`ps_throughput.py`",
-      "parameter-server push+pull vs a raw loopback socket (target >= 0.5x), updates/s at 1/2/4 workers",
-      "not measured: the multi-process runtime (issue 5) is not built yet",
-      "-",
-    ]
-  )
   bench.sections.insert(
     0,
     "## Summary\n\n"

@@ -34,7 +34,7 @@ gradient; a caller that already checked it (the runtimes do, on the worker)
 passes the extra arg ``grads_finite`` and the rule trusts it.
 """
 
-from jaxsync import datasets, models, sim, strategies  # noqa: E402  (submodules, after the rules they use)
+from jaxsync import datasets, dist, models, sim, strategies  # noqa: E402  (submodules, after the rules they use)
 from jaxsync._src.adaptive_k import AdaptiveKState, adaptive_k
 from jaxsync._src.barzilai_borwein import (
   BBStepSizeState,
@@ -79,6 +79,7 @@ __all__ = (
   "on_release",
   "ordered_momentum",
   "scale_by_staleness",
+  "dist",
   "sim",
   "smega2",
   "strategies",

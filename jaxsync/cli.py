@@ -172,7 +172,7 @@ def _dispatch(args: argparse.Namespace) -> int:
       args.num_processes, args.bind = processes, "127.0.0.1"
       return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress])
   reporter = progress.make(args.progress)
-  group = _group(args)
+  group = _group(args) if args.command in ("train", "resume") else None  # compare: the simulator only
   if args.command == "resume":
     result = commands.resume(args.run_dir, reporter=reporter, group=group)
   else:

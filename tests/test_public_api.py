@@ -61,7 +61,9 @@ def test_docstring_examples_run(module):
   assert result.failed == 0
 
 
-@pytest.mark.parametrize("module", [jaxsync.datasets, jaxsync.models, jaxsync.sim, jaxsync.strategies])
+@pytest.mark.parametrize(
+  "module", [jaxsync.datasets, jaxsync.dist, jaxsync.models, jaxsync.sim, jaxsync.strategies]
+)
 def test_submodules_document_every_public_name(module):
   assert module.__doc__
   public = {n for n in vars(module) if not n.startswith("_") and not inspect.ismodule(getattr(module, n))}

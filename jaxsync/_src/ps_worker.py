@@ -63,7 +63,7 @@ def run_worker(
       coordination service's view of process 0).
 
   Returns:
-    ``{"pushes": n, "wall_seconds": s}``.
+    ``{"pushes": n, "wall_seconds": s, "compute_seconds": [per step]}``.
 
   Raises:
     ServerGoneError: no reply within ``reply_timeout`` or the server is dead.
@@ -90,7 +90,7 @@ def run_worker(
   poller.register(socket, zmq.POLLIN)
   header = wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker)
   socket.send_multipart(wire.encode(header))
-  pushes, start = 0, time.perf_counter()
+  pushes, start, compute_times = 0, time.perf_counter(), []
   try:
     while True:
       frames = _receive(socket, poller, reply_timeout, server_alive)
@@ -101,9 +101,12 @@ def run_worker(
         reason = wire.REASONS[reply.step] if 0 <= reply.step < len(wire.REASONS) else "unknown"
         raise RejectedError(f"worker {worker}: the server rejected its message ({reason}).")
       payload = wire.decode_payload(reply, frames[1:], dtype=dtype, count=count)
+      began = time.perf_counter()
       flat, rule_state, loss, finite, step_size = compute(
         jnp.asarray(payload), rule_state, jnp.int32(reply.step), jnp.float32(reply.noise_ratio)
       )
+      flat = np.asarray(flat)  # waits for the result: the step's compute time ends here
+      compute_times.append(time.perf_counter() - began)
       push = wire.Header(
         kind=wire.Kind.PUSH,
         token=token,
@@ -116,11 +119,15 @@ def run_worker(
         dtype=dtype,
         count=count,
       )
-      socket.send_multipart(wire.encode(push, np.asarray(flat)), copy=False)
+      socket.send_multipart(wire.encode(push, flat), copy=False)
       pushes += 1
   finally:
     socket.close(linger=0)
-  return {"pushes": pushes, "wall_seconds": time.perf_counter() - start}
+  return {
+    "pushes": pushes,
+    "wall_seconds": time.perf_counter() - start,
+    "compute_seconds": compute_times,  # per step, the first one includes compilation
+  }
 
 
 def _receive(socket, poller, timeout: float, server_alive) -> list[Any]:

@@ -376,7 +376,10 @@ class SyncRuntime:
     if self._liveness is not None:
       deadline = time.perf_counter() + 30.0
       while time.perf_counter() < deadline:  # the heartbeat timeout decides when a process counts as lost
-        alive = self._liveness()
+        try:
+          alive = self._liveness()
+        except Exception:  # the service could not answer: name no process rather than guess
+          break
         gone = sorted(set(range(jax.process_count())) - set(alive))
         if gone:
           lost = f"process {', '.join(map(str, gone))} is lost; "

@@ -1,0 +1,337 @@
+"""Parameter-server throughput: push+pull against a raw loopback socket, updates/s, real vs simulated staleness.
+
+Three measurements, each side by side in one run (these machines are noisy):
+
+1. **Transport.** A client process pushes a gradient of 4 MB (then 40 MB) to
+   the real :class:`ParameterServer` (ZeroMQ, header checks, the ``asp`` rule
+   applied under ``jit``, the parameters raveled and sent back) and waits for
+   the parameters: one push+pull moves ``2 x size`` bytes. The same client
+   process then moves the same bytes through a raw TCP socket to an echo thread
+   of this process (``sendall`` / ``recv_into``, no framing, no compute).
+   Blocks alternate, ``--blocks`` times. Target: the server at >= 0.5x the raw
+   socket's bytes/s.
+2. **Updates/s** of the server with 1, 2 and 4 real worker processes running
+   the worker loop (digits, the quickstart CNN, ``asp``), after a warm-up.
+3. **Staleness.** The 4-worker ``asp`` run's staleness distribution against
+   the simulator's prediction for the same measured compute times (mean and
+   Gamma jitter of the workers' own per-step compute), the loopback link
+   measured in part 1 and the server's measured time per arrival.
+
+    python benchmarks/ps_throughput.py [--sizes-mb 4,40] [--rounds 20] [--blocks 2]
+                                       [--workers 1,2,4] [--events 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+
+import _harness
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxsync._src import config as config_lib
+from jaxsync._src import experiment, param_server, strategies
+from jaxsync._src.simulator import Simulator
+from jaxsync._src.time_model import Link, TimeModel
+
+RESULTS = _harness.REPO / "benchmarks" / "results"
+
+_PS_CLIENT = textwrap.dedent(
+  """
+  import json, sys, time, numpy as np, zmq
+  from jaxsync._src import wire
+  address, token, count, rounds = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+  sock = zmq.Context.instance().socket(zmq.DEALER)
+  sock.connect(address)
+  sock.send_multipart(wire.encode(wire.Header(kind=wire.Kind.HELLO, token=token, worker=0)))
+  frames = sock.recv_multipart(copy=False)
+  reply = wire.decode_header(frames[0], token=token)
+  grad = np.full(count, 1e-6, np.float32)
+  times = []
+  for _ in range(rounds):
+    t = time.perf_counter()
+    header = wire.Header(kind=wire.Kind.PUSH, token=token, worker=0, version=reply.version, step=reply.step,
+                         count=count)
+    sock.send_multipart(wire.encode(header, grad), copy=False)
+    frames = sock.recv_multipart(copy=False)
+    reply = wire.decode_header(frames[0], token=token)
+    params = wire.decode_payload(reply, frames[1:], dtype="float32", count=count)
+    times.append(time.perf_counter() - t)
+  print(json.dumps(times))
+  """
+)
+
+_RAW_CLIENT = textwrap.dedent(
+  """
+  import json, socket, sys, time, numpy as np
+  port, size, rounds = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+  s = socket.create_connection(("127.0.0.1", port))
+  s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+  out, back = np.full(size // 4, 1e-6, np.float32), bytearray(size)
+  view = memoryview(back)
+  times = []
+  for _ in range(rounds + 1):
+    t = time.perf_counter()
+    s.sendall(memoryview(out).cast("B"))
+    got = 0
+    while got < size:
+      got += s.recv_into(view[got:], size - got)
+    times.append(time.perf_counter() - t)
+  s.close()
+  print(json.dumps(times[1:]))
+  """
+)
+
+_WORKER = textwrap.dedent(
+  """
+  import json, sys
+  from jaxsync._src import config as config_lib, experiment, ps_worker
+  overrides, worker, address, token = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4])
+  exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
+  sim = exp.simulator
+  out = ps_worker.run_worker(exp.strategy, sim.loss_fn, sim.data, exp.model.params, worker=worker,
+                             address=address, token=token, reply_timeout=300)
+  print(json.dumps(out))
+  """
+)
+
+
+def _python(script: str, *args) -> subprocess.Popen:
+  env = {**os.environ, "PYTHONPATH": str(_harness.REPO)}
+  return subprocess.Popen(
+    [sys.executable, "-c", script, *map(str, args)],
+    stdout=subprocess.PIPE,
+    text=True,
+    env=env,
+    cwd=_harness.REPO,
+  )
+
+
+def _echo_server(size: int):
+  listener = socket.socket()
+  listener.bind(("127.0.0.1", 0))
+  listener.listen(1)
+
+  def serve():
+    conn, _ = listener.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = bytearray(size)
+    view = memoryview(buf)
+    while True:
+      got = 0
+      while got < size:
+        n = conn.recv_into(view[got:], size - got)
+        if n == 0:
+          conn.close()
+          return
+        got += n
+      conn.sendall(view)
+
+  thread = threading.Thread(target=serve, daemon=True)
+  thread.start()
+  return listener.getsockname()[1], listener
+
+
+def raw_round_trips(size: int, rounds: int) -> list[float]:
+  port, listener = _echo_server(size)
+  client = _python(_RAW_CLIENT, port, size, rounds)
+  out, _ = client.communicate(timeout=600)
+  listener.close()
+  return json.loads(out)
+
+
+def server_round_trips(size: int, rounds: int) -> list[float]:
+  count = size // 4
+  strategy = strategies.make("asp", 1, learning_rate=1e-3)
+  server = param_server.ParameterServer(strategy)
+  state = server.init({"w": jnp.zeros([count], jnp.float32)})
+  client = _python(_PS_CLIENT, server.address, server.token.hex(), count, rounds + 1)
+  state, _ = server.advance(state, rounds + 1)
+  out, _ = client.communicate(timeout=600)
+  server.stop(timeout=5)
+  return json.loads(out)[1:]  # the first round compiles the server's step
+
+
+def transport(sizes_mb: list[int], rounds: int, blocks: int) -> tuple[list[list[str]], dict]:
+  rows, measured = [], {}
+  for mb in sizes_mb:
+    size = mb * 2**20
+    raw, ps = [], []
+    for _ in range(blocks):
+      raw += raw_round_trips(size, rounds)
+      ps += server_round_trips(size, rounds)
+    raw_rate, ps_rate = 2 * size / np.median(raw), 2 * size / np.median(ps)
+    ratio = ps_rate / raw_rate
+    measured[mb] = {"raw": raw_rate, "ps": ps_rate, "ps_seconds": float(np.median(ps))}
+    rows.append(
+      [
+        f"{mb} MB",
+        f"{np.median(ps) * 1e3:.1f}",
+        f"{ps_rate / 1e9:.2f}",
+        f"{np.median(raw) * 1e3:.1f}",
+        f"{raw_rate / 1e9:.2f}",
+        f"{ratio:.2f}x",
+        "yes" if ratio >= 0.5 else "no",
+      ]
+    )
+  return rows, measured
+
+
+def _overrides(k: int) -> list[str]:
+  return ["strategy.name=asp", "strategy.options={learning_rate: 0.02}", f"cluster.num_workers={k}"]
+
+
+def updates_per_second(k: int, events: int) -> dict:
+  exp = experiment.build(config_lib.load("configs/quickstart.yaml", _overrides(k)))
+  server = param_server.ParameterServer(exp.strategy)
+  state = server.init(exp.model.params)
+  workers = [
+    _python(_WORKER, json.dumps(_overrides(k)), i, server.address, server.token.hex()) for i in range(k)
+  ]
+  state, _ = server.advance(state, 20 * k)  # every worker compiled and running
+  started = time.perf_counter()
+  state, records = server.advance(state, events)
+  seconds = time.perf_counter() - started
+  server.stop(timeout=60)
+  outs = [json.loads(w.communicate(timeout=120)[0]) for w in workers]
+  compute = np.concatenate([np.asarray(o["compute_seconds"][5:]) for o in outs])
+  return {
+    "exp": exp,
+    "rate": events / seconds,
+    "seconds": seconds,
+    "staleness": np.asarray(records.staleness),
+    "compute": compute,
+    "apply": seconds / events,
+  }
+
+
+def simulated_staleness(run: dict, k: int, link: Link, events: int) -> np.ndarray:
+  exp = run["exp"]
+  compute = run["compute"]
+  mean, cv = float(compute.mean()), float(compute.std() / compute.mean())
+  time_model = TimeModel(
+    num_workers=k,
+    compute_time=mean,
+    jitter_shape=1.0 / max(cv, 1e-3) ** 2,
+    link=link,
+    # Busy seconds per arrival at the server: at saturation its whole wall time (an upper bound).
+    apply_time=min(run["apply"], mean),
+  )
+  sim = Simulator(exp.strategy, exp.simulator.loss_fn, exp.simulator.data, time_model)
+  state = sim.init(exp.model.params, 0)
+  state, records = sim.advance(state, events + 20 * k)
+  return np.asarray(records.staleness)[20 * k :]
+
+
+def distribution_row(name: str, s: np.ndarray, k: int) -> list[str]:
+  hist = [np.mean(s == i) for i in range(k + 1)]
+  tail = np.mean(s > k)
+  return [
+    name,
+    f"{s.mean():.2f}",
+    f"{np.median(s):.0f}",
+    f"{np.percentile(s, 90):.0f}",
+    f"{s.max()}",
+    " / ".join(f"{h:.2f}" for h in hist) + f" / {tail:.2f}",
+  ]
+
+
+def main(argv: list[str]) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--sizes-mb", default="4,40")
+  parser.add_argument("--rounds", type=int, default=20)
+  parser.add_argument("--blocks", type=int, default=2)
+  parser.add_argument("--workers", default="1,2,4")
+  parser.add_argument("--events", type=int, default=600)
+  parser.add_argument(
+    "--out", default=str(RESULTS / "ps_throughput.md"), help="the results file ('' for none)"
+  )
+  args = parser.parse_args(argv)
+  sizes = [int(x) for x in args.sizes_mb.split(",")]
+  workers = [int(x) for x in args.workers.split(",")]
+  started = time.perf_counter()
+  lines = [
+    "# ps_throughput: the parameter server (ZeroMQ, jitted asp apply) against a raw loopback socket",
+    f"# machine: {platform.machine()}, {os.cpu_count()} cores, jax {jax.__version__}, "
+    f"{jax.device_count()} {jax.default_backend()} device(s); command: python benchmarks/ps_throughput.py "
+    + " ".join(argv),
+    "",
+    f"## 1. Push+pull of one gradient (median of {args.blocks} x {args.rounds} round trips per side)",
+    "",
+  ]
+  rows, measured = transport(sizes, args.rounds, args.blocks)
+  lines.append(
+    _harness.table(
+      ["size", "server ms", "server GB/s", "raw socket ms", "raw GB/s", "server / raw", ">= 0.5x"], rows
+    )
+  )
+  verdict = all(r[-1] == "yes" for r in rows)
+  lines.append(
+    f"target >= 0.5x of a raw loopback socket: {'met' if verdict else 'missed'} "
+    f"({', '.join(f'{r[0]}: {r[5]}' for r in rows)})"
+  )
+  lines += [
+    "",
+    f"## 2. Server updates/s with real worker processes (digits CNN, asp, {args.events} timed arrivals)",
+    "",
+  ]
+  runs = {}
+  urows = []
+  for k in workers:
+    runs[k] = updates_per_second(k, args.events)
+    r = runs[k]
+    urows.append(
+      [
+        str(k),
+        f"{r['rate']:.0f}",
+        f"{r['rate'] / runs[workers[0]]['rate']:.2f}x",
+        f"{r['compute'].mean() * 1e3:.2f}",
+      ]
+    )
+  lines.append(
+    _harness.table(["workers", "updates/s", f"vs {workers[0]} worker", "worker compute ms/step"], urows)
+  )
+  lines.append(
+    f"(the machine has {os.cpu_count()} cores: with more worker processes than cores the workers share them, "
+    "so updates/s cannot grow linearly here)"
+  )
+  k = max(workers)
+  small = min(sizes)
+  bytes_per_s = measured[small]["raw"]
+  link = Link(latency=0.0, bandwidth=bytes_per_s / 2)  # one direction of the measured round trip
+  predicted = simulated_staleness(runs[k], k, link, args.events)
+  lines += [
+    "",
+    f"## 3. Staleness of the {k}-worker asp run: real against the simulator's prediction",
+    "",
+    f"The simulator got the workers' measured compute time ({runs[k]['compute'].mean() * 1e3:.2f} ms/step, "
+    f"CV {runs[k]['compute'].std() / runs[k]['compute'].mean():.2f}), the loopback bandwidth of part 1 and "
+    f"{min(runs[k]['apply'], runs[k]['compute'].mean()) * 1e3:.2f} ms per arrival at the server.",
+    "",
+    _harness.table(
+      ["run", "mean", "median", "p90", "max", f"fraction at staleness 0 / 1 / ... / {k} / > {k}"],
+      [distribution_row("real", runs[k]["staleness"], k), distribution_row("simulated", predicted, k)],
+    ),
+  ]
+  lines.append(f"\nwall time {time.perf_counter() - started:.0f} s")
+  text = "\n".join(lines) + "\n"
+  print(text)
+  if args.out:
+    path = _harness.pathlib.Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,42 @@
+"""jaxsync.dist: the registry's strategies on real processes, on ``jax.distributed``.
+
+Asynchronous strategies run on a :class:`ParameterServer` (process 0) with
+:func:`run_worker` in every other process; synchronous ones on a
+:class:`SyncRuntime` in every process. :func:`initialize` joins a run
+(explicit, from ``jaxsync launch``, or a detected SLURM / TPU / Kubernetes
+cluster) and :func:`launch` starts N local processes. ``jaxsync launch`` and
+``jaxsync train`` on a cluster put these together; see the README's
+"Multi-process runs".
+"""
+
+from jaxsync._src.cluster import (
+  ClusterError,
+  Heartbeat,
+  HeartbeatMonitor,
+  ProcessGroup,
+  RunFaultError,
+  initialize,
+)
+from jaxsync._src.launch import launch
+from jaxsync._src.param_server import ParameterServer, ServerState, WorkerLostError
+from jaxsync._src.ps_worker import RejectedError, ServerGoneError, run_worker
+from jaxsync._src.sync_runtime import ProcessLostError, SyncRuntime, SyncState
+
+__all__ = [
+  "ClusterError",
+  "Heartbeat",
+  "HeartbeatMonitor",
+  "ParameterServer",
+  "ProcessGroup",
+  "ProcessLostError",
+  "RejectedError",
+  "RunFaultError",
+  "ServerGoneError",
+  "ServerState",
+  "SyncRuntime",
+  "SyncState",
+  "WorkerLostError",
+  "initialize",
+  "launch",
+  "run_worker",
+]
