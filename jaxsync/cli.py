@@ -167,7 +167,12 @@ def _dispatch(args: argparse.Namespace) -> int:
     return _launch(args, run_args)
   if args.command == "resume":
     processes = commands.launched_processes(args.run_dir)
-    if processes and args.coordinator is None and not os.environ.get("JAXSYNC_COORDINATOR"):
+    from jaxsync._src import cluster
+
+    on_cluster = (
+      args.coordinator is not None or os.environ.get(cluster.ENV_COORDINATOR) or cluster.detected_cluster()
+    )
+    if processes and not on_cluster:
       # A multi-process run directory, resumed from a shell: start its processes again, locally.
       args.num_processes, args.bind = processes, "127.0.0.1"
       return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress])

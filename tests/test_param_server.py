@@ -63,19 +63,36 @@ def _serve_with_worker(exp, server, num_events):
   return state, records, done
 
 
-def test_one_real_worker_equals_the_simulated_asp_run_with_one_worker_bit_for_bit():
-  exp = _experiment()
+@pytest.mark.parametrize(
+  "name, options",
+  [
+    ("asp", "{learning_rate: 0.05}"),
+    ("ormo", "{learning_rate: 0.05}"),  # server momentum
+    ("smega2", "{}"),  # look-ahead replies
+    ("adaptive_k", "{}"),  # a worker rule (BB step sizes) and the noise ratio in the replies
+  ],
+)
+def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options):
+  """Bit for bit for asp; for rules with more arithmetic, to float rounding (XLA fuses the simulator's
+  one compiled event differently from the server's and the worker's separate steps)."""
+  exp = _experiment(f"strategy.name={name}", f"strategy.options={options}")
   sim = exp.simulator
   sim_state, sim_records = sim.advance(sim.init(exp.model.params, 0), 40)
   server = param_server.ParameterServer(exp.strategy, eval_fn=sim.schedule.eval_fn, eval_every=20)
   state, records, done = _serve_with_worker(exp, server, 40)
   assert done["pushes"] >= 40  # its last push is answered with STOP
+  check = (
+    np.testing.assert_array_equal
+    if name == "asp"
+    else lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  )
   for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(state.params)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  np.testing.assert_array_equal(records.loss, np.asarray(sim_records.loss))
-  np.testing.assert_array_equal(records.version, np.arange(1, 41))
+    check(np.asarray(b), np.asarray(a))
+  check(records.loss, np.asarray(sim_records.loss))
+  np.testing.assert_array_equal(records.version, np.asarray(sim_records.version))
+  check(records.step_size, np.asarray(sim_records.step_size))
   assert records.staleness.max() == 0
-  np.testing.assert_array_equal(np.nonzero(records.evaluated)[0], [19, 39])
+  np.testing.assert_array_equal(records.evaluated, np.asarray(sim_records.evaluated))
   assert int(state.steps[0]) == 40
 
 
@@ -105,7 +122,7 @@ _ATTACKER = textwrap.dedent(
   sock.recv_multipart()
   for reason, frames in cases.items():
     sock.send_multipart(frames)
-    out[reason] = fmt.unpack(sock.recv_multipart()[0])[1] if sock.poll(10000) else None
+    out[reason] = fmt.unpack(sock.recv_multipart()[0])[1] if sock.poll(3000) else None
   sock.send_multipart([header(), nan])  # a NaN gradient: a valid message, rejected by the rule
   out["nan"] = fmt.unpack(sock.recv_multipart()[0])[1] if sock.poll(10000) else None
   big = zmq.Context.instance().socket(zmq.DEALER)
@@ -146,8 +163,9 @@ def test_bad_messages_from_another_process_are_rejected_counted_and_never_applie
   replies = json.loads(out)
   error, params = int(wire.Kind.ERROR), int(wire.Kind.PARAMS)
   for reason in ("token", "worker", "future_version", "dtype", "shape", "malformed"):
-    assert replies[reason] == error, reason
     assert server.rejected_messages[reason] == 1, reason
+    # The run's own processes learn why; a foreign or garbled peer gets no answer to flood with.
+    assert replies[reason] == (None if reason in ("token", "malformed") else error), reason
   # NaN: counted as a rejected arrival, the parameters untouched, the worker gets parameters again.
   assert replies["nan"] == params
   np.testing.assert_array_equal(records.rejected, [True, False])
@@ -215,3 +233,37 @@ def test_a_lost_worker_is_dropped_and_a_stuck_run_ends_with_a_clear_error():
   with pytest.raises(param_server.WorkerLostError, match="idle_timeout=1.0 s"):
     stuck.advance(stuck.init(exp.model.params), 1)
   stuck.stop(timeout=0.1)
+
+
+def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_parameters_again():
+  # k_async with k = K = 2: a release needs both workers; worker 1 is lost before it ever pushes.
+  exp = _experiment("strategy.name=k_async", "strategy.options={k: 2}", "cluster.num_workers=2")
+  live = {0, 1}
+  server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=20)
+  state = server.init(exp.model.params)
+  sim = exp.simulator
+  done = {}
+  thread = threading.Thread(
+    target=lambda: done.update(
+      ps_worker.run_worker(
+        exp.strategy,
+        sim.loss_fn,
+        sim.data,
+        exp.model.params,
+        worker=0,
+        address=server.address,
+        token=server.token,
+        reply_timeout=30,
+      )
+    ),
+    daemon=True,
+  )
+  thread.start()
+  state, records = server.advance(state, 1)  # worker 0's first gradient: buffered, it waits
+  assert not records.released[0] and bool(state.waiting[0])
+  live.discard(1)
+  state, records = server.advance(state, 2)  # it is sent the parameters again and keeps pushing
+  server.stop(timeout=10)
+  thread.join(timeout=30)
+  assert [x["worker"] for x in server.lost] == [1]
+  assert done["pushes"] >= 3 and int(state.steps[0]) == 3

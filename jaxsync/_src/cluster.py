@@ -29,6 +29,7 @@ ENV_COORDINATOR = "JAXSYNC_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXSYNC_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXSYNC_PROCESS_ID"
 ENV_BIND = "JAXSYNC_BIND"
+ENV_ADVERTISE = "JAXSYNC_ADVERTISE"
 
 ENV_HEARTBEAT_TIMEOUT = "JAXSYNC_HEARTBEAT_TIMEOUT"
 
@@ -64,6 +65,9 @@ class ProcessGroup:
       ``jaxsync launch``; ``0.0.0.0`` only when asked for).
     how: how the group was found: ``"explicit"``, ``"launch"`` or the
       detected cluster's name.
+    advertise: the host other processes reach this one at (``JAXSYNC_ADVERTISE``,
+      else the bind address unless that is every interface, else the local
+      address that routes to the coordinator).
   """
 
   index: int
@@ -71,6 +75,7 @@ class ProcessGroup:
   coordinator: str
   bind: str
   how: str
+  advertise: str = "127.0.0.1"
 
   @property
   def is_primary(self) -> bool:
@@ -115,6 +120,21 @@ def _from_launch() -> tuple[str, int, int] | None:
       f"{ENV_COORDINATOR}={os.environ[ENV_COORDINATOR]!r} is set but {ENV_NUM_PROCESSES} / "
       f"{ENV_PROCESS_ID} are missing or not integers ({err})."
     ) from None
+
+
+def _advertised_host(bind: str, coordinator: str) -> str:
+  """The host others reach this process at: the bind address, or the one that routes to the coordinator."""
+  if bind not in ("0.0.0.0", "*", "::"):
+    return bind
+  import socket
+
+  host, port = coordinator.rsplit(":", 1)
+  with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:  # no packet is sent: connect picks a route
+    try:
+      s.connect((host, int(port)))
+      return s.getsockname()[0]
+    except OSError:
+      return socket.gethostbyname(socket.gethostname())
 
 
 def detected_cluster() -> tuple[str, int] | None:
@@ -188,8 +208,14 @@ def initialize(
 
     address = str(distributed.global_state.coordinator_address)
   group = ProcessGroup(
-    index=jax.process_index(), count=jax.process_count(), coordinator=address, bind=bind, how=how
+    index=jax.process_index(),
+    count=jax.process_count(),
+    coordinator=address,
+    bind=bind,
+    how=how,
+    advertise=os.environ.get(ENV_ADVERTISE) or _advertised_host(bind, address),
   )
+  jax.devices()  # the first device query is itself collective: every process makes it here
   log(
     f"jaxsync: process {group.index} of {group.count} ({how}; coordinator {group.coordinator}, "
     f"sockets on {group.bind}, {jax.local_device_count()} local {jax.default_backend()} device(s))"
@@ -255,7 +281,6 @@ class HeartbeatMonitor:
     self._clock = time.monotonic
     self._since = self._clock()
     self._seen: dict[int, tuple[str, float]] = {}
-    self._left: set[int] = set()
 
   def beats(self) -> dict[int, str]:
     """The current beat of every process that has a heartbeat key."""

@@ -82,7 +82,7 @@ def train(
   if group.is_primary:
     run_dir = run_directory.create(out, overwrite=overwrite)
     write_config(run_dir, config)
-    run_directory.write_json(run_dir / _LAUNCH_RECORD, {"num_processes": group.count})
+    run_directory.write_json(run_dir / _LAUNCH_RECORD, {"num_processes": group.count, "how": group.how})
   return _run_distributed(exp, pathlib.Path(out), group, reporter)
 
 
@@ -97,9 +97,12 @@ def resume(
 
 
 def launched_processes(run_dir: pathlib.Path) -> int | None:
-  """The process count of a multi-process run directory (None for a simulated run)."""
+  """The process count of a run directory ``jaxsync launch`` made (None otherwise: simulated, or a cluster's)."""
   path = pathlib.Path(run_dir) / _LAUNCH_RECORD
-  return int(json.loads(path.read_text())["num_processes"]) if path.is_file() else None
+  if not path.is_file():
+    return None
+  record = json.loads(path.read_text())
+  return int(record["num_processes"]) if record.get("how") == "launch" else None
 
 
 def check_processes(strategy: strategies.Strategy, num_processes: int) -> None:
@@ -147,7 +150,11 @@ def _run_distributed(
   )
   kwargs = exp.train_kwargs()
   if strategy.engine == "sync":
-    kwargs.pop("max_time")  # the processes of a synchronous run stop together, by rounds
+    if kwargs.pop("max_time") is not None:
+      raise config_lib.ConfigError(
+        f"run.max_time={exp.config.run.max_time!r} is invalid for a synchronous multi-process run; expected "
+        "null (its processes stop together, after run.gradients)."
+      )
     liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
     runtime = sync_runtime.SyncRuntime(strategy, sim.loss_fn, sim.data, liveness=liveness, **evaluation)
     reporter = reporter if group.is_primary else Reporter()
@@ -163,6 +170,7 @@ def _run_distributed(
     server = param_server.ParameterServer(
       strategy,
       bind=group.bind,
+      advertise=group.advertise,
       client=client,
       liveness=lambda: {p - 1 for p in monitor.live(workers)},
       **evaluation,
@@ -174,8 +182,9 @@ def _run_distributed(
     result.summary.update(lost_workers=server.lost, rejected_messages=dict(server.rejected_messages))
     run_directory.write_json(run_dir / "summary.json", result.summary)
     # Process 0 hosts the coordinator: it leaves last, once the workers have left.
+    lost = {x["process"] for x in server.lost}
     deadline = time.monotonic() + 15.0
-    while monitor.beats() and time.monotonic() < deadline:
+    while set(monitor.beats()) - lost and time.monotonic() < deadline:
       time.sleep(0.2)
     time.sleep(1.0)
     return result

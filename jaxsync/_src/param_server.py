@@ -9,8 +9,10 @@ Planes:
 
 * control, on the ``jax.distributed`` coordination service: the server
   publishes its data-plane address and the run token under ``jaxsync/``;
-  liveness comes from the service's heartbeats (``get_live_nodes``), so a
-  worker killed with SIGKILL is noticed within the heartbeat timeout;
+  liveness comes from heartbeats the workers write to its key-value store
+  (``get_live_nodes`` is a barrier over the processes it names, which busy
+  workers cannot join), so a worker killed with SIGKILL is noticed within the
+  heartbeat timeout;
 * data, on ZeroMQ (a ROUTER socket bound to the configured interface only):
   :mod:`wire` messages, received without a copy and checked field by field.
 
@@ -122,10 +124,13 @@ class ParameterServer:
     client: the coordination-service client (``None``: no control plane;
       the address and token are then read from :attr:`address` /
       :attr:`token` by the caller, e.g. a test or benchmark).
-    liveness: ``() -> set of live worker ids``; default: the coordination
-      service's ``get_live_nodes`` (worker ``k`` is process ``k + 1``).
+    liveness: ``() -> set of live worker ids``; default with a ``client``:
+      the workers' key-value heartbeats (:class:`cluster.HeartbeatMonitor`;
+      worker ``k`` is process ``k + 1``), without one: every worker is live.
     idle_timeout: seconds without any message (and with live workers)
       before the server gives up on the run.
+    advertise: the host workers connect to (published on the control plane);
+      required when ``bind`` is every interface (``0.0.0.0``).
 
   Example:
     See ``tests/test_multiprocess.py``; ``jaxsync launch -n 3 configs/quickstart.yaml
@@ -144,6 +149,7 @@ class ParameterServer:
     client: Any = None,
     liveness=None,
     idle_timeout: float = 300.0,
+    advertise: str | None = None,
   ):
     self.strategy = _check_protocol(strategy)
     self.num_workers = strategy.num_workers
@@ -152,16 +158,25 @@ class ParameterServer:
     self.idle_timeout = common.check_real(_WHAT, "idle_timeout", idle_timeout, low=0.0, low_open=True)
     self.token = secrets.token_bytes(16)
     self._bind_to, self._port_wanted = bind, port
+    if advertise is None and bind in ("0.0.0.0", "*", "::"):
+      raise common.invalid(_WHAT, "advertise", advertise, f"the host workers connect to when bind={bind!r}")
+    self._advertise = advertise
     self._socket = None
     self.address: str | None = None
     self._client = client
+    if liveness is None and client is not None:
+      # get_live_nodes is a barrier over the processes it names: the workers' heartbeats are one-sided.
+      from jaxsync._src.cluster import HeartbeatMonitor
+
+      monitor = HeartbeatMonitor(client)
+      liveness = lambda: {p - 1 for p in monitor.live(range(1, self.num_workers + 1))}  # noqa: E731
     self._liveness = liveness
     self._identity: dict[int, bytes] = {}
     self._worker_of: dict[bytes, int] = {}
     self.rejected_messages: collections.Counter[str] = collections.Counter()
     self.lost: list[dict[str, Any]] = []
     self._started = time.perf_counter()
-    self._clock_offset = 0.0
+    self._clock_offset, self._clock_started = 0.0, False
     self._last_liveness = 0.0
     self._state: ServerState | None = None
 
@@ -170,6 +185,7 @@ class ParameterServer:
     socket = zmq.Context.instance().socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished worker raises, not vanishes
+    socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker that reconnects keeps its identity
     # Set before bind (a listener copies its options): a longer frame is refused before it is read whole.
     socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
     bind, port = self._bind_to, self._port_wanted
@@ -177,7 +193,7 @@ class ParameterServer:
       port = socket.bind_to_random_port(f"tcp://{bind}")
     else:
       socket.bind(f"tcp://{bind}:{port}")
-    self._socket, self.address = socket, f"tcp://{bind}:{port}"
+    self._socket, self.address = socket, f"tcp://{self._advertise or bind}:{port}"
     if self._client is not None:
       self._client.key_value_set(KEY_ADDRESS, self.address, allow_overwrite=True)
       self._client.key_value_set_bytes(KEY_TOKEN, self.token, allow_overwrite=True)
@@ -341,8 +357,8 @@ class ParameterServer:
     if identity is None:
       return
     try:
-      self._socket.send_multipart([identity, *wire.encode(header, payload)], copy=False)
-    except zmq.ZMQError:  # the peer is gone (ROUTER_MANDATORY): liveness will report it
+      self._socket.send_multipart([identity, *wire.encode(header, payload)], copy=False, flags=zmq.NOBLOCK)
+    except zmq.ZMQError:  # gone (ROUTER_MANDATORY) or not reading (zmq.Again): liveness will tell
       log.warning("worker %d: reply not delivered (its connection is gone)", worker)
 
   def _params_header(self, state: ServerState, worker: int) -> wire.Header:
@@ -373,8 +389,10 @@ class ParameterServer:
       worker=-1 if worker is None else worker,
       step=wire.REASONS.index(reason),
     )
+    if reason in ("malformed", "token"):
+      return  # not one of this run's processes: no answer to feed a flood
     try:
-      self._socket.send_multipart([identity, *wire.encode(header)], copy=False)
+      self._socket.send_multipart([identity, *wire.encode(header)], copy=False, flags=zmq.NOBLOCK)
     except zmq.ZMQError:
       pass
 
@@ -388,8 +406,6 @@ class ParameterServer:
       return state
     was = np.asarray(state.live)
     lost = [k for k in range(self.num_workers) if was[k] and k not in live]
-    if not lost:
-      return state
     for k in lost:
       event = {"worker": k, "process": k + 1, "wall_time": self._now(), "version": int(state.version)}
       self.lost.append(event)
@@ -401,34 +417,47 @@ class ParameterServer:
         event["version"],
         int(was.sum()) - len(lost),
       )
-    mask = np.ones(self.num_workers, bool)
-    mask[lost] = False
-    state = state._replace(live=state.live & mask, waiting=state.waiting & mask)
-    if not bool(np.asarray(state.live).any()):
-      raise WorkerLostError(
-        f"every worker process is lost (last: {', '.join(f'worker {k}' for k in lost)}); "
-        f"the server stops at version {int(state.version)}. Resume with `jaxsync resume RUN_DIR`."
-      )
-    # No live worker left to complete a release: the waiting ones recompute on the current parameters.
-    waiting, live = np.asarray(state.waiting), np.asarray(state.live)
-    if waiting.any() and not (live & ~waiting).any():
-      reply, _ = ravel_pytree(arrival.reply_parameters(state.params, state.rule_state))
-      state = state._replace(waiting=jnp.zeros_like(state.waiting))
-      self._reply(state, np.nonzero(waiting)[0], reply)
+    if lost:
+      mask = np.ones(self.num_workers, bool)
+      mask[lost] = False
+      state = state._replace(live=state.live & mask, waiting=state.waiting & mask)
+      if not bool(np.asarray(state.live).any()):
+        raise WorkerLostError(
+          f"every worker process is lost (last: {', '.join(f'worker {k}' for k in lost)}); "
+          f"the server stops at version {int(state.version)}. Resume with `jaxsync resume RUN_DIR`."
+        )
+    # Every live worker waits for a release only the lost ones could have completed (a buffering rule
+    # that does not shrink its bound with num_live_workers): they recompute on the current parameters.
+    waiting, live_mask = np.asarray(state.waiting), np.asarray(state.live)
+    if waiting.any() and not (live_mask & ~waiting).any():
+      state = self._release_waiting(state)
+    return state
+
+  def _release_waiting(self, state: ServerState) -> ServerState:
+    """Sends the current parameters to every waiting worker, as a release would (the same fields)."""
+    waiting = np.asarray(state.waiting)
+    noise = optax.tree.get(state.rule_state, "noise_ratio", None)
+    now = jnp.float32(self._now())
+    state = state._replace(
+      waiting=jnp.zeros_like(state.waiting),
+      pulled_version=jnp.where(waiting, state.version, state.pulled_version),
+      noise_ratio=state.noise_ratio if noise is None else jnp.where(waiting, noise, state.noise_ratio),
+      idle=state.idle + jnp.where(waiting, now - state.wait_since, 0.0),
+      inter_messages=state.inter_messages + int(waiting.sum()),
+    )
+    log.info("released %d waiting worker(s) that no live worker could release", int(waiting.sum()))
+    reply, _ = ravel_pytree(arrival.reply_parameters(state.params, state.rule_state))
+    self._reply(state, np.nonzero(waiting)[0], reply)
     return state
 
   def _live_workers(self) -> set[int] | None:
-    if self._liveness is not None:
-      return set(self._liveness())
-    if self._client is None:
+    if self._liveness is None:
       return None
-    processes = list(range(1, self.num_workers + 1))
     try:
-      alive = self._client.get_live_nodes(processes)
+      return set(self._liveness())
     except Exception as err:  # the service could not answer this time; ask again later
       log.warning("liveness query failed: %s", err)
       return None
-    return {int(p) - 1 for p in alive}
 
   def advance(self, state: ServerState, num_events: int, *, max_time: float | None = None):
     """Serves until ``num_events`` more arrivals (or ``max_time`` wall seconds); returns (state, records)."""
@@ -436,9 +465,8 @@ class ParameterServer:
     state = jax.tree.map(jnp.asarray, state)  # a restored state is NumPy (see checkpoints)
     if not hasattr(self, "_arrive"):  # a state restored from a checkpoint
       self._prepare(state.params)
-      self._clock_offset = float(state.clock)
-    if self._clock_offset == 0.0 and float(state.clock) > 0.0:
-      self._clock_offset = float(state.clock)
+    if not self._clock_started:  # wall time counts from the first advance (after compiling and restoring)
+      self._clock_offset, self._started, self._clock_started = float(state.clock), time.perf_counter(), True
     rows: list[EventRecord] = []
     poller = zmq.Poller()
     poller.register(self._socket, zmq.POLLIN)

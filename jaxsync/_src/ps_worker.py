@@ -84,6 +84,8 @@ def run_worker(
 
   socket = zmq.Context.instance().socket(zmq.DEALER)
   socket.setsockopt(zmq.LINGER, 0)
+  # A fixed identity: after ZeroMQ reconnects (a network blip) the server still knows this worker.
+  socket.setsockopt(zmq.ROUTING_ID, f"w{worker}-{token[:4].hex()}".encode())
   socket.setsockopt(zmq.MAXMSGSIZE, wire.max_message_bytes(count, dtype))
   socket.connect(address)
   poller = zmq.Poller()

@@ -356,12 +356,16 @@ class SyncRuntime:
     rows = []
     try:
       for _ in range(num_events):
-        now = self._clock_offset + time.perf_counter() - self._started
+        # Process 0's clock for everyone: time-based evaluation must decide the same on every process.
+        now = multihost_utils.broadcast_one_to_all(
+          np.float32(self._clock_offset + time.perf_counter() - self._started)
+        )
         s, row = self._round(s, jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()))
         rows.append(jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), row))
+      local = self._local(s)
     except jax.errors.JaxRuntimeError as err:
       raise ProcessLostError(self._lost_message(err)) from None
-    return self._local(s), jax.tree.map(lambda *xs: np.stack(xs), *rows)
+    return local, jax.tree.map(lambda *xs: np.stack(xs), *rows)
 
   @staticmethod
   def fingerprint(params) -> str:
@@ -374,17 +378,18 @@ class SyncRuntime:
   def _lost_message(self, err: Exception) -> str:
     lost = ""
     if self._liveness is not None:
-      deadline = time.perf_counter() + 30.0
-      while time.perf_counter() < deadline:  # the heartbeat timeout decides when a process counts as lost
-        try:
-          alive = self._liveness()
-        except Exception:  # the service could not answer: name no process rather than guess
-          break
-        gone = sorted(set(range(jax.process_count())) - set(alive))
+      # get_live_nodes returns once every survivor asks (they all hit the failed collective) or the
+      # dead are declared dead; a survivor blocked elsewhere must not hang this one: ask in a thread.
+      import threading
+
+      answer: list = []
+      asking = threading.Thread(target=lambda: answer.append(self._liveness()), daemon=True)
+      asking.start()
+      asking.join(timeout=60.0)
+      if answer:
+        gone = sorted(set(range(jax.process_count())) - set(answer[0]))
         if gone:
           lost = f"process {', '.join(map(str, gone))} is lost; "
-          break
-        time.sleep(0.5)
     first = str(err).splitlines()[0] if str(err) else type(err).__name__
     return (
       f"{lost}a synchronous round cannot complete without every process ({first}). "

@@ -36,7 +36,7 @@ class Kind(enum.IntEnum):
   PUSH = 2  # worker -> server: a message (gradient) computed on `version`
   PARAMS = 3  # server -> worker: parameters of `version`, continue at data `step`
   STOP = 4  # server -> worker: the run is over
-  ERROR = 5  # server -> worker: your message was rejected (the reason is in the payload)
+  ERROR = 5  # server -> worker: your message was rejected (the index of the reason in `step`)
   BYE = 6  # worker -> server: leaving
 
 
