@@ -40,7 +40,7 @@ from jax.flatten_util import ravel_pytree
 from jaxsync._src import arrival, common, wire
 from jaxsync._src.cluster import RunFaultError
 from jaxsync._src.sim_records import EvalSchedule, EventRecord
-from jaxsync._src.simulator import History
+from jaxsync._src.simulator import History, assemble_history
 from jaxsync._src.strategies import Strategy
 
 log = logging.getLogger("jaxsync.server")
@@ -253,33 +253,16 @@ class ParameterServer:
 
   def history(self, records: list[EventRecord], state: ServerState, *, initial_metrics=None) -> History:
     """A :class:`History` of the real run (``time`` in wall seconds)."""
-    rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
-    initial = self.initial_metrics if initial_metrics is None else initial_metrics
-    names = self._metric_names
-    events = np.nonzero(rec.evaluated)[0]
-    first = {n: np.asarray([float(initial.get(n, np.nan))]) for n in names}
-    has = bool(names)
     message = float(self.count * np.dtype(wire._numpy_dtype(self.dtype)).itemsize)
-    return History(
-      time=rec.time,
-      worker=rec.worker,
-      staleness=rec.staleness,
-      version=rec.version,
-      released=rec.released,
-      k=rec.k,
-      loss=rec.loss,
-      rejected=rec.rejected,
-      step_size=rec.step_size,
-      eval_time=np.concatenate([[0.0], rec.time[events]]) if has else np.zeros([0]),
-      eval_version=np.concatenate([[0], rec.version[events]]) if has else np.zeros([0], int),
-      eval_event=np.concatenate([[0], events + 1]) if has else np.zeros([0], int),
-      eval_metrics={n: np.concatenate([first[n], rec.metrics[n][rec.evaluated]]) for n in names},
+    return assemble_history(
+      records,
+      self.initial_metrics if initial_metrics is None else initial_metrics,
+      self._metric_names,
       worker_steps=np.asarray(state.steps),
       worker_used=np.asarray(state.used),
       worker_idle=np.asarray(state.idle),
       bytes_moved=float(state.inter_messages) * message,
       bytes_moved_intra=0.0,
-      rejected_count=int(rec.rejected.sum()),
     )
 
   # -- one arrival, compiled --------------------------------------------------------------------

@@ -87,6 +87,51 @@ class History:
     return float(self.eval_time[i]), int(self.eval_version[i])
 
 
+def assemble_history(
+  records: list[EventRecord],
+  initial_metrics: dict[str, float],
+  metric_names: tuple[str, ...],
+  *,
+  worker_steps: np.ndarray,
+  worker_used: np.ndarray,
+  worker_idle: np.ndarray,
+  bytes_moved: float,
+  bytes_moved_intra: float,
+) -> History:
+  """A :class:`History` from the records of one or more chunks (every runtime's, simulated or real).
+
+  The first evaluation row is ``initial_metrics`` (the model before any
+  event); the others are the events whose record says ``evaluated``.
+  """
+  rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
+  evaluated = rec.evaluated
+  first = {name: np.asarray([float(initial_metrics.get(name, np.nan))]) for name in metric_names}
+  eval_metrics = {name: np.concatenate([first[name], rec.metrics[name][evaluated]]) for name in metric_names}
+  events = np.nonzero(evaluated)[0]
+  has_evals = bool(metric_names)
+  return History(
+    time=rec.time,
+    worker=rec.worker,
+    staleness=rec.staleness,
+    version=rec.version,
+    released=rec.released,
+    k=rec.k,
+    loss=rec.loss,
+    rejected=rec.rejected,
+    step_size=rec.step_size,
+    eval_time=np.concatenate([[0.0], rec.time[events]]) if has_evals else np.zeros([0]),
+    eval_version=np.concatenate([[0], rec.version[events]]) if has_evals else np.zeros([0], int),
+    eval_event=np.concatenate([[0], events + 1]) if has_evals else np.zeros([0], int),
+    eval_metrics=eval_metrics,
+    worker_steps=worker_steps,
+    worker_used=worker_used,
+    worker_idle=worker_idle,
+    bytes_moved=bytes_moved,
+    bytes_moved_intra=bytes_moved_intra,
+    rejected_count=int(rec.rejected.sum()),
+  )
+
+
 class Simulator:
   r"""K simulated workers and a server (or an all-reduce group), compiled end to end.
 
@@ -240,36 +285,17 @@ class Simulator:
     ``initial_metrics`` gives the first evaluation row for a state restored
     from a checkpoint (default: those of the last :meth:`init`).
     """
-    rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
-    evaluated = rec.evaluated
     initial = self.initial_metrics if initial_metrics is None else initial_metrics
-    first = {name: np.asarray([float(initial.get(name, np.nan))]) for name in self._metric_names}
-    eval_metrics = {
-      name: np.concatenate([first[name], rec.metrics[name][evaluated]]) for name in self._metric_names
-    }
-    events = np.nonzero(evaluated)[0]
-    has_evals = bool(self._metric_names)
     message = float(self._time_model.message_bytes)
-    return History(
-      time=rec.time,
-      worker=rec.worker,
-      staleness=rec.staleness,
-      version=rec.version,
-      released=rec.released,
-      k=rec.k,
-      loss=rec.loss,
-      rejected=rec.rejected,
-      step_size=rec.step_size,
-      eval_time=np.concatenate([[0.0], rec.time[events]]) if has_evals else np.zeros([0]),
-      eval_version=np.concatenate([[0], rec.version[events]]) if has_evals else np.zeros([0], int),
-      eval_event=np.concatenate([[0], events + 1]) if has_evals else np.zeros([0], int),
-      eval_metrics=eval_metrics,
+    return assemble_history(
+      records,
+      initial,
+      self._metric_names,
       worker_steps=np.asarray(state.steps),
       worker_used=np.asarray(state.used),
       worker_idle=np.asarray(state.idle),
       bytes_moved=float(state.inter_messages) * message,
       bytes_moved_intra=float(getattr(state, "intra_messages", 0)) * message,
-      rejected_count=int(rec.rejected.sum()),
     )
 
   def run(

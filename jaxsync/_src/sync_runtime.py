@@ -38,7 +38,7 @@ from jax.sharding import PartitionSpec as P
 from jaxsync._src import common
 from jaxsync._src.cluster import RunFaultError
 from jaxsync._src.sim_records import EvalSchedule, EventRecord
-from jaxsync._src.simulator import History
+from jaxsync._src.simulator import History, assemble_history
 from jaxsync._src.strategies import Strategy
 from jaxsync._src.worker_data import WorkerData
 
@@ -192,36 +192,19 @@ class SyncRuntime:
 
   def history(self, records: list[EventRecord], state: SyncState, *, initial_metrics=None) -> History:
     """A :class:`History` of the run (``time`` in wall seconds; bytes as a ring all-reduce moves them)."""
-    rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
-    initial = self.initial_metrics if initial_metrics is None else initial_metrics
-    names = self._metric_names
-    events = np.nonzero(rec.evaluated)[0]
-    has = bool(names)
     k = self.strategy.num_workers
     message = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
+    rounds = sum(len(r.time) for r in records)
     steps = np.asarray(state.steps)
-    return History(
-      time=rec.time,
-      worker=rec.worker,
-      staleness=rec.staleness,
-      version=rec.version,
-      released=rec.released,
-      k=rec.k,
-      loss=rec.loss,
-      rejected=rec.rejected,
-      step_size=rec.step_size,
-      eval_time=np.concatenate([[0.0], rec.time[events]]) if has else np.zeros([0]),
-      eval_version=np.concatenate([[0], rec.version[events]]) if has else np.zeros([0], int),
-      eval_event=np.concatenate([[0], events + 1]) if has else np.zeros([0], int),
-      eval_metrics={
-        n: np.concatenate([[float(initial.get(n, np.nan))], rec.metrics[n][rec.evaluated]]) for n in names
-      },
+    return assemble_history(
+      records,
+      self.initial_metrics if initial_metrics is None else initial_metrics,
+      self._metric_names,
       worker_steps=steps,
       worker_used=steps,
       worker_idle=np.zeros([k]),
-      bytes_moved=2.0 * (k - 1) * len(rec.time) * message,
+      bytes_moved=2.0 * (k - 1) * rounds * message,  # a ring all-reduce per round
       bytes_moved_intra=0.0,
-      rejected_count=int(rec.rejected.sum()),
     )
 
   # -- one round, compiled ----------------------------------------------------------------------
