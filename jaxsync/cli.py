@@ -32,7 +32,7 @@ USER_ERRORS = (ConfigError, RunDirectoryError, CheckpointError, EmptyRunError)
 def _parser() -> argparse.ArgumentParser:
   parser = argparse.ArgumentParser(
     prog="jaxsync",
-    description="Synchronization strategies for data-parallel training, on a simulated cluster.",
+    description="Synchronization strategies for data-parallel training, on a simulated cluster or real processes.",
     epilog="Run `jaxsync COMMAND --help` for a command's options.",
   )
   parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of errors")
