@@ -36,10 +36,9 @@ def _experiment(*overrides):
   return experiment.build(cfg)
 
 
-def _serve_with_worker(exp, server, num_events):
-  state = server.init(exp.model.params)
-  sim = exp.simulator
-  done = {}
+def _start_worker(exp, server, *, reply_timeout: float = 60):
+  """Worker 0's real loop in a thread, talking to ``server`` over its socket; returns (thread, results)."""
+  sim, done = exp.simulator, {}
 
   def work():
     done.update(
@@ -51,12 +50,18 @@ def _serve_with_worker(exp, server, num_events):
         worker=0,
         address=server.address,
         token=server.token,
-        reply_timeout=60,
+        reply_timeout=reply_timeout,
       )
     )
 
   thread = threading.Thread(target=work, daemon=True)
   thread.start()
+  return thread, done
+
+
+def _serve_with_worker(exp, server, num_events):
+  state = server.init(exp.model.params)
+  thread, done = _start_worker(exp, server)
   state, records = server.advance(state, num_events)
   server.stop(timeout=30)
   thread.join(timeout=30)
@@ -241,24 +246,7 @@ def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_para
   live = {0, 1}
   server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=20)
   state = server.init(exp.model.params)
-  sim = exp.simulator
-  done = {}
-  thread = threading.Thread(
-    target=lambda: done.update(
-      ps_worker.run_worker(
-        exp.strategy,
-        sim.loss_fn,
-        sim.data,
-        exp.model.params,
-        worker=0,
-        address=server.address,
-        token=server.token,
-        reply_timeout=30,
-      )
-    ),
-    daemon=True,
-  )
-  thread.start()
+  thread, done = _start_worker(exp, server, reply_timeout=30)
   state, records = server.advance(state, 1)  # worker 0's first gradient: buffered, it waits
   assert not records.released[0] and bool(state.waiting[0])
   live.discard(1)
