@@ -35,9 +35,14 @@ import yaml
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxsync._src import commands, experiment, plots, run_directory, training  # noqa: E402
-from jaxsync._src import config as config_lib  # noqa: E402
-from jaxsync._src.config import Config  # noqa: E402
+from jaxsync._src.app import commands, experiment
+from jaxsync._src.app import config as config_lib  # noqa: E402
+from jaxsync._src.app.config import Config  # noqa: E402
+from jaxsync._src.train import (
+  plots,
+  run_directory,
+  training,  # noqa: E402
+)
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SIZES = ("tiny", "default", "full")

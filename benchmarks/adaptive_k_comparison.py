@@ -35,8 +35,8 @@ import _harness
 import matplotlib.pyplot as plt
 import numpy as np
 
-from jaxsync._src import plots
-from jaxsync._src.time_model import LINK_PRESETS
+from jaxsync._src.sim.time_model import LINK_PRESETS
+from jaxsync._src.train import plots
 
 CONFIG = "adaptive_k_comparison"
 # (link preset, paper model, message bytes (Table 2), seconds per worker-step (Table 4 Cp), EAO period)

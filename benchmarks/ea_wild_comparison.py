@@ -33,8 +33,8 @@ import sys
 import _harness
 import jax
 
-from jaxsync._src import experiment
-from jaxsync._src.time_model import TimeModel
+from jaxsync._src.app import experiment
+from jaxsync._src.sim.time_model import TimeModel
 
 CONFIG = "ea_wild_comparison"
 SOLVERS = {

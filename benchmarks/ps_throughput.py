@@ -39,17 +39,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsync._src import config as config_lib
-from jaxsync._src import experiment, param_server, strategies
-from jaxsync._src.simulator import Simulator
-from jaxsync._src.time_model import Link, TimeModel
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.app import experiment
+from jaxsync._src.dist import param_server
+from jaxsync._src.sim.simulator import Simulator
+from jaxsync._src.sim.time_model import Link, TimeModel
+from jaxsync._src.strategies import registry as strategies
 
 RESULTS = _harness.REPO / "benchmarks" / "results"
 
 _PS_CLIENT = textwrap.dedent(
   """
   import json, sys, time, numpy as np, zmq
-  from jaxsync._src import wire
+  from jaxsync._src.dist import wire
   address, token, count, rounds = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
   sock = zmq.Context.instance().socket(zmq.DEALER)
   sock.connect(address)
@@ -95,7 +97,9 @@ _RAW_CLIENT = textwrap.dedent(
 _WORKER = textwrap.dedent(
   """
   import json, sys
-  from jaxsync._src import config as config_lib, experiment, ps_worker
+  from jaxsync._src.app import config as config_lib
+  from jaxsync._src.app import experiment
+  from jaxsync._src.dist import ps_worker
   overrides, worker, address, token = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4])
   exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
   sim = exp.simulator

@@ -35,25 +35,25 @@ passes the extra arg ``grads_finite`` and the rule trusts it.
 """
 
 from jaxsync import datasets, dist, models, sim, strategies  # noqa: E402  (submodules, after the rules they use)
-from jaxsync._src.adaptive_k import AdaptiveKState, adaptive_k
-from jaxsync._src.barzilai_borwein import (
+from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
+from jaxsync._src.rules.barzilai_borwein import (
   BBStepSizeState,
   armijo_backtracking,
   bb_step_size,
   gradient_noise_ratio,
 )
-from jaxsync._src.elastic import (
+from jaxsync._src.rules.elastic import (
   EasgdWorkerState,
   ElasticCenterState,
   ea_wild_center,
   easgd_center,
   easgd_worker,
 )
-from jaxsync._src.look_ahead import look_ahead
-from jaxsync._src.ordered_momentum import OrderedMomentumState, ordered_momentum
-from jaxsync._src.release import OnReleaseState, on_release
-from jaxsync._src.smega2 import Smega2State, smega2
-from jaxsync._src.staleness import ScaleByStalenessState, scale_by_staleness
+from jaxsync._src.rules.look_ahead import look_ahead
+from jaxsync._src.rules.ordered_momentum import OrderedMomentumState, ordered_momentum
+from jaxsync._src.rules.release import OnReleaseState, on_release
+from jaxsync._src.rules.smega2 import Smega2State, smega2
+from jaxsync._src.rules.staleness import ScaleByStalenessState, scale_by_staleness
 
 __version__ = "0.1.0"
 

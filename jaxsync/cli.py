@@ -19,12 +19,13 @@ import os
 import pathlib
 import sys
 
-from jaxsync._src import commands, progress
-from jaxsync._src.checkpoints import CheckpointError
-from jaxsync._src.cluster import RunFaultError
-from jaxsync._src.config import ConfigError
-from jaxsync._src.run_directory import RunDirectoryError
-from jaxsync._src.training import EmptyRunError
+from jaxsync._src.app import commands
+from jaxsync._src.app.config import ConfigError
+from jaxsync._src.dist.cluster import RunFaultError
+from jaxsync._src.train import progress
+from jaxsync._src.train.checkpoints import CheckpointError
+from jaxsync._src.train.run_directory import RunDirectoryError
+from jaxsync._src.train.training import EmptyRunError
 
 USER_ERRORS = (ConfigError, RunDirectoryError, CheckpointError, EmptyRunError)
 
@@ -132,14 +133,14 @@ def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
 
 
 def _launch(args: argparse.Namespace, run_args: list[str]) -> int:
-  from jaxsync._src import launch
+  from jaxsync._src.dist import launch
 
   return launch.launch(args.num_processes, run_args, bind=args.bind)
 
 
 def _group(args: argparse.Namespace):
   """This process's multi-process group (None: the simulator), decided and logged once."""
-  from jaxsync._src import cluster
+  from jaxsync._src.dist import cluster
 
   if getattr(args, "single_process", False):
     return None
@@ -148,13 +149,13 @@ def _group(args: argparse.Namespace):
       coordinator=args.coordinator, num_processes=args.num_processes, process_id=args.process_id
     )
   except cluster.ClusterError as err:
-    from jaxsync._src.config import ConfigError
+    from jaxsync._src.app.config import ConfigError
 
     raise ConfigError(str(err)) from None
 
 
 def _dispatch(args: argparse.Namespace) -> int:
-  from jaxsync._src import config as config_lib
+  from jaxsync._src.app import config as config_lib
 
   if args.command == "strategies":
     print(commands.strategies_table())
@@ -167,7 +168,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     return _launch(args, run_args)
   if args.command == "resume":
     processes = commands.launched_processes(args.run_dir)
-    from jaxsync._src import cluster
+    from jaxsync._src.dist import cluster
 
     on_cluster = (
       args.coordinator is not None or os.environ.get(cluster.ENV_COORDINATOR) or cluster.detected_cluster()

@@ -5,7 +5,7 @@ batches of a :class:`jaxsync.sim.WorkerData` on the host, for a runtime with one
 process per worker.
 """
 
-from jaxsync._src.datasets import DATASETS, Dataset, load
-from jaxsync._src.grain_data import worker_dataset, worker_iterator
+from jaxsync._src.data.datasets import DATASETS, Dataset, load
+from jaxsync._src.data.grain_data import worker_dataset, worker_iterator
 
 __all__ = ["DATASETS", "Dataset", "load", "worker_dataset", "worker_iterator"]

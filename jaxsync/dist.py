@@ -9,7 +9,7 @@ cluster) and :func:`launch` starts N local processes. ``jaxsync launch`` and
 "Multi-process runs".
 """
 
-from jaxsync._src.cluster import (
+from jaxsync._src.dist.cluster import (
   ClusterError,
   Heartbeat,
   HeartbeatMonitor,
@@ -17,10 +17,10 @@ from jaxsync._src.cluster import (
   RunFaultError,
   initialize,
 )
-from jaxsync._src.launch import launch
-from jaxsync._src.param_server import ParameterServer, ServerState, WorkerLostError
-from jaxsync._src.ps_worker import RejectedError, ServerGoneError, run_worker
-from jaxsync._src.sync_runtime import ProcessLostError, SyncRuntime, SyncState
+from jaxsync._src.dist.launch import launch
+from jaxsync._src.dist.param_server import ParameterServer, ServerState, WorkerLostError
+from jaxsync._src.dist.ps_worker import RejectedError, ServerGoneError, run_worker
+from jaxsync._src.dist.sync_runtime import ProcessLostError, SyncRuntime, SyncState
 
 __all__ = [
   "ClusterError",

@@ -7,7 +7,7 @@ and its forward FLOPs per image; :func:`classification_loss` and
 that :mod:`jaxsync.sim` takes.
 """
 
-from jaxsync._src.models import (
+from jaxsync._src.models.networks import (
   MODELS,
   BatchStatNorm,
   Model,

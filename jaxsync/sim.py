@@ -5,11 +5,11 @@ Build a strategy (:mod:`jaxsync.strategies`), a loss function, per-worker data
 :class:`Simulator` to advance in chunks and checkpoint the state between them).
 """
 
-from jaxsync._src.sim_events import EventState
-from jaxsync._src.sim_records import EventRecord
-from jaxsync._src.sim_rounds import RoundState
-from jaxsync._src.simulator import History, Simulator, run
-from jaxsync._src.time_model import (
+from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.sim.events import EventState
+from jaxsync._src.sim.rounds import RoundState
+from jaxsync._src.sim.simulator import History, Simulator, run
+from jaxsync._src.sim.time_model import (
   LINK_PRESETS,
   Link,
   TimeModel,
@@ -17,7 +17,7 @@ from jaxsync._src.time_model import (
   link,
   message_bytes,
 )
-from jaxsync._src.worker_data import WorkerData
+from jaxsync._src.steps.records import EventRecord
 
 __all__ = [
   "LINK_PRESETS",

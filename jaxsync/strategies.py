@@ -5,7 +5,7 @@ dispatch policy, worker rule) with the papers' defaults; ``names()`` lists the
 registry and ``describe(name)`` a strategy's options and defaults.
 """
 
-from jaxsync._src.strategies import (
+from jaxsync._src.strategies.registry import (
   Strategy,
   StrategyInfo,
   describe,

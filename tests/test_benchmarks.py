@@ -53,7 +53,7 @@ def assert_commands_reproduce_runs(markdown: str, runs: pathlib.Path) -> int:
   """Every printed ``jaxsync train`` line builds exactly the config of one of the benchmark's runs."""
   import shlex
 
-  from jaxsync._src import config as config_lib
+  from jaxsync._src.app import config as config_lib
 
   ran = [config_lib.load(p) for p in runs.rglob("config.yaml")]
   lines = [line for line in markdown.splitlines() if line.startswith("jaxsync train ")]
@@ -176,7 +176,7 @@ def test_final_train_loss_is_the_mean_batch_loss_of_the_last_tenth(tmp_path):
   import jax.numpy as jnp
 
   import jaxsync
-  from jaxsync._src.training import train
+  from jaxsync._src.train.training import train
 
   x = np.linspace(-1, 1, 64, dtype=np.float32)
   data = jaxsync.sim.WorkerData({"x": x, "y": 3 * x}, num_workers=4, batch_size=8)

@@ -13,7 +13,7 @@ import jaxsync._src
 FUNCTIONS = [n for n in jaxsync.__all__ if inspect.isfunction(getattr(jaxsync, n))]
 CLASSES = [n for n in jaxsync.__all__ if inspect.isclass(getattr(jaxsync, n))]
 RECONSTRUCTED = ["ordered_momentum", "adaptive_k", "bb_step_size", "scale_by_staleness"]
-MODULES = [f"jaxsync._src.{m.name}" for m in pkgutil.iter_modules(jaxsync._src.__path__)]
+MODULES = [m.name for m in pkgutil.walk_packages(jaxsync._src.__path__, "jaxsync._src.") if not m.ispkg]
 
 
 def test_all_is_complete_and_every_name_exists():

@@ -1,0 +1,332 @@
+"""What each ``jaxsync`` command does (the parsing lives in ``jaxsync/cli.py``).
+
+``train`` and ``resume`` run one config into a run directory; ``compare`` runs
+several strategies and seeds of one config, each into a run directory of its
+own, and writes one table and one set of plots; ``strategies`` lists the
+registry. A compare directory is resumed the same way as a run directory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+from typing import Any
+
+import numpy as np
+import yaml
+
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.app import experiment
+from jaxsync._src.dist.cluster import ProcessGroup
+from jaxsync._src.strategies import registry as strategies
+from jaxsync._src.train import plots, run_directory, training
+from jaxsync._src.train.progress import Reporter
+
+_COMPARE_MARKER = "compare.json"
+_LAUNCH_RECORD = "launch.json"
+
+
+def default_out(name: str, root: str | pathlib.Path = "runs") -> pathlib.Path:
+  """``runs/NAME``, or ``runs/NAME-1``, ``-2``, ... if taken: a default never overwrites anything."""
+  root = pathlib.Path(root)
+  candidate, i = root / name, 0
+  while candidate.exists():
+    i += 1
+    candidate = root / f"{name}-{i}"
+  return candidate
+
+
+def write_config(run_dir: pathlib.Path, config: config_lib.Config) -> None:
+  """Writes ``run_dir/config.yaml``: the whole config, every default spelled out."""
+  (run_dir / "config.yaml").write_text(yaml.safe_dump(config_lib.to_dict(config), sort_keys=False))
+
+
+def _read_config(run_dir: pathlib.Path) -> config_lib.Config:
+  path = run_dir / "config.yaml"
+  if not path.is_file():
+    raise run_directory.RunDirectoryError(
+      f"{str(run_dir)!r} is not a jaxsync run directory: {str(path)!r} is missing."
+    )
+  return config_lib.load(path)
+
+
+def _run_one(
+  config: config_lib.Config, run_dir: pathlib.Path, reporter: Reporter, group: ProcessGroup | None = None
+) -> training.RunResult | None:
+  exp = experiment.build(config)
+  if group is not None:
+    return _run_distributed(exp, run_dir, group, reporter)
+  return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+
+
+def train(
+  config: config_lib.Config,
+  out: pathlib.Path,
+  *,
+  overwrite: bool,
+  reporter: Reporter,
+  group: ProcessGroup | None = None,
+) -> training.RunResult | None:
+  """Validates and builds everything, creates ``out``, writes ``config.yaml`` and trains.
+
+  With a process ``group`` every process of a multi-process run calls this;
+  process 0 creates ``out`` and returns the result, a worker returns None.
+  """
+  exp = experiment.build(config)  # every config error surfaces before anything is written
+  if group is None:
+    run_dir = run_directory.create(out, overwrite=overwrite)
+    write_config(run_dir, config)
+    return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+  check_processes(exp.strategy, group.count)
+  if group.is_primary:
+    run_dir = run_directory.create(out, overwrite=overwrite)
+    write_config(run_dir, config)
+    run_directory.write_json(run_dir / _LAUNCH_RECORD, {"num_processes": group.count, "how": group.how})
+  return _run_distributed(exp, pathlib.Path(out), group, reporter)
+
+
+def resume(
+  run_dir: pathlib.Path, *, reporter: Reporter, group: ProcessGroup | None = None
+) -> training.RunResult | dict[str, Any] | None:
+  """Continues a run (or every run of a compare directory) from its latest checkpoint."""
+  run_dir = pathlib.Path(run_dir)
+  if (run_dir / _COMPARE_MARKER).is_file():
+    return _compare_runs(run_dir, reporter)
+  return _run_one(_read_config(run_dir), run_dir, reporter, group)
+
+
+def launched_processes(run_dir: pathlib.Path) -> int | None:
+  """The process count of a run directory ``jaxsync launch`` made (None otherwise: simulated, or a cluster's)."""
+  path = pathlib.Path(run_dir) / _LAUNCH_RECORD
+  if not path.is_file():
+    return None
+  record = json.loads(path.read_text())
+  return int(record["num_processes"]) if record.get("how") == "launch" else None
+
+
+def check_processes(strategy: strategies.Strategy, num_processes: int) -> None:
+  """Raises ConfigError unless ``num_processes`` fits the strategy's worker count."""
+  k = strategy.num_workers
+  if strategy.engine == "async":
+    if num_processes != k + 1:
+      raise config_lib.ConfigError(
+        f"cluster.num_workers={k} is invalid for {num_processes} processes: the asynchronous strategy "
+        f"{strategy.name!r} runs a parameter server (process 0) and one worker per other process; "
+        f"launch {k + 1} processes, or set cluster.num_workers={num_processes - 1}."
+      )
+  else:
+    import jax
+
+    if jax.device_count() != k:
+      raise config_lib.ConfigError(
+        f"cluster.num_workers={k} is invalid for {jax.device_count()} devices: the synchronous strategy "
+        f"{strategy.name!r} runs one worker per device across the processes; set "
+        f"cluster.num_workers={jax.device_count()}."
+      )
+
+
+def _run_distributed(
+  exp: experiment.Experiment, run_dir: pathlib.Path, group: ProcessGroup, reporter: Reporter
+) -> training.RunResult | None:
+  """One process's part of a multi-process run (async: server or worker; sync: one worker)."""
+  import logging
+
+  from jax._src import distributed
+
+  from jaxsync._src.dist import cluster, param_server, ps_worker, sync_runtime
+
+  handler = logging.StreamHandler()
+  handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
+  logging.getLogger("jaxsync").addHandler(handler)
+  logging.getLogger("jaxsync").setLevel(logging.INFO)
+  logging.getLogger("jaxsync").propagate = False  # absl configures the root logger too
+  strategy, sim = exp.strategy, exp.simulator
+  client = distributed.global_state.client
+  client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
+  schedule = sim.schedule
+  evaluation = dict(
+    eval_fn=schedule.eval_fn, eval_every=schedule.every_updates, eval_every_time=schedule.every_time
+  )
+  kwargs = exp.train_kwargs()
+  if strategy.engine == "sync":
+    if kwargs.pop("max_time") is not None:
+      raise config_lib.ConfigError(
+        f"run.max_time={exp.config.run.max_time!r} is invalid for a synchronous multi-process run; expected "
+        "null (its processes stop together, after run.gradients)."
+      )
+    liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
+    runtime = sync_runtime.SyncRuntime(strategy, sim.loss_fn, sim.data, liveness=liveness, **evaluation)
+    reporter = reporter if group.is_primary else Reporter()
+    result = training.train(
+      runtime, exp.model.params, run_dir, reporter=reporter, primary=group.is_primary, **kwargs
+    )
+    print(f"process {group.index}: final parameters sha256 {runtime.fingerprint(result.params)}", flush=True)
+    _leave_in_order(client, group)
+    return result if group.is_primary else None
+  if group.is_primary:
+    monitor = cluster.HeartbeatMonitor(client)
+    workers = range(1, group.count)
+    server = param_server.ParameterServer(
+      strategy,
+      bind=group.bind,
+      advertise=group.advertise,
+      client=client,
+      liveness=lambda: {p - 1 for p in monitor.live(workers)},
+      **evaluation,
+    )
+    try:
+      result = training.train(server, exp.model.params, run_dir, reporter=reporter, **kwargs)
+    finally:
+      server.stop()
+    result.summary.update(lost_workers=server.lost, rejected_messages=dict(server.rejected_messages))
+    run_directory.write_json(run_dir / "summary.json", result.summary)
+    # Process 0 hosts the coordinator: it leaves last, once the workers have left.
+    lost = {x["process"] for x in server.lost}
+    deadline = time.monotonic() + 15.0
+    while set(monitor.beats()) - lost and time.monotonic() < deadline:
+      time.sleep(0.2)
+    time.sleep(1.0)
+    return result
+
+  heartbeat = cluster.Heartbeat(client, group.index).start()
+  address = client.blocking_key_value_get(param_server.KEY_ADDRESS, 120_000)
+  token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 120_000)
+  done = ps_worker.run_worker(
+    strategy, sim.loss_fn, sim.data, exp.model.params, worker=group.index - 1, address=address, token=token
+  )
+  heartbeat.stop()
+  print(
+    f"worker {group.index - 1}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s; the server said stop"
+  )
+  import jax
+
+  jax.distributed.shutdown()  # before process 0, which waits for this worker's heartbeat to go
+  return None
+
+
+def _leave_in_order(client, group: ProcessGroup) -> None:
+  """Every process finishes together; process 0, the coordinator's host, shuts down last."""
+  import jax
+
+  client.wait_at_barrier("jaxsync/finished", 600_000)
+  if group.is_primary:
+    time.sleep(1.0)  # the others' shutdown calls reach the coordinator first
+  else:
+    jax.distributed.shutdown()
+
+
+# ---------------------------------------------------------------------------
+# compare: strategies x seeds, one table, one set of plots.
+# ---------------------------------------------------------------------------
+
+
+def compare(
+  config: config_lib.Config,
+  out: pathlib.Path,
+  *,
+  strategy_names: list[str] | None,
+  seeds: int | None,
+  overwrite: bool,
+  reporter: Reporter,
+) -> dict[str, Any]:
+  """Runs every strategy of ``strategy_names`` (default ``compare.strategies``) with ``seeds`` seeds."""
+  names = strategy_names or config.compare.strategies or [config.strategy.name]
+  compare_cfg = dataclasses.replace(
+    config.compare, strategies=list(names), seeds=seeds or config.compare.seeds
+  )
+  config = dataclasses.replace(config, compare=compare_cfg)
+  plan = _plan(config)
+  # Every strategy's config errors surface before anything is written; its seeds differ only in the
+  # seed, so one build per strategy checks them all (each run builds its own when it starts).
+  for name in names:
+    experiment.build(experiment.for_strategy(config, name, config.seed))
+  for name in names:
+    dropped = experiment.dropped_options(config, name)
+    if dropped:
+      print(
+        f"jaxsync: note: {name} does not take strategy.options {', '.join(dropped)}; left out.",
+        file=sys.stderr,
+      )
+  run_dir = run_directory.create(out, overwrite=overwrite)
+  write_config(run_dir, config)
+  for sub, run_config in plan.items():
+    (run_dir / sub).mkdir(parents=True)
+    write_config(run_dir / sub, run_config)
+  run_directory.write_json(run_dir / _COMPARE_MARKER, {"runs": list(plan)})
+  return _compare_runs(run_dir, reporter)
+
+
+def _plan(config: config_lib.Config) -> dict[str, config_lib.Config]:
+  """``{"strategy/seedN": config}`` for every strategy and seed of ``config.compare``."""
+  plan = {}
+  for name in config.compare.strategies:
+    for i in range(config.compare.seeds):
+      plan[f"{name}/seed{config.seed + i}"] = experiment.for_strategy(config, name, config.seed + i)
+  return plan
+
+
+def _compare_runs(run_dir: pathlib.Path, reporter: Reporter) -> dict[str, Any]:
+  runs = json.loads((run_dir / _COMPARE_MARKER).read_text())["runs"]
+  results: dict[str, list[training.RunResult]] = {}
+  for sub in runs:
+    result = _run_one(_read_config(run_dir / sub), run_dir / sub, reporter)
+    results.setdefault(sub.split("/")[0], []).append(result)
+  table = results_table(results)
+  (run_dir / "results.md").write_text(table)
+  run_directory.write_json(
+    run_dir / "results.json", {name: [r.summary for r in rs] for name, rs in results.items()}
+  )
+  plots.plot_compare({name: [r.history for r in rs] for name, rs in results.items()}, run_dir / "plots")
+  return {"table": table, "results": results}
+
+
+def mean_std(values: list[float | None], digits: int) -> str:
+  """``mean ± sample std`` of the finite values; ``(n/m)`` when only n of m are finite; ``-`` if none."""
+  finite = [v for v in values if v is not None and np.isfinite(v)]
+  if not finite:
+    return "-"
+  std = np.std(finite, ddof=1) if len(finite) > 1 else 0.0  # the sample std: few seeds
+  text = f"{np.mean(finite):.{digits}f} ± {std:.{digits}f}"
+  return text if len(finite) == len(values) else f"{text} ({len(finite)}/{len(values)})"
+
+
+def results_table(results: dict[str, list[training.RunResult]]) -> str:
+  """A markdown table, one row per strategy: mean ± sample standard deviation over its seeds.
+
+  A cell whose value some seeds lack (a target not reached, a diverged run)
+  says how many seeds it averages, e.g. ``12.1 ± 0.3 (2/3)``.
+  """
+  first = next(iter(results.values()))[0].summary
+  target = first.get("target")
+  target_text = f"{target['metric']} {target['value']}" if target else "target"
+  header = (
+    f"| strategy | seeds | final accuracy | final loss | best accuracy | simulated s to {target_text} | "
+    f"updates to {target_text} | simulated s | updates | mean staleness | GB moved |"
+  )
+  lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  for name, runs in results.items():
+    s = [r.summary for r in runs]
+
+    def col(key, digits, scale=1.0, s=s):
+      return mean_std([None if x.get(key) is None else x[key] * scale for x in s], digits)
+
+    lines.append(
+      f"| {name} | {len(s)} | {col('final_accuracy', 3)} | {col('final_loss', 3)} | {col('best_accuracy', 3)} | "
+      f"{col('time_to_target', 1)} | {col('updates_to_target', 0)} | {col('simulated_time', 1)} | "
+      f"{col('updates', 0)} | {col('mean_staleness', 2)} | {col('bytes_moved', 3, 1e-9)} |"
+    )
+  return "\n".join(lines) + "\n"
+
+
+def strategies_table() -> str:
+  """The registry: each strategy's summary line and its options with defaults."""
+  lines = []
+  for name in strategies.names():
+    info = strategies.describe(name)
+    lines.append(f"{name}: {info.summary}")
+    options = ", ".join(f"{k}={v!r}" for k, v in info.options.items())
+    lines.append(f"    options: {options or '(none)'}")
+  return "\n".join(lines)

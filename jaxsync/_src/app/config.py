@@ -1,0 +1,334 @@
+"""Typed run configs: YAML in, validated dataclasses out, dotted ``--set`` overrides.
+
+Configs stop at the command line: the CLI turns a :class:`Config` into plain
+arguments for the library (``strategies.make``, ``sim.TimeModel``, ...), and
+no library function takes a config object.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import types
+import typing
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+  """A config key with an invalid value, or an unknown key; the message names both."""
+
+
+def _require(ok: bool, key: str, value: Any, expected: str) -> None:
+  """Range checks of the config dataclasses (types are checked while building)."""
+  if not ok:
+    raise ConfigError(f"{key}={value!r} is invalid; expected {expected}.")
+
+
+def _positive(section: str, obj: Any, *names: str) -> None:
+  for name in names:
+    value = getattr(obj, name)
+    _require(
+      value is None or value > 0, f"{section}.{name}", value, "a positive number (or null where allowed)"
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+  """Which data (``jaxsync.datasets.load``) and each worker's batch size."""
+
+  name: str = "digits"
+  data_dir: str | None = None
+  batch_size: int = 32
+  num_examples: int = 10_000
+
+  def __post_init__(self):
+    from jaxsync._src.data.datasets import DATASETS
+
+    _require(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
+    _positive("data", self, "batch_size", "num_examples")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Which model (``jaxsync.models.make``); ``hidden`` widths for ``mlp``."""
+
+  name: str = "cnn"
+  hidden: list[int] | None = None
+
+  def __post_init__(self):
+    from jaxsync._src.models.networks import MODELS
+
+    _require(self.name in MODELS, "model.name", self.name, f"one of {', '.join(MODELS)}")
+    _require(
+      self.hidden is None or (self.name == "mlp" and all(h > 0 for h in self.hidden)),
+      "model.hidden",
+      self.hidden,
+      "null, or positive layer widths with model.name=mlp",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyConfig:
+  """A registry strategy and its options (``jaxsync.strategies.describe`` lists them)."""
+
+  name: str = "ormo"
+  options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    from jaxsync._src.strategies.registry import describe, names
+
+    _require(self.name in names(), "strategy.name", self.name, f"one of {', '.join(names())}")
+    valid = describe(self.name).options
+    unknown = sorted(set(self.options) - set(valid))
+    if unknown:
+      raise ConfigError(
+        f"unknown option strategy.options.{unknown[0]} for strategy {self.name!r}; valid options: "
+        f"{', '.join(valid) or 'none'}."
+      )
+
+
+@dataclasses.dataclass(frozen=True)
+class ClusterConfig:
+  """The simulated cluster (``jaxsync.sim.TimeModel``); ``compute_time: null`` uses the model's FLOPs."""
+
+  num_workers: int = 8
+  compute_time: float | None = None
+  device_flops: float = 1e11
+  jitter_shape: float | None = 100.0
+  slow_fraction: float = 0.25
+  slowdown: float = 4.0
+  link: str = "10gbps"
+  apply_time: float = 0.0
+  # Bytes of one model or gradient message; null means the model's own size. Set it to time
+  # the exchanges of a bigger model (e.g. a paper's) while training the small one.
+  message_bytes: int | None = None
+
+  def __post_init__(self):
+    from jaxsync._src.sim.time_model import LINK_PRESETS
+
+    _positive("cluster", self, "num_workers", "compute_time", "device_flops", "jitter_shape")
+    _require(0 <= self.slow_fraction < 1, "cluster.slow_fraction", self.slow_fraction, "a fraction in [0, 1)")
+    _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
+    _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
+    if self.message_bytes is not None:
+      _require(
+        self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null"
+      )
+    _require(self.link in LINK_PRESETS, "cluster.link", self.link, f"one of {', '.join(LINK_PRESETS)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+  """How long to run, how often to evaluate and checkpoint (``checkpoint_every: null``: every 10 chunks)."""
+
+  gradients: int = 4000
+  max_time: float | None = None
+  eval_every: int | None = 100
+  eval_every_time: float | None = None
+  chunk: int = 500
+  checkpoint_every: int | None = None
+  target_accuracy: float | None = 0.9
+
+  def __post_init__(self):
+    _positive(
+      "run", self, "gradients", "max_time", "eval_every", "eval_every_time", "chunk", "checkpoint_every"
+    )
+    _require(
+      (self.eval_every is None) != (self.eval_every_time is None),
+      "run.eval_every",
+      self.eval_every,
+      f"exactly one of run.eval_every and run.eval_every_time (eval_every_time={self.eval_every_time!r})",
+    )
+    _require(
+      self.checkpoint_every is None or self.checkpoint_every % self.chunk == 0,
+      "run.checkpoint_every",
+      self.checkpoint_every,
+      f"null or a multiple of run.chunk={self.chunk} (checkpoints are taken between chunks)",
+    )
+    _require(
+      self.target_accuracy is None or 0 < self.target_accuracy <= 1,
+      "run.target_accuracy",
+      self.target_accuracy,
+      "null or a fraction in (0, 1]",
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class CompareConfig:
+  """What ``jaxsync compare`` runs: strategies, seeds, and per-strategy option overrides."""
+
+  strategies: list[str] = dataclasses.field(default_factory=list)
+  seeds: int = 3
+  options: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    from jaxsync._src.strategies.registry import describe, names
+
+    _positive("compare", self, "seeds")
+    for name in self.strategies:
+      _require(name in names(), "compare.strategies", name, f"names from {', '.join(names())}")
+    for name, options in self.options.items():
+      _require(name in names(), "compare.options", name, f"strategy names as keys, from {', '.join(names())}")
+      _require(isinstance(options, dict), f"compare.options.{name}", options, "a mapping of option to value")
+      valid = describe(name).options
+      unknown = sorted(set(options) - set(valid))
+      _require(not unknown, f"compare.options.{name}", options, f"options of {name}: {', '.join(valid)}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """A whole run: data, model, strategy, cluster and run length (and what ``compare`` varies)."""
+
+  name: str = "run"
+  seed: int = 0
+  data: DataConfig = dataclasses.field(default_factory=DataConfig)
+  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+  strategy: StrategyConfig = dataclasses.field(default_factory=StrategyConfig)
+  cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
+  run: RunConfig = dataclasses.field(default_factory=RunConfig)
+  compare: CompareConfig = dataclasses.field(default_factory=CompareConfig)
+
+
+def _type_name(hint: Any) -> str:
+  return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
+
+
+def _coerce(path: str, hint: Any, value: Any) -> Any:
+  """``value`` checked against the annotation ``hint``; ints are accepted for floats."""
+  origin = typing.get_origin(hint)
+  if origin in (typing.Union, types.UnionType):
+    options = typing.get_args(hint)
+    if value is None and type(None) in options:
+      return None
+    errors = []
+    for option in options:
+      if option is type(None):
+        continue
+      try:
+        return _coerce(path, option, value)
+      except ConfigError as err:
+        errors.append(err)
+    raise errors[0]
+  if origin is list:
+    (item,) = typing.get_args(hint)
+    if not isinstance(value, list):
+      raise ConfigError(f"{path}={value!r} is invalid; expected a list of {_type_name(item)}.")
+    return [_coerce(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
+  if origin is dict:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+      raise ConfigError(f"{path}={value!r} is invalid; expected a mapping of names to values.")
+    return dict(value)
+  if hint is float:
+    if isinstance(value, str):  # YAML 1.1 reads 1e-3 (no dot) as a string
+      try:
+        value = float(value)
+      except ValueError:
+        pass
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+      raise ConfigError(f"{path}={value!r} is invalid; expected a number.")
+    return float(value)
+  if hint is int:
+    if isinstance(value, bool) or not isinstance(value, int):
+      raise ConfigError(f"{path}={value!r} is invalid; expected an integer.")
+    return value
+  if hint is bool:
+    if not isinstance(value, bool):
+      raise ConfigError(f"{path}={value!r} is invalid; expected true or false.")
+    return value
+  if hint is str:
+    if not isinstance(value, str):
+      raise ConfigError(f"{path}={value!r} is invalid; expected a string.")
+    return value
+  if dataclasses.is_dataclass(hint):
+    return _build(hint, value, path)
+  raise TypeError(f"config: no rule for {hint!r} at {path}")  # a bug in this module, not user input
+
+
+def _build(cls: type, raw: Any, prefix: str = "") -> Any:
+  where = prefix or "config"
+  if raw is None:
+    raw = {}
+  if not isinstance(raw, dict):
+    raise ConfigError(f"{where}={raw!r} is invalid; expected a mapping with keys {_keys(cls)}.")
+  hints = typing.get_type_hints(cls)
+  unknown = sorted(set(raw) - set(hints))
+  if unknown:
+    dotted = ", ".join(f"{prefix}.{k}" if prefix else str(k) for k in unknown)
+    raise ConfigError(
+      f"unknown config key {dotted}; valid keys{' of ' + prefix if prefix else ''}: {_keys(cls)}."
+    )
+  values = {}
+  for name, hint in hints.items():
+    if name in raw:
+      values[name] = _coerce(f"{prefix}.{name}" if prefix else name, hint, raw[name])
+  return cls(**values)
+
+
+def _one_line(err: Exception) -> str:
+  return " ".join(str(err).split())
+
+
+def _keys(cls: type) -> str:
+  return ", ".join(f.name for f in dataclasses.fields(cls))
+
+
+def from_dict(raw: Any) -> Config:
+  """A :class:`Config` from a plain mapping; unknown keys and wrong types raise :class:`ConfigError`."""
+  return _build(Config, raw)
+
+
+def to_dict(config: Config) -> dict[str, Any]:
+  """The config as plain data (what ``config.yaml`` in a run directory holds)."""
+  return dataclasses.asdict(config)
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+  """``"a.b=value"`` as (``["a", "b"]``, the YAML value); e.g. ``run.gradients=800``."""
+  if "=" not in text:
+    raise ConfigError(f"override {text!r} is invalid; expected key.path=value, e.g. cluster.num_workers=16.")
+  key, value = text.split("=", 1)
+  parts = key.strip().split(".")
+  if not all(parts):
+    raise ConfigError(f"override {text!r} is invalid; expected key.path=value.")
+  try:
+    parsed = yaml.safe_load(value) if value.strip() else None
+  except yaml.YAMLError as err:
+    raise ConfigError(f"override {text!r}: the value is not valid YAML ({_one_line(err)}).") from None
+  return parts, parsed
+
+
+def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+  """A copy of ``raw`` with each ``a.b=value`` set (``strategy.options.x=...`` may add an option)."""
+  out = yaml.safe_load(yaml.safe_dump(raw)) or {}
+  for text in overrides:
+    parts, value = parse_override(text)
+    node = out
+    for part in parts[:-1]:
+      child = node.get(part)
+      if child is None:
+        child = node[part] = {}
+      if not isinstance(child, dict):
+        raise ConfigError(f"override {text!r}: {part} is not a mapping.")
+      node = child
+    node[parts[-1]] = value
+  return out
+
+
+def load(path: str | pathlib.Path, overrides: list[str] = ()) -> Config:
+  """Reads a YAML config, applies ``--set`` overrides, validates; raises :class:`ConfigError`."""
+  path = pathlib.Path(path)
+  if not path.is_file():
+    raise ConfigError(
+      f"config file {str(path)!r} does not exist; expected a YAML file such as configs/quickstart.yaml."
+    )
+  try:
+    raw = yaml.safe_load(path.read_text())
+  except yaml.YAMLError as err:
+    raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_one_line(err)}") from None
+  if raw is not None and not isinstance(raw, dict):
+    raise ConfigError(
+      f"config file {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections."
+    )
+  return from_dict(apply_overrides(raw or {}, list(overrides)))

@@ -1,0 +1,89 @@
+"""Checks of Python-level arguments, used by every layer: one message format naming the value.
+
+Every factory, constructor and config check in jaxsync raises
+``ValueError(f"{what}: {name}={value!r} is invalid; expected {expected}.")``
+before anything is compiled or run. Traced values are never checked here: a
+rule rejects a bad arrival in its state instead (:mod:`jaxsync._src.rules.guard`).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import optax
+
+
+def _is_real(value: Any) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_int(value: Any) -> bool:
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def invalid(rule: str, name: str, value: Any, expected: str) -> ValueError:
+  """Builds the one error message format used across jaxsync."""
+  return ValueError(f"{rule}: {name}={value!r} is invalid; expected {expected}.")
+
+
+def check_real(
+  rule: str,
+  name: str,
+  value: Any,
+  *,
+  low: float | None = None,
+  high: float | None = None,
+  low_open: bool = False,
+  high_open: bool = False,
+) -> float:
+  """Checks that ``value`` is a finite real number inside the given interval."""
+  left = "(" if low_open else "["
+  right = ")" if high_open else "]"
+  lo = "-inf" if low is None else repr(low)
+  hi = "inf" if high is None else repr(high)
+  expected = f"a finite real number in {left}{lo}, {hi}{right}"
+  if not _is_real(value) or not math.isfinite(float(value)):
+    raise invalid(rule, name, value, expected)
+  value = float(value)
+  if low is not None and (value < low or (low_open and value == low)):
+    raise invalid(rule, name, value, expected)
+  if high is not None and (value > high or (high_open and value == high)):
+    raise invalid(rule, name, value, expected)
+  return value
+
+
+def check_int(rule: str, name: str, value: Any, *, low: int = 1) -> int:
+  """Checks that ``value`` is an integer (not a bool) of at least ``low``."""
+  if not _is_int(value) or int(value) < low:
+    raise invalid(rule, name, value, f"an integer >= {low}")
+  return int(value)
+
+
+def check_choice(rule: str, name: str, value: Any, options: Sequence[str]) -> str:
+  """Checks that ``value`` is one of the named ``options``."""
+  if not isinstance(value, str) or value not in options:
+    raise invalid(rule, name, value, "one of " + ", ".join(repr(o) for o in options))
+  return value
+
+
+def check_bool(rule: str, name: str, value: Any) -> bool:
+  if not isinstance(value, bool):
+    raise invalid(rule, name, value, "True or False")
+  return value
+
+
+def check_learning_rate(rule: str, value: Any) -> optax.ScalarOrSchedule:
+  """A learning rate is a positive finite number or a schedule ``count -> rate``."""
+  if callable(value):
+    return value
+  if not _is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:
+    raise invalid(
+      rule,
+      "learning_rate",
+      value,
+      "a positive finite number or a schedule (a callable step -> rate)",
+    )
+  return float(value)

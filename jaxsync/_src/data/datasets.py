@@ -1,0 +1,169 @@
+"""Image classification datasets, read offline: digits (bundled), CIFAR-10/100 (local files), synthetic."""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import pickle
+from typing import Any
+
+import numpy as np
+
+from jaxsync._src.core import validation
+
+_WHAT = "datasets"
+DATASETS = ("digits", "cifar10", "cifar100", "synthetic")
+_CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+_CIFAR_LAYOUT = {
+  "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", 10),
+  "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels", 100),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Dataset:
+  """A classification dataset in memory: float32 images ``[N, H, W, C]`` and int32 labels.
+
+  Attributes:
+    name: the dataset name.
+    train: ``{"image": ..., "label": ...}`` for training.
+    test: the held-out split, same keys.
+    num_classes: the number of classes.
+  """
+
+  name: str
+  train: dict[str, np.ndarray]
+  test: dict[str, np.ndarray]
+  num_classes: int
+
+  @property
+  def input_shape(self) -> tuple[int, int, int]:
+    """``(height, width, channels)`` of one image."""
+    return tuple(self.train["image"].shape[1:])
+
+
+def _split(images, labels, test_fraction: float, seed: int):
+  order = np.random.default_rng(seed).permutation(len(images))
+  images, labels = images[order], labels[order]
+  cut = len(images) - int(round(test_fraction * len(images)))
+  return {"image": images[:cut], "label": labels[:cut]}, {"image": images[cut:], "label": labels[cut:]}
+
+
+def _digits(seed: int) -> Dataset:
+  from sklearn.datasets import load_digits
+
+  digits = load_digits()
+  images = (digits.images / 16.0).astype(np.float32)[..., None]
+  train, test = _split(images, digits.target.astype(np.int32), 0.2, seed)
+  return Dataset("digits", train, test, 10)
+
+
+def _unpickle(path: pathlib.Path, label_key: bytes) -> tuple[np.ndarray, np.ndarray]:
+  try:
+    with path.open("rb") as f:
+      entry = pickle.load(f, encoding="bytes")
+    data = np.asarray(entry[b"data"], np.uint8)
+    labels = np.asarray(entry[label_key], np.int64)
+  except Exception as err:  # any unreadable file: say which and what was expected
+    raise ValueError(
+      f"{_WHAT}: {path} is not a CIFAR batch in the python format ({type(err).__name__}: {err}); expected a "
+      f"pickled dict with b'data' (uint8, N x 3072) and {label_key!r}; get the 'python version' from {_CIFAR_URL}."
+    ) from None
+  if data.ndim != 2 or data.shape[1] != 3072 or len(labels) != len(data):
+    raise ValueError(
+      f"{_WHAT}: {path} has data of shape {data.shape} and {len(labels)} labels; expected N x 3072 and N labels."
+    )
+  return data.reshape(-1, 3, 32, 32).transpose(0, 2, 3, 1), labels.astype(np.int32)
+
+
+def _cifar(name: str, data_dir: Any) -> Dataset:
+  folder_name, train_files, test_files, label_key, classes = _CIFAR_LAYOUT[name]
+  if data_dir is None:
+    raise ValueError(
+      f"{_WHAT}: name={name!r} needs data_dir=...; expected a directory holding {folder_name}/ "
+      f"(the python version from {_CIFAR_URL}, extracted). Nothing is downloaded at run time."
+    )
+  root = pathlib.Path(data_dir).expanduser()
+  folder = root / folder_name if (root / folder_name).is_dir() else root
+  missing = [f for f in train_files + test_files if not (folder / f).is_file()]
+  if missing:
+    raise ValueError(
+      f"{_WHAT}: data_dir={str(data_dir)!r} lacks {', '.join(missing)} (looked in {folder}); expected "
+      f"{folder_name}/ with {', '.join(train_files + test_files)} from {_CIFAR_URL}."
+    )
+
+  def read(files):
+    parts = [_unpickle(folder / f, label_key) for f in files]
+    return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+
+  train_x, train_y = read(train_files)
+  test_x, test_y = read(test_files)
+  if train_y.min() < 0 or max(train_y.max(), test_y.max()) >= classes:
+    raise ValueError(f"{_WHAT}: labels in {folder} fall outside [0, {classes}); expected {name} labels.")
+  # Per-channel standardization with the training split's statistics.
+  scaled = train_x.astype(np.float32) / 255.0
+  mean, std = scaled.mean(axis=(0, 1, 2)), scaled.std(axis=(0, 1, 2)) + 1e-6
+  train = {"image": (scaled - mean) / std, "label": train_y}
+  test = {"image": (test_x.astype(np.float32) / 255.0 - mean) / std, "label": test_y}
+  return Dataset(name, train, test, classes)
+
+
+def _synthetic(seed: int, num_examples: int, num_classes: int, input_shape) -> Dataset:
+  rng = np.random.default_rng(seed)
+  shape = tuple(input_shape)
+  centers = rng.normal(size=(num_classes, *shape)).astype(np.float32)
+  labels = rng.integers(0, num_classes, num_examples).astype(np.int32)
+  images = centers[labels] + 1.5 * rng.normal(size=(num_examples, *shape)).astype(np.float32)
+  train, test = _split(images, labels, 0.2, seed)
+  return Dataset("synthetic", train, test, num_classes)
+
+
+def load(
+  name: str,
+  *,
+  data_dir: str | None = None,
+  seed: int = 0,
+  num_examples: int = 10_000,
+  num_classes: int = 10,
+  input_shape: tuple[int, int, int] = (8, 8, 1),
+) -> Dataset:
+  """Loads a dataset by name, offline.
+
+  * ``digits``: scikit-learn's bundled 1,797 8x8 digits, scaled to [0, 1], a
+    seeded 80/20 split.
+  * ``cifar10`` / ``cifar100``: the python version of CIFAR read from
+    ``data_dir`` (the directory holding ``cifar-10-batches-py/`` or
+    ``cifar-100-python/``, or that folder itself), standardized per channel
+    with the training statistics. A missing or malformed directory raises a
+    ``ValueError`` saying what was expected and where to get it.
+  * ``synthetic``: ``num_examples`` Gaussian images around ``num_classes``
+    random class centres, for scale.
+
+  Args:
+    name: one of :data:`DATASETS`.
+    data_dir: the CIFAR directory.
+    seed: the split (and synthetic data) seed.
+    num_examples, num_classes, input_shape: the synthetic set's size.
+
+  Returns:
+    A :class:`Dataset`.
+
+  Example:
+    >>> import jaxsync
+    >>> digits = jaxsync.datasets.load("digits")
+    >>> digits.input_shape, len(digits.train["label"]), len(digits.test["label"])
+    ((8, 8, 1), 1438, 359)
+
+  References:
+    Krizhevsky, "Learning Multiple Layers of Features from Tiny Images", 2009
+    (CIFAR-10/100).
+  """
+  validation.check_choice(_WHAT, "name", name, DATASETS)
+  seed = validation.check_int(_WHAT, "seed", seed, low=0)
+  if name == "digits":
+    return _digits(seed)
+  if name == "synthetic":
+    num_examples = validation.check_int(_WHAT, "num_examples", num_examples, low=10)
+    num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
+    return _synthetic(seed, num_examples, num_classes, input_shape)
+  return _cifar(name, data_dir)

@@ -1,0 +1,597 @@
+"""The asynchronous parameter server: the registry's server rule and dispatch policy on real arrivals.
+
+Process 0 serves; every other process is one worker (:mod:`ps_worker`). The
+server applies, per arrival, exactly what the simulator applies per event
+(:func:`arrival.server_arrival`, :func:`arrival.dispatch`), in one jitted
+step; only the clock differs (wall seconds instead of simulated ones).
+
+Planes:
+
+* control, on the ``jax.distributed`` coordination service: the server
+  publishes its data-plane address and the run token under ``jaxsync/``;
+  liveness comes from heartbeats the workers write to its key-value store
+  (``get_live_nodes`` is a barrier over the processes it names, which busy
+  workers cannot join), so a worker killed with SIGKILL is noticed within the
+  heartbeat timeout;
+* data, on ZeroMQ (a ROUTER socket bound to the configured interface only):
+  :mod:`wire` messages, received without a copy and checked field by field.
+
+:class:`ParameterServer` has the simulator's interface (``init``,
+``advance``, ``history``, ``evaluate``), so :func:`training.train` drives it
+unchanged: metrics, orbax checkpoints, resume, summary and plots. Not
+thread-safe: one host loop owns it.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import secrets
+import time
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import zmq
+from jax.flatten_util import ravel_pytree
+
+from jaxsync._src.steps import arrival
+from jaxsync._src.dist import wire
+from jaxsync._src.dist.cluster import RunFaultError
+from jaxsync._src.steps.records import EvalSchedule, EventRecord
+from jaxsync._src.sim.simulator import History, assemble_history
+from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.core import validation
+from jaxsync._src.rules import guard
+
+log = logging.getLogger("jaxsync.server")
+
+KEY_ADDRESS = "jaxsync/server/address"
+KEY_TOKEN = "jaxsync/server/token"
+_WHAT = "ParameterServer"
+
+
+class WorkerLostError(RunFaultError):
+  """Every worker process is gone: the run cannot go on."""
+
+
+class ServerState(NamedTuple):
+  """The server's whole state (what a checkpoint holds).
+
+  Attributes:
+    clock: wall seconds of the last event since the run started (summed over resumes).
+    params: the server parameters.
+    rule_state: the server rule's state.
+    version: server updates so far.
+    pending: accepted arrivals since the last update.
+    steps: gradients each worker sent (its data step: a batch is a function of it).
+    used: gradients of each worker the rule accepted.
+    idle: wall seconds each worker waited in the server's waiting set.
+    pulled_version: the version each worker was last sent.
+    noise_ratio: the noise ratio each worker was last sent (BB).
+    waiting: the server's waiting set ``C``.
+    live: workers not lost.
+    wait_since: when each worker entered the waiting set.
+    inter_messages: full-size messages moved (pushes and replies).
+    next_eval: the next evaluation point.
+    event: arrivals so far.
+  """
+
+  clock: jax.Array
+  params: Any
+  rule_state: Any
+  version: jax.Array
+  pending: jax.Array
+  steps: jax.Array
+  used: jax.Array
+  idle: jax.Array
+  pulled_version: jax.Array
+  noise_ratio: jax.Array
+  waiting: jax.Array
+  live: jax.Array
+  wait_since: jax.Array
+  inter_messages: jax.Array
+  next_eval: jax.Array
+  event: jax.Array
+
+
+def _check_protocol(strategy: Strategy) -> Strategy:
+  if strategy.engine != "async" or strategy.protocol != "gradient":
+    raise validation.invalid(
+      _WHAT,
+      "strategy",
+      f"{strategy.name} (engine={strategy.engine!r}, protocol={strategy.protocol!r})",
+      "an asynchronous strategy that sends gradients (the elastic strategies easgd, eamsgd and ea_wild "
+      "run in the simulator only; synchronous ones run on the multi-controller loop)",
+    )
+  return strategy
+
+
+class ParameterServer:
+  """Serves an asynchronous strategy to worker processes over ZeroMQ.
+
+  Every arrival runs ``theta, s = server_rule(m, s, theta; version, live)``
+  and the dispatch policy (:mod:`arrival`), compiled once; replies carry the
+  parameters (SMEGA2's look-ahead estimate), their version, the worker's next
+  data step and the noise ratio (BB).
+
+  Args:
+    strategy: an asynchronous ``"gradient"``-protocol strategy.
+    num_workers: worker processes (``strategy.num_workers``).
+    eval_fn, eval_every, eval_every_time: evaluation, as for the simulator
+      (``eval_every_time`` in wall seconds).
+    bind: the interface to bind (``127.0.0.1`` by default: loopback only).
+    port: 0 picks a free port.
+    client: the coordination-service client (``None``: no control plane;
+      the address and token are then read from :attr:`address` /
+      :attr:`token` by the caller, e.g. a test or benchmark).
+    liveness: ``() -> set of live worker ids``; default with a ``client``:
+      the workers' key-value heartbeats (:class:`cluster.HeartbeatMonitor`;
+      worker ``k`` is process ``k + 1``), without one: every worker is live.
+    idle_timeout: seconds without any message (and with live workers)
+      before the server gives up on the run.
+    advertise: the host workers connect to (published on the control plane);
+      required when ``bind`` is every interface (``0.0.0.0``).
+
+  Example:
+    See ``tests/test_multiprocess.py``; ``jaxsync launch -n 3 configs/quickstart.yaml
+    --set cluster.num_workers=2`` runs one.
+  """
+
+  def __init__(
+    self,
+    strategy: Strategy,
+    *,
+    eval_fn=None,
+    eval_every: int | None = None,
+    eval_every_time: float | None = None,
+    bind: str = "127.0.0.1",
+    port: int = 0,
+    client: Any = None,
+    liveness=None,
+    idle_timeout: float = 300.0,
+    advertise: str | None = None,
+  ):
+    self.strategy = _check_protocol(strategy)
+    self.num_workers = strategy.num_workers
+    self.schedule = EvalSchedule.make(eval_fn, eval_every, eval_every_time)
+    self._evaluate = jax.jit(self.schedule.evaluate) if eval_fn is not None else None
+    self.idle_timeout = validation.check_real(_WHAT, "idle_timeout", idle_timeout, low=0.0, low_open=True)
+    self.token = secrets.token_bytes(16)
+    self._bind_to, self._port_wanted = bind, port
+    if advertise is None and bind in ("0.0.0.0", "*", "::"):
+      raise validation.invalid(_WHAT, "advertise", advertise, f"the host workers connect to when bind={bind!r}")
+    self._advertise = advertise
+    self._socket = None
+    self.address: str | None = None
+    self._client = client
+    if liveness is None and client is not None:
+      # get_live_nodes is a barrier over the processes it names: the workers' heartbeats are one-sided.
+      from jaxsync._src.dist.cluster import HeartbeatMonitor
+
+      monitor = HeartbeatMonitor(client)
+      liveness = lambda: {p - 1 for p in monitor.live(range(1, self.num_workers + 1))}  # noqa: E731
+    self._liveness = liveness
+    self._identity: dict[int, bytes] = {}
+    self._worker_of: dict[bytes, int] = {}
+    self.rejected_messages: collections.Counter[str] = collections.Counter()
+    self.lost: list[dict[str, Any]] = []
+    self._started = time.perf_counter()
+    self._clock_offset, self._clock_started = 0.0, False
+    self._last_liveness = 0.0
+    self._state: ServerState | None = None
+
+  def _open_socket(self, max_bytes: int) -> None:
+    """Binds the data plane and publishes its address and the run token on the control plane."""
+    socket = zmq.Context.instance().socket(zmq.ROUTER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished worker raises, not vanishes
+    socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker that reconnects keeps its identity
+    # Set before bind (a listener copies its options): a longer frame is refused before it is read whole.
+    socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+    bind, port = self._bind_to, self._port_wanted
+    if port == 0:
+      port = socket.bind_to_random_port(f"tcp://{bind}")
+    else:
+      socket.bind(f"tcp://{bind}:{port}")
+    self._socket, self.address = socket, f"tcp://{self._advertise or bind}:{port}"
+    if self._client is not None:
+      self._client.key_value_set(KEY_ADDRESS, self.address, allow_overwrite=True)
+      self._client.key_value_set_bytes(KEY_TOKEN, self.token, allow_overwrite=True)
+
+  # -- the simulator's interface ---------------------------------------------------------------
+
+  def _prepare(self, params) -> None:
+    flat, self._unravel = ravel_pytree(params)
+    self.count, self.dtype = int(flat.size), str(flat.dtype)
+    leaf_dtypes = {str(x.dtype) for x in jax.tree.leaves(params)}
+    if len(leaf_dtypes) != 1:
+      raise validation.invalid(_WHAT, "params dtypes", sorted(leaf_dtypes), "one dtype for every leaf")
+    if self._socket is None:
+      self._open_socket(wire.max_message_bytes(self.count, self.dtype))
+    self._metric_names = tuple(sorted(self.schedule.metric_shapes(params)))
+    self._arrive = jax.jit(self._arrive_impl, donate_argnums=0)
+
+  def init(self, params, seed: int = 0) -> ServerState:
+    """The state before the first arrival: every worker will get ``params`` (version 0)."""
+    del seed  # the real cluster has no jitter seed
+    params = jax.tree.map(jnp.asarray, params)
+    self._prepare(params)
+    self._initial_metrics = self._evaluate(params) if self._evaluate is not None else {}
+    k = self.num_workers
+    zeros = jnp.zeros([k], jnp.int32)
+    state = ServerState(
+      clock=jnp.zeros([], jnp.float32),
+      params=params,
+      rule_state=self.strategy.server_rule.init(params),
+      version=jnp.zeros([], jnp.int32),
+      pending=jnp.zeros([], jnp.int32),
+      steps=zeros,
+      used=zeros,
+      idle=jnp.zeros([k], jnp.float32),
+      pulled_version=zeros,
+      noise_ratio=jnp.zeros([k], jnp.float32),
+      waiting=jnp.zeros([k], jnp.bool_),
+      live=jnp.ones([k], jnp.bool_),
+      wait_since=jnp.zeros([k], jnp.float32),
+      inter_messages=jnp.zeros([], jnp.int32),
+      next_eval=self.schedule.first_due(),
+      event=jnp.zeros([], jnp.int32),
+    )
+    self._state = jax.tree.map(lambda x: jnp.array(x, copy=True), state)
+    return self._state
+
+  @property
+  def initial_metrics(self) -> dict[str, float]:
+    """The metrics of the parameters given to :meth:`init`."""
+    return {name: float(v) for name, v in getattr(self, "_initial_metrics", {}).items()}
+
+  def evaluate(self, params) -> dict[str, float]:
+    """``eval_fn(params)`` as floats (``{}`` without one)."""
+    if self._evaluate is None:
+      return {}
+    return {name: float(v) for name, v in self._evaluate(params).items()}
+
+  def history(self, records: list[EventRecord], state: ServerState, *, initial_metrics=None) -> History:
+    """A :class:`History` of the real run (``time`` in wall seconds)."""
+    message = float(self.count * np.dtype(wire._numpy_dtype(self.dtype)).itemsize)
+    return assemble_history(
+      records,
+      self.initial_metrics if initial_metrics is None else initial_metrics,
+      self._metric_names,
+      worker_steps=np.asarray(state.steps),
+      worker_used=np.asarray(state.used),
+      worker_idle=np.asarray(state.idle),
+      bytes_moved=float(state.inter_messages) * message,
+      bytes_moved_intra=0.0,
+    )
+
+  # -- one arrival, compiled --------------------------------------------------------------------
+
+  def _arrive_impl(self, s: ServerState, k, flat, worker_finite, loss, step_size, now):
+    strategy = self.strategy
+    message = self._unravel(flat)
+    finite = worker_finite & guard.tree_all_finite(message)  # never trust the sender's verdict
+    arrived = arrival.server_arrival(
+      strategy,
+      s.params,
+      s.rule_state,
+      message,
+      version=s.pulled_version[k],
+      pending=s.pending,
+      num_live_workers=jnp.sum(s.live),
+      finite=finite,
+    )
+    released, rejected = arrived.released, ~finite
+    version = s.version + released.astype(jnp.int32)
+    steps = s.steps.at[k].add(1)
+    fresh = s.pulled_version[k] == s.version
+    # A lost worker holds no one back (SSP's slowest clock is among the live).
+    clocks = jnp.where(s.live, steps, jnp.iinfo(jnp.int32).max)
+    send, waiting = arrival.dispatch(strategy, s.waiting & s.live, k, clocks, released, fresh, rejected)
+    onehot = jnp.arange(self.num_workers) == k
+    entered = onehot & waiting
+    wait_since = jnp.where(entered, now, s.wait_since)
+    idle = s.idle + jnp.where(send & ~onehot, now - s.wait_since, 0.0)
+    noise = optax.tree.get(arrived.rule_state, "noise_ratio", None)
+    evaluated, metrics, next_eval = self.schedule.maybe_evaluate(
+      s.next_eval, arrived.params, version, now, self._metric_names
+    )
+    reply, _ = ravel_pytree(arrival.reply_parameters(arrived.params, arrived.rule_state))
+    new = ServerState(
+      clock=now,
+      params=arrived.params,
+      rule_state=arrived.rule_state,
+      version=version,
+      pending=arrived.pending,
+      steps=steps,
+      used=s.used.at[k].add(finite.astype(jnp.int32)),
+      idle=idle,
+      pulled_version=jnp.where(send, version, s.pulled_version),
+      noise_ratio=s.noise_ratio if noise is None else jnp.where(send, noise, s.noise_ratio),
+      waiting=waiting,
+      live=s.live,
+      wait_since=wait_since,
+      inter_messages=s.inter_messages + 1 + jnp.sum(send).astype(jnp.int32),
+      next_eval=next_eval,
+      event=s.event + 1,
+    )
+    record = EventRecord(
+      time=now,
+      worker=k,
+      staleness=s.version - s.pulled_version[k],
+      version=version,
+      released=released,
+      k=arrived.k_used,
+      loss=loss,
+      rejected=rejected,
+      step_size=step_size,
+      evaluated=evaluated,
+      metrics=metrics,
+    )
+    return new, record, send, reply
+
+  # -- the host loop ----------------------------------------------------------------------------
+
+  def _now(self) -> float:
+    return self._clock_offset + time.perf_counter() - self._started
+
+  def _send(self, worker: int, header: wire.Header, payload=None) -> None:
+    identity = self._identity.get(worker)
+    if identity is None:
+      return
+    try:
+      self._socket.send_multipart([identity, *wire.encode(header, payload)], copy=False, flags=zmq.NOBLOCK)
+    except zmq.ZMQError:  # gone (ROUTER_MANDATORY) or not reading (zmq.Again): liveness will tell
+      log.warning("worker %d: reply not delivered (its connection is gone)", worker)
+
+  def _params_header(self, state: ServerState, worker: int) -> wire.Header:
+    return wire.Header(
+      kind=wire.Kind.PARAMS,
+      token=self.token,
+      worker=worker,
+      version=int(state.pulled_version[worker]),
+      step=int(state.steps[worker]),
+      noise_ratio=float(state.noise_ratio[worker]),
+      dtype=self.dtype,
+      count=self.count,
+    )
+
+  def _reply(self, state: ServerState, workers, reply_flat) -> None:
+    payload = np.asarray(reply_flat)
+    for w in workers:
+      self._send(int(w), self._params_header(state, int(w)), payload)
+
+  def _reject(self, identity: bytes, reason: str, detail: str, worker: int | None) -> None:
+    self.rejected_messages[reason] += 1
+    who = f"worker {worker}" if worker is not None else "an unknown peer"
+    log.warning("rejected a message from %s: %s (%s)", who, reason, detail)
+    # The reason travels in the header's step field: an ERROR carries no payload.
+    header = wire.Header(
+      kind=wire.Kind.ERROR,
+      token=self.token,
+      worker=-1 if worker is None else worker,
+      step=wire.REASONS.index(reason),
+    )
+    if reason in ("malformed", "token"):
+      return  # not one of this run's processes: no answer to feed a flood
+    try:
+      self._socket.send_multipart([identity, *wire.encode(header)], copy=False, flags=zmq.NOBLOCK)
+    except zmq.ZMQError:
+      pass
+
+  def _check_liveness(self, state: ServerState) -> ServerState:
+    now = time.perf_counter()
+    if now - self._last_liveness < 0.5:
+      return state
+    self._last_liveness = now
+    live = self._live_workers()
+    if live is None:
+      return state
+    was = np.asarray(state.live)
+    lost = [k for k in range(self.num_workers) if was[k] and k not in live]
+    for k in lost:
+      event = {"worker": k, "process": k + 1, "wall_time": self._now(), "version": int(state.version)}
+      self.lost.append(event)
+      log.warning(
+        "worker %d (process %d) lost at %.1f s, server version %d; going on with %d worker(s)",
+        k,
+        k + 1,
+        event["wall_time"],
+        event["version"],
+        int(was.sum()) - len(lost),
+      )
+    if lost:
+      mask = np.ones(self.num_workers, bool)
+      mask[lost] = False
+      state = state._replace(live=state.live & mask, waiting=state.waiting & mask)
+      if not bool(np.asarray(state.live).any()):
+        raise WorkerLostError(
+          f"every worker process is lost (last: {', '.join(f'worker {k}' for k in lost)}); "
+          f"the server stops at version {int(state.version)}. Resume with `jaxsync resume RUN_DIR`."
+        )
+    # Every live worker waits for a release only the lost ones could have completed (a buffering rule
+    # that does not shrink its bound with num_live_workers): they recompute on the current parameters.
+    waiting, live_mask = np.asarray(state.waiting), np.asarray(state.live)
+    if waiting.any() and not (live_mask & ~waiting).any():
+      state = self._release_waiting(state)
+    return state
+
+  def _release_waiting(self, state: ServerState) -> ServerState:
+    """Sends the current parameters to every waiting worker, as a release would (the same fields)."""
+    waiting = np.asarray(state.waiting)
+    noise = optax.tree.get(state.rule_state, "noise_ratio", None)
+    now = jnp.float32(self._now())
+    state = state._replace(
+      waiting=jnp.zeros_like(state.waiting),
+      pulled_version=jnp.where(waiting, state.version, state.pulled_version),
+      noise_ratio=state.noise_ratio if noise is None else jnp.where(waiting, noise, state.noise_ratio),
+      idle=state.idle + jnp.where(waiting, now - state.wait_since, 0.0),
+      inter_messages=state.inter_messages + int(waiting.sum()),
+    )
+    log.info("released %d waiting worker(s) that no live worker could release", int(waiting.sum()))
+    reply, _ = ravel_pytree(arrival.reply_parameters(state.params, state.rule_state))
+    self._reply(state, np.nonzero(waiting)[0], reply)
+    return state
+
+  def _live_workers(self) -> set[int] | None:
+    if self._liveness is None:
+      return None
+    try:
+      return set(self._liveness())
+    except Exception as err:  # the service could not answer this time; ask again later
+      log.warning("liveness query failed: %s", err)
+      return None
+
+  def advance(self, state: ServerState, num_events: int, *, max_time: float | None = None):
+    """Serves until ``num_events`` more arrivals (or ``max_time`` wall seconds); returns (state, records)."""
+    num_events = validation.check_int(_WHAT, "num_events", num_events)
+    state = jax.tree.map(jnp.asarray, state)  # a restored state is NumPy (see checkpoints)
+    if not hasattr(self, "_arrive"):  # a state restored from a checkpoint
+      self._prepare(state.params)
+    if not self._clock_started:  # wall time counts from the first advance (after compiling and restoring)
+      self._clock_offset, self._started, self._clock_started = float(state.clock), time.perf_counter(), True
+    rows: list[EventRecord] = []
+    poller = zmq.Poller()
+    poller.register(self._socket, zmq.POLLIN)
+    quiet_since = time.perf_counter()
+    while len(rows) < num_events:
+      if max_time is not None and self._now() >= max_time:
+        break
+      state = self._check_liveness(state)
+      if not poller.poll(100):
+        if time.perf_counter() - quiet_since > self.idle_timeout:
+          raise WorkerLostError(
+            f"no message for idle_timeout={self.idle_timeout} s from {int(np.sum(state.live))} live "
+            "worker(s); the run is stuck. Resume with `jaxsync resume RUN_DIR`."
+          )
+        continue
+      quiet_since = time.perf_counter()
+      frames = self._socket.recv_multipart(copy=False)
+      state, row = self._handle(state, frames)
+      self._state = state  # what stop() tells the waiting workers, even after an error
+      if row is not None:
+        rows.append(row)
+    if not rows:
+      empty = jax.eval_shape(
+        self._arrive_impl,
+        state,
+        jnp.int32(0),
+        jnp.zeros([self.count], self.dtype),
+        jnp.bool_(True),
+        jnp.float32(0),
+        jnp.float32(0),
+        jnp.float32(0),
+      )[1]
+      self._state = state
+      return state, jax.tree.map(lambda x: np.zeros((0, *x.shape), x.dtype), empty)
+    self._state = state
+    rows = [jax.device_get(r) for r in rows]
+    return state, jax.tree.map(lambda *xs: np.stack(xs), *rows)
+
+  def _handle(self, state: ServerState, frames) -> tuple[ServerState, EventRecord | None]:
+    identity, frames = frames[0].bytes, frames[1:]
+    worker = self._worker_of.get(identity)
+    try:
+      if not frames:
+        raise wire.MessageError("malformed", "an empty message")
+      header = wire.decode_header(frames[0], token=self.token)
+      payload = wire.decode_payload(header, frames[1:], dtype=self.dtype, count=self.count)
+      if not 0 <= header.worker < self.num_workers:
+        raise wire.MessageError("worker", f"worker={header.worker}; expected 0..{self.num_workers - 1}")
+      if header.kind == wire.Kind.HELLO:
+        return self._hello(state, identity, header.worker), None
+      if worker != header.worker:
+        raise wire.MessageError(
+          "worker", f"worker={header.worker} from a connection registered as {worker!r}"
+        )
+      if header.kind == wire.Kind.BYE:
+        state = state._replace(
+          live=state.live.at[worker].set(False), waiting=state.waiting.at[worker].set(False)
+        )
+        log.info("worker %d left", worker)
+        return state, None
+      if header.kind != wire.Kind.PUSH:
+        raise wire.MessageError("malformed", f"a {header.kind.name} message sent to the server")
+      if header.version > int(state.version):
+        raise wire.MessageError(
+          "future_version", f"version={header.version} but the server is at {int(state.version)}"
+        )
+      if header.version != int(state.pulled_version[worker]):
+        raise wire.MessageError(
+          "version",
+          f"version={header.version} but worker {worker} was sent {int(state.pulled_version[worker])}",
+        )
+    except wire.MessageError as err:
+      self._reject(identity, err.reason, str(err), worker)
+      return state, None
+    if not bool(state.live[worker]):  # back after being declared lost: it rejoins
+      state = state._replace(live=state.live.at[worker].set(True))
+    state, row, send, reply = self._arrive(
+      state,
+      jnp.int32(worker),
+      jnp.asarray(payload),
+      jnp.bool_(header.finite),
+      jnp.float32(header.loss),
+      jnp.float32(header.step_size),
+      jnp.float32(self._now()),
+    )
+    send = np.asarray(send)
+    if send.any():
+      self._reply(state, np.nonzero(send)[0], reply)
+    return state, row
+
+  def _hello(self, state: ServerState, identity: bytes, worker: int) -> ServerState:
+    old = self._identity.get(worker)
+    if old is not None and old != identity:
+      self._worker_of.pop(old, None)
+    self._identity[worker] = identity
+    self._worker_of[identity] = worker
+    log.info(
+      "worker %d joined at version %d, data step %d", worker, int(state.version), int(state.steps[worker])
+    )
+    # A (re)joining worker is sent the current parameters; its earlier pull is void.
+    state = state._replace(
+      live=state.live.at[worker].set(True),
+      waiting=state.waiting.at[worker].set(False),
+      pulled_version=state.pulled_version.at[worker].set(state.version),
+    )
+    reply, _ = ravel_pytree(arrival.reply_parameters(state.params, state.rule_state))
+    self._reply(state, [worker], reply)
+    return state
+
+  def stop(self, *, timeout: float = 30.0) -> None:
+    """Tells every worker the run is over (on its next message) and closes the socket.
+
+    Waits up to ``timeout`` seconds for the live workers' last pushes; those
+    are answered with STOP and not applied (the run's events are counted).
+    """
+    if self._socket is None:
+      return
+    try:
+      live_mask, waiting = np.asarray(self._state.live), np.asarray(self._state.waiting)
+    except (AttributeError, RuntimeError):  # no state yet, or one donated to a step that failed
+      live_mask, waiting = np.ones(self.num_workers, bool), np.zeros(self.num_workers, bool)
+    told = set()
+    live = {k for k in range(self.num_workers) if live_mask[k] and k in self._identity}
+    stop = wire.Header(kind=wire.Kind.STOP, token=self.token, worker=0)
+    for k in np.nonzero(waiting)[0]:
+      self._send(int(k), stop)
+      told.add(int(k))
+    deadline = time.perf_counter() + timeout
+    poller = zmq.Poller()
+    poller.register(self._socket, zmq.POLLIN)
+    while told < live and time.perf_counter() < deadline:
+      if not poller.poll(100):
+        alive = self._live_workers()
+        if alive is not None:
+          live &= alive
+        continue
+      frames = self._socket.recv_multipart(copy=False)
+      worker = self._worker_of.get(frames[0].bytes)
+      if worker is not None:
+        self._send(worker, stop)
+        told.add(worker)
+    self._socket.close(linger=1000)

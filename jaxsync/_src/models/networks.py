@@ -1,0 +1,348 @@
+"""Flax (nnx) models by name, as pure ``apply(params, images)`` functions over plain dicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxsync._src.core import validation
+
+_WHAT = "models"
+
+
+class BatchStatNorm(nnx.Module):
+  """Batch normalization with the batch's own statistics, in training and evaluation.
+
+  ``y = (x - mean_B(x)) / sqrt(var_B(x) + eps) * scale + bias`` over every axis
+  but the channels. Running averages are not kept: a simulated worker's model
+  is a pure function of its parameters (no mutable state to carry per worker
+  and per version), so evaluation also normalizes with batch statistics, over
+  large evaluation batches.
+  """
+
+  def __init__(self, features: int, *, epsilon: float = 1e-5):
+    self.scale = nnx.Param(jnp.ones([features]))
+    self.bias = nnx.Param(jnp.zeros([features]))
+    self.epsilon = epsilon
+
+  def __call__(self, x):
+    axes = tuple(range(x.ndim - 1))
+    mean = jnp.mean(x, axis=axes)
+    var = jnp.var(x, axis=axes)
+    return (x - mean) * jax.lax.rsqrt(var + self.epsilon) * self.scale[...] + self.bias[...]
+
+
+class ShiftConv(nnx.Module):
+  r"""A ``k x k`` convolution with "SAME" padding, computed as ``k*k`` shifted views and one matmul.
+
+  ``y[n, p] = sum_{i,j} x_pad[n, s p + (i, j)] @ W[i, j] + b`` (the
+  cross-correlation of ``lax.conv_general_dilated``, identical outputs and
+  parameters to ``nnx.Conv``). ``depthwise=True`` is the per-channel variant
+  (``nnx.Conv(..., feature_group_count=in_features)``).
+
+  Why not ``nnx.Conv``: inside a ``while_loop`` (the simulator's compiled
+  event loop) XLA's CPU convolution runs about 25x slower than the same
+  convolution outside a loop (3x3, 32 to 64 channels, 8x8: 40 ms against
+  1.6 ms per gradient on 2 cores), while slices and a matrix product run at
+  full speed in both places (0.7 ms).
+  """
+
+  def __init__(
+    self,
+    in_features: int,
+    out_features: int,
+    kernel_size: tuple[int, int],
+    *,
+    strides: int = 1,
+    depthwise: bool = False,
+    use_bias: bool = True,
+    rngs: nnx.Rngs,
+  ):
+    kh, kw = kernel_size
+    shape = (kh, kw, 1 if depthwise else in_features, out_features)
+    self.kernel = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), shape))
+    if use_bias:
+      self.bias = nnx.Param(jnp.zeros([out_features]))
+    self.use_bias = use_bias
+    self.strides = strides
+    self.depthwise = depthwise
+
+  def __call__(self, x):
+    kernel = self.kernel[...]
+    kh, kw, _, out_features = kernel.shape
+    _, height, width, channels = x.shape
+    s = self.strides
+    out_h, out_w = -(-height // s), -(-width // s)
+    pad_h = max((out_h - 1) * s + kh - height, 0)
+    pad_w = max((out_w - 1) * s + kw - width, 0)
+    xp = jnp.pad(x, ((0, 0), (pad_h // 2, pad_h - pad_h // 2), (pad_w // 2, pad_w - pad_w // 2), (0, 0)))
+    views = [
+      xp[:, i : i + (out_h - 1) * s + 1 : s, j : j + (out_w - 1) * s + 1 : s, :]
+      for i in range(kh)
+      for j in range(kw)
+    ]
+    if self.depthwise:
+      y = sum(v * kernel[i // kw, i % kw, 0] for i, v in enumerate(views))
+    else:
+      patches = views[0] if len(views) == 1 else jnp.concatenate(views, axis=-1)
+      y = patches @ kernel.reshape(kh * kw * channels, out_features)
+    return y + self.bias[...] if self.use_bias else y
+
+
+class Mlp(nnx.Module):
+  """Flatten, then dense layers with ReLU."""
+
+  def __init__(self, in_features: int, num_classes: int, hidden: tuple[int, ...], rngs: nnx.Rngs):
+    sizes = (in_features, *hidden)
+    self.depth = len(hidden)
+    for i in range(self.depth):
+      setattr(self, f"dense{i}", nnx.Linear(sizes[i], sizes[i + 1], rngs=rngs))
+    self.head = nnx.Linear(sizes[-1], num_classes, rngs=rngs)
+
+  def __call__(self, x):
+    x = x.reshape(x.shape[0], -1)
+    for i in range(self.depth):
+      x = nnx.relu(getattr(self, f"dense{i}")(x))
+    return self.head(x)
+
+
+class SmallCnn(nnx.Module):
+  """Two 3x3 convolutions (32, 64 channels), 2x2 max pooling, a 128-unit dense layer."""
+
+  def __init__(self, channels: int, height: int, width: int, num_classes: int, rngs: nnx.Rngs):
+    self.conv0 = ShiftConv(channels, 32, (3, 3), rngs=rngs)
+    self.conv1 = ShiftConv(32, 64, (3, 3), rngs=rngs)
+    self.dense = nnx.Linear((height // 2) * (width // 2) * 64, 128, rngs=rngs)
+    self.head = nnx.Linear(128, num_classes, rngs=rngs)
+
+  def __call__(self, x):
+    x = nnx.relu(self.conv0(x))
+    x = nnx.relu(self.conv1(x))
+    x = nnx.max_pool(x, (2, 2), strides=(2, 2))
+    x = nnx.relu(self.dense(x.reshape(x.shape[0], -1)))
+    return self.head(x)
+
+
+class _BasicBlock(nnx.Module):
+  def __init__(self, in_channels: int, out_channels: int, stride: int, rngs: nnx.Rngs):
+    self.conv0 = ShiftConv(in_channels, out_channels, (3, 3), strides=stride, use_bias=False, rngs=rngs)
+    self.norm0 = BatchStatNorm(out_channels)
+    self.conv1 = ShiftConv(out_channels, out_channels, (3, 3), use_bias=False, rngs=rngs)
+    self.norm1 = BatchStatNorm(out_channels)
+    self.stride = stride
+    self.pad = out_channels - in_channels
+
+  def __call__(self, x):
+    y = nnx.relu(self.norm0(self.conv0(x)))
+    y = self.norm1(self.conv1(y))
+    shortcut = x[:, :: self.stride, :: self.stride, :]
+    if self.pad:  # option A of He et al.: identity with zero-padded channels
+      shortcut = jnp.pad(shortcut, ((0, 0), (0, 0), (0, 0), (0, self.pad)))
+    return nnx.relu(y + shortcut)
+
+
+class ResNet20(nnx.Module):
+  """ResNet-20 for CIFAR (He et al. 2016, §4.2): 3 stages of 3 basic blocks, 16/32/64 channels."""
+
+  def __init__(self, channels: int, num_classes: int, rngs: nnx.Rngs, blocks_per_stage: int = 3):
+    self.stem = ShiftConv(channels, 16, (3, 3), use_bias=False, rngs=rngs)
+    self.stem_norm = BatchStatNorm(16)
+    self.num_blocks = 3 * blocks_per_stage
+    in_channels = 16
+    for stage, width in enumerate((16, 32, 64)):
+      for b in range(blocks_per_stage):
+        stride = 2 if stage > 0 and b == 0 else 1
+        setattr(self, f"block{stage * blocks_per_stage + b}", _BasicBlock(in_channels, width, stride, rngs))
+        in_channels = width
+    self.head = nnx.Linear(64, num_classes, rngs=rngs)
+
+  def __call__(self, x):
+    x = nnx.relu(self.stem_norm(self.stem(x)))
+    for i in range(self.num_blocks):
+      x = getattr(self, f"block{i}")(x)
+    return self.head(jnp.mean(x, axis=(1, 2)))
+
+
+class SmallMobileNet(nnx.Module):
+  """A small MobileNet (Howard et al. 2017): depthwise-separable 3x3 blocks, 32 to 256 channels."""
+
+  _PLAN = ((64, 1), (128, 2), (128, 1), (256, 2), (256, 1))
+
+  def __init__(self, channels: int, num_classes: int, rngs: nnx.Rngs):
+    self.stem = ShiftConv(channels, 32, (3, 3), use_bias=False, rngs=rngs)
+    self.stem_norm = BatchStatNorm(32)
+    in_channels = 32
+    for i, (width, stride) in enumerate(self._PLAN):
+      setattr(
+        self,
+        f"depthwise{i}",
+        ShiftConv(
+          in_channels, in_channels, (3, 3), strides=stride, depthwise=True, use_bias=False, rngs=rngs
+        ),
+      )
+      setattr(self, f"depthwise_norm{i}", BatchStatNorm(in_channels))
+      setattr(self, f"pointwise{i}", ShiftConv(in_channels, width, (1, 1), use_bias=False, rngs=rngs))
+      setattr(self, f"pointwise_norm{i}", BatchStatNorm(width))
+      in_channels = width
+    self.head = nnx.Linear(in_channels, num_classes, rngs=rngs)
+
+  def __call__(self, x):
+    x = nnx.relu(self.stem_norm(self.stem(x)))
+    for i in range(len(self._PLAN)):
+      x = nnx.relu(getattr(self, f"depthwise_norm{i}")(getattr(self, f"depthwise{i}")(x)))
+      x = nnx.relu(getattr(self, f"pointwise_norm{i}")(getattr(self, f"pointwise{i}")(x)))
+    return self.head(jnp.mean(x, axis=(1, 2)))
+
+
+def _build(
+  name: str, shape: tuple[int, int, int], num_classes: int, rngs: nnx.Rngs, options: dict
+) -> nnx.Module:
+  height, width, channels = shape
+  if name == "mlp":
+    hidden = tuple(options.pop("hidden", (128,)))
+    return Mlp(height * width * channels, num_classes, hidden, rngs)
+  if name == "cnn":
+    return SmallCnn(channels, height, width, num_classes, rngs)
+  if name == "resnet20":
+    return ResNet20(channels, num_classes, rngs)
+  return SmallMobileNet(channels, num_classes, rngs)
+
+
+MODELS = ("mlp", "cnn", "resnet20", "mobilenet")
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """A named model as plain functions: what the simulator and the runtimes need.
+
+  Attributes:
+    name: the registry name.
+    params: the initial parameters, a plain nested dict of arrays.
+    apply: ``(params, images) -> logits``, pure and jittable; ``images`` is
+      ``[batch, height, width, channels]``.
+    input_shape: ``(height, width, channels)``.
+    num_classes: the number of output classes.
+    num_params: the number of parameters.
+    flops_per_sample: forward FLOPs for one image, from XLA's cost analysis of
+      the compiled forward pass as implemented (convolutions as
+      :class:`ShiftConv` also count the zero padding at the borders, about 20%
+      more than the valid taps for ResNet-20 on 32x32). The simulator's
+      compute time uses ``3x`` this per example; seed 003's
+      computation-to-communication ratio uses it.
+  """
+
+  name: str
+  params: Any
+  apply: Callable[[Any, jax.Array], jax.Array]
+  input_shape: tuple[int, int, int]
+  num_classes: int
+  num_params: int
+  flops_per_sample: float
+
+
+def make(
+  name: str, *, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0, **options: Any
+) -> Model:
+  """Builds model ``name`` (``mlp``, ``cnn``, ``resnet20``, ``mobilenet``) for images of ``input_shape``.
+
+  Args:
+    name: one of :data:`MODELS`.
+    input_shape: ``(height, width, channels)`` of one image.
+    num_classes: output classes, ``>= 2``.
+    seed: the initialization seed.
+    **options: ``hidden`` (a tuple of layer widths) for ``mlp``.
+
+  Returns:
+    A :class:`Model`.
+
+  Example:
+    >>> import jaxsync
+    >>> model = jaxsync.models.make("cnn", input_shape=(8, 8, 1), num_classes=10)
+    >>> model.num_params, model.apply(model.params, jaxsync.models.zeros_batch(model, 2)).shape
+    (151306, (2, 10))
+
+  References:
+    He, Zhang, Ren, Sun, "Deep Residual Learning for Image Recognition", CVPR
+    2016 (ResNet-20, §4.2); Howard et al., "MobileNets", arXiv:1704.04861, 2017.
+  """
+  validation.check_choice(_WHAT, "name", name, MODELS)
+  shape = tuple(input_shape)
+  if len(shape) != 3 or not all(isinstance(d, int) and d >= 1 for d in shape):
+    raise validation.invalid(
+      _WHAT, "input_shape", input_shape, "(height, width, channels), positive integers"
+    )
+  num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
+  seed = validation.check_int(_WHAT, "seed", seed, low=0)
+  options = dict(options)
+  module = _build(name, shape, num_classes, nnx.Rngs(seed), options)
+  if options:
+    raise ValueError(f"{_WHAT}: unknown option(s) {sorted(options)} for name={name!r}; 'mlp' takes 'hidden'.")
+  graphdef, state = nnx.split(module)
+  params = nnx.to_pure_dict(state)
+
+  def apply(p, images):
+    return nnx.merge(graphdef, p)(images)
+
+  one = jnp.zeros((1, *shape), jnp.float32)
+  cost = jax.jit(apply).lower(params, one).compile().cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  flops = float(cost.get("flops", 0.0)) if cost else 0.0
+  num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
+  return Model(name, params, apply, shape, num_classes, num_params, flops)
+
+
+def zeros_batch(model: Model, size: int) -> jax.Array:
+  """A batch of ``size`` zero images shaped for ``model``."""
+  return jnp.zeros((size, *model.input_shape), jnp.float32)
+
+
+def classification_loss(model: Model) -> Callable[[Any, dict], jax.Array]:
+  """``loss_fn(params, batch)``: mean softmax cross-entropy of ``batch["image"]`` against ``batch["label"]``."""
+
+  def loss_fn(params, batch):
+    logits = model.apply(params, batch["image"])
+    return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
+
+  return loss_fn
+
+
+def classification_metrics(
+  model: Model, images: Any, labels: Any, *, batch_size: int = 500
+) -> Callable[[Any], dict[str, jax.Array]]:
+  """``eval_fn(params) -> {"loss", "accuracy"}`` over a held-out set, in fixed batches (jittable).
+
+  The set is cut into ``ceil(N / batch_size)`` equal batches (the last one
+  completed with the first images and masked), so that memory stays bounded
+  and batch-statistics normalization sees large batches of real images.
+  """
+  images = jnp.asarray(images, jnp.float32)
+  labels = jnp.asarray(labels, jnp.int32)
+  n = images.shape[0]
+  batch_size = min(validation.check_int(_WHAT, "batch_size", batch_size), n)
+  batches = -(-n // batch_size)
+  # The last batch is filled with the first images again (masked out of the
+  # metrics) so that batch statistics always see real images.
+  order = jnp.arange(batches * batch_size) % n
+  images_b = images[order].reshape(batches, batch_size, *images.shape[1:])
+  labels_b = labels[order].reshape(batches, batch_size)
+  mask_b = (jnp.arange(batches * batch_size) < n).reshape(batches, batch_size)
+
+  def eval_fn(params):
+    def one(carry, xs):
+      x, y, m = xs
+      logits = model.apply(params, x)
+      loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+      correct = jnp.argmax(logits, -1) == y
+      return (carry[0] + jnp.sum(loss * m), carry[1] + jnp.sum(correct * m)), None
+
+    (loss, correct), _ = jax.lax.scan(one, (0.0, 0.0), (images_b, labels_b, mask_b))
+    return {"loss": loss / n, "accuracy": correct / n}
+
+  return eval_fn

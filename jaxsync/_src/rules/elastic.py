@@ -1,0 +1,301 @@
+"""Elastic averaging: EASGD and EAMSGD workers, the locked and the lock-free centre (spec §12, §13)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from jaxsync._src.core import validation
+from jaxsync._src.rules import guard
+
+
+def elastic_difference(worker_params: optax.Params, center: optax.Params, moving_rate: Any) -> optax.Params:
+  """``e = alpha (x - w_center)``: what one elastic exchange moves (worker -e, centre +e)."""
+  return jax.tree.map(
+    lambda x, c: (moving_rate * (x - c.astype(x.dtype))).astype(x.dtype), worker_params, center
+  )
+
+
+class EasgdWorkerState(NamedTuple):
+  """State of :func:`easgd_worker`.
+
+  Attributes:
+    count: ``t^i``, the worker's local clock.
+    velocity: ``v^i`` in parameter units (EAMSGD), or ``()`` when momentum is 0.
+    momentum: ``delta``, kept so that :meth:`look_ahead` needs no arguments.
+    exchanged: whether the last update made an elastic exchange (then the
+      runtime must apply the matching centre update).
+    nonfinite_count: updates rejected for a NaN or Inf gradient.
+  """
+
+  count: jax.Array
+  velocity: Any
+  momentum: jax.Array
+  exchanged: jax.Array
+  nonfinite_count: jax.Array
+
+  def look_ahead(self, params: optax.Params) -> optax.Params:
+    """``x + delta v``: where EAMSGD takes its gradient (``x`` itself for EASGD)."""
+    if isinstance(self.velocity, tuple) and not self.velocity:
+      return params
+    return jax.tree.map(lambda x, v: x + (self.momentum * v).astype(x.dtype), params, self.velocity)
+
+
+def easgd_worker(
+  learning_rate: optax.ScalarOrSchedule,
+  *,
+  moving_rate: float,
+  period: int = 1,
+  momentum: float = 0.0,
+) -> optax.GradientTransformationExtraArgs:
+  r"""The EASGD / EAMSGD worker: local SGD (or Nesterov) pulled towards the centre.
+
+  Worker ``i`` with local clock ``t^i`` and stored parameters ``x`` (the
+  asynchronous algorithm of Zhang et al. 2015, spec §12), with
+  ``alpha = eta rho`` the moving rate:
+
+  .. math::
+
+    &\text{if } \tau \mid t^i:\; e = \alpha (x - \tilde w), \quad x \leftarrow x - e
+      \quad (\text{and the centre } \tilde w \leftarrow \tilde w + e) \\
+    &\text{EASGD } (\delta = 0):\; x \leftarrow x - \eta\, g(x) \\
+    &\text{EAMSGD } (\delta > 0):\; v \leftarrow \delta v - \eta\, g(x + \delta v),
+      \quad x \leftarrow x + v
+
+  with ``g`` taken at the pre-exchange ``x``. For EAMSGD the gradient point is
+  ``x + delta v``: get it with ``state.look_ahead(x)`` or
+  ``jaxsync.look_ahead(x, opt_state)``. The same worker rule serves EA-wild
+  (``period=1``, ``center`` being the worker's possibly stale, lock-free read,
+  spec §13). The runtime applies the matching centre update
+  (:func:`easgd_center` or :func:`ea_wild_center`) with the same pre-exchange
+  ``x`` when ``state.exchanged`` is set; the pair conserves ``x + w_center``.
+
+  This is a *final-update* rule (learning rate inside). With ``moving_rate=0``
+  it is plain SGD (``momentum=0``) or Nesterov SGD (Sutskever's form).
+
+  Extra args of ``update``: ``center`` (required: the centre parameters the
+  worker read). ``params`` (``x``) is required. Unknown extra args are ignored.
+  A NaN/Inf gradient is rejected (zeros out, state unchanged, counted);
+  ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
+
+  Args:
+    learning_rate: ``eta``, a positive number or a schedule of the local clock.
+    moving_rate: ``alpha = eta rho`` in ``[0, 1]``; the papers use
+      ``beta / p`` with ``beta = 0.9`` for ``p`` workers.
+    period: ``tau >= 1``, local steps between elastic exchanges.
+    momentum: ``delta`` in ``[0, 1)``; 0 for EASGD, e.g. 0.99 for EAMSGD.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is an
+    :class:`EasgdWorkerState`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = jaxsync.easgd_worker(0.1, moving_rate=0.5)
+    >>> x = jnp.array([2.0]); state = tx.init(x)
+    >>> u, state = tx.update(jnp.array([1.0]), state, x, center=jnp.array([0.0]))
+    >>> optax.apply_updates(x, u)  # 2 - 0.5 * (2 - 0) - 0.1 * 1
+    Array([0.9], dtype=float32)
+
+  References:
+    Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD",
+    NeurIPS 2015, Algorithms 1-2; code ``sixin-zh/mpiT``; spec §12.
+  """
+  rule = "easgd_worker"
+  learning_rate = validation.check_learning_rate(rule, learning_rate)
+  alpha = validation.check_real(rule, "moving_rate", moving_rate, low=0.0, high=1.0)
+  period = validation.check_int(rule, "period", period)
+  delta = validation.check_real(rule, "momentum", momentum, low=0.0, high=1.0, high_open=True)
+
+  def init_fn(params: optax.Params) -> EasgdWorkerState:
+    return EasgdWorkerState(
+      count=jnp.zeros([], jnp.int32),
+      velocity=guard.state_zeros(params) if delta > 0 else (),
+      momentum=jnp.asarray(delta, jnp.float32),
+      exchanged=jnp.asarray(False),
+      nonfinite_count=jnp.zeros([], jnp.int32),
+    )
+
+  def update_fn(
+    updates: optax.Updates,
+    state: EasgdWorkerState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    center: optax.Params | None = None,
+    **extra_args: Any,
+  ) -> tuple[optax.Updates, EasgdWorkerState]:
+    del extra_args
+    params = guard.require_extra_arg(rule, "params", params, "the worker's parameters x")
+    center = guard.require_extra_arg(rule, "center", center, "the centre parameters the worker read")
+
+    def apply(accept, rejected):
+      rate = guard.learning_rate_at(learning_rate, state.count)
+      exchange = state.count % period == 0
+      # A select, not alpha * 0: the centre is not read off exchange steps.
+      pull = jax.tree.map(
+        lambda d: jnp.where(exchange, d, jnp.zeros_like(d)), elastic_difference(params, center, alpha)
+      )
+      if delta > 0:
+        velocity = jax.tree.map(
+          lambda v, g: (delta * v - rate * g.astype(v.dtype)).astype(v.dtype),
+          state.velocity,
+          updates,
+        )
+        local = jax.tree.map(lambda g, v: v.astype(g.dtype), updates, velocity)
+      else:
+        velocity = ()
+        local = jax.tree.map(lambda g: (-rate * g).astype(g.dtype), updates)
+      out = jax.tree.map(lambda step, e: (step - e).astype(step.dtype), local, pull)
+      proposed = state._replace(
+        count=optax.safe_increment(state.count), velocity=velocity, exchanged=exchange
+      )
+      return out, guard.keep_if(accept, proposed, rejected)
+
+    return guard.guarded_update(
+      updates,
+      state,
+      apply,
+      grads_finite=grads_finite,
+      rejected_state=state._replace(exchanged=jnp.asarray(False)),
+    )
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+class ElasticCenterState(NamedTuple):
+  """State of :func:`easgd_center` and :func:`ea_wild_center`.
+
+  Attributes:
+    count: elastic exchanges applied to the centre.
+    nonfinite_count: exchanges rejected for a NaN or Inf worker model.
+  """
+
+  count: jax.Array
+  nonfinite_count: jax.Array
+
+
+def _elastic_center(rule: str, moving_rate: float, lock_free: bool) -> optax.GradientTransformationExtraArgs:
+  alpha = validation.check_real(rule, "moving_rate", moving_rate, low=0.0, high=1.0)
+
+  def init_fn(params: optax.Params) -> ElasticCenterState:
+    del params
+    return ElasticCenterState(count=jnp.zeros([], jnp.int32), nonfinite_count=jnp.zeros([], jnp.int32))
+
+  def update_fn(
+    updates: optax.Updates,
+    state: ElasticCenterState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    center_read: optax.Params | None = None,
+    **extra_args: Any,
+  ) -> tuple[optax.Updates, ElasticCenterState]:
+    del extra_args
+    if lock_free:
+      reference = guard.require_extra_arg(
+        rule, "center_read", center_read, "the centre parameters the worker read, lock-free"
+      )
+    else:
+      reference = guard.require_extra_arg(rule, "params", params, "the current centre parameters")
+
+    def apply(accept, rejected):
+      proposed = state._replace(count=optax.safe_increment(state.count))
+      return elastic_difference(updates, reference, alpha), guard.keep_if(accept, proposed, rejected)
+
+    return guard.guarded_update(updates, state, apply, grads_finite=grads_finite)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+
+
+def easgd_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
+  r"""The EASGD centre (master) update for one elastic exchange, under a lock.
+
+  The input "updates" are the arriving worker's parameters ``x`` (pre-exchange),
+  not a gradient; ``params`` is the current centre ``w_center``. The exchange is
+  atomic (EASGD locks the centre), so the difference uses the current centre:
+
+  .. math::
+
+    e = \alpha (x - \tilde w), \qquad \tilde w \leftarrow \tilde w + e
+
+  Paired with the worker's ``x <- x - e`` (:func:`easgd_worker`), one exchange
+  conserves ``x + w_center``. Synchronous EASGD, ``w_center <- w_center +
+  alpha sum_i (x_i - w_center)`` with all old values, is the sum of these
+  updates over the workers against one centre, i.e. :func:`ea_wild_center`
+  with every ``center_read`` equal to the old centre.
+
+  This is a *final-update* rule: add its output to the centre with
+  ``optax.apply_updates``. ``params`` is required; unknown extra args are
+  ignored. A NaN/Inf worker model is rejected (zeros out, counted);
+  ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
+
+  Args:
+    moving_rate: ``alpha = eta rho`` in ``[0, 1]``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is an
+    :class:`ElasticCenterState`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = jaxsync.easgd_center(0.5)
+    >>> center = jnp.array([0.0]); state = tx.init(center)
+    >>> u, state = tx.update(jnp.array([2.0]), state, center)  # worker x = 2
+    >>> optax.apply_updates(center, u)
+    Array([1.], dtype=float32)
+
+  References:
+    Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD",
+    NeurIPS 2015; spec §12.
+  """
+  return _elastic_center("easgd_center", moving_rate, lock_free=False)
+
+
+def ea_wild_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
+  r"""The EA-wild centre update: an elastic increment added without a lock.
+
+  In EA-wild the master sends its centre without a lock, so a worker's read
+  ``w_read`` may be inconsistent or stale; the increment is computed against
+  that read and *added* to whatever the centre is now (Hogwild semantics,
+  modelled deterministically as an atomic add):
+
+  .. math::
+
+    e_j = \alpha (x_j - \tilde w_{read,j}), \qquad \tilde w \leftarrow \tilde w + e_j
+
+  With sequential, conflict-free arrivals (``w_read`` = the current centre) it
+  equals :func:`easgd_center`; with ``alpha = 0`` the centre stays constant.
+  The worker side is :func:`easgd_worker` with ``period=1`` and
+  ``center=w_read``.
+
+  The input "updates" are the worker's parameters ``x``; the extra arg
+  ``center_read`` (required) is the centre the worker read. This is a
+  *final-update* rule. Unknown extra args are ignored. A NaN/Inf worker model
+  is rejected (zeros out, counted); ``grads_finite`` (bool scalar) replaces
+  the scan when the caller knows.
+
+  Args:
+    moving_rate: ``alpha = eta rho`` in ``[0, 1]`` (``rho`` is not reported by
+      the paper).
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is an
+    :class:`ElasticCenterState`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = jaxsync.ea_wild_center(0.5)
+    >>> center = jnp.array([1.0]); state = tx.init(center)  # moved since the read
+    >>> u, state = tx.update(jnp.array([2.0]), state, center, center_read=jnp.array([0.0]))
+    >>> optax.apply_updates(center, u)  # 1 + 0.5 * (2 - 0)
+    Array([2.], dtype=float32)
+
+  References:
+    Wongpanich, You, Demmel, "Rethinking the Value of Asynchronous Solvers for
+    Distributed Deep Learning", HPCAsia 2020, Algorithm 1; spec §13.
+  """
+  return _elastic_center("ea_wild_center", moving_rate, lock_free=True)

@@ -1,0 +1,164 @@
+"""The arrival guard every jaxsync rule shares, and the small pieces of state the rules build on.
+
+Every rule in jaxsync treats an arrival the same way (docs/design.md, "Errors"):
+
+* Traced values are never checked with ``raise``. An arrival whose gradient holds
+  a NaN or Inf, or whose ``version`` is impossible (negative, or newer than the
+  server), is *rejected*: the rule emits exact zeros, leaves its state unchanged
+  and counts the rejection in the state (``nonfinite_count``,
+  ``invalid_version_count``) so the host can report it. Nothing is silently
+  corrupted and a later valid arrival continues as if the bad one never came.
+* Every rule's update takes the optional extra arg ``grads_finite`` (bool
+  scalar): a caller that already checked the gradient passes the result and
+  the rule skips its own scan (see :func:`guarded_update`).
+
+Python hyperparameters are checked by :mod:`jaxsync._src.core.validation`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+
+
+def learning_rate_at(learning_rate: optax.ScalarOrSchedule, count: jax.Array) -> jax.Array:
+  """The learning rate for the update with index ``count``, as a float32 scalar."""
+  rate = learning_rate(count) if callable(learning_rate) else learning_rate
+  return jnp.asarray(rate, jnp.float32)
+
+
+def require_extra_arg(rule: str, name: str, value: Any, meaning: str) -> jax.Array:
+  """Extra args a rule cannot work without; a Python-level (trace-time) check."""
+  if value is None:
+    raise ValueError(
+      f"{rule}: the update needs the extra argument {name}=... ({meaning}); "
+      f"pass it as tx.update(grads, state, params, {name}=...)."
+    )
+  return value
+
+
+def arrival_version(rule: str, version: Any, current: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The arrival's ``version`` as int32 and whether it is possible (0 <= version <= current)."""
+  version = require_extra_arg(
+    rule, "version", version, "the server version the parameters of the gradient carried"
+  )
+  s = jnp.asarray(version, jnp.int32)
+  return s, (s >= 0) & (s <= current)
+
+
+def count_if(counter: jax.Array, flag: jax.Array | bool) -> jax.Array:
+  """``counter + 1`` where ``flag`` holds, saturating at the dtype's maximum (``optax.safe_increment``)."""
+  return jnp.where(flag, optax.safe_increment(counter), counter)
+
+
+def tree_all_finite(tree: Any) -> jax.Array:
+  """True when no leaf of ``tree`` holds a NaN or an Inf.
+
+  ``max |x|`` is finite iff every element is (NaN propagates through ``max``);
+  one reduction per leaf, cheaper on CPU than materializing ``isfinite``
+  (``optax.tree_utils`` has no such check).
+  """
+  leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.size(leaf)]
+  if not leaves:
+    return jnp.asarray(True)
+  # isfinite in each leaf's own dtype: a float64 max above the float32 range is finite.
+  return jnp.all(jnp.stack([jnp.isfinite(jnp.max(jnp.abs(leaf))) for leaf in leaves]))
+
+
+def tree_scaled(tree: Any, scale: jax.Array) -> Any:
+  """``scale * tree`` with every leaf keeping its own dtype (``optax.tree.scale``, cast back)."""
+  return optax.tree.cast_like(optax.tree.scale(scale, tree), tree)
+
+
+def tree_sq_norm(tree: Any) -> jax.Array:
+  """Squared Euclidean norm of a tree, accumulated in at least float32 (``optax.tree.norm``)."""
+  widened = jax.tree.map(lambda x: x.astype(statistics_dtype(x.dtype)), tree)
+  return optax.tree.norm(widened, squared=True) if jax.tree.leaves(tree) else jnp.zeros([], jnp.float32)
+
+
+def statistics_dtype(dtype: Any) -> Any:
+  """Running statistics are kept in at least float32, whatever the parameters are."""
+  return jnp.promote_types(dtype, jnp.float32)
+
+
+def state_zeros(params: Any) -> Any:
+  """Zeros for a state buffer derived from gradients (momentum, sums): at least float32.
+
+  A bfloat16 momentum or gradient sum loses ~0.4% per addition; summing a
+  cycle of 64 arrivals in bfloat16 measured 2.6% error. Updates are cast back
+  to the gradient's dtype, so only the state is wider.
+  """
+  return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), statistics_dtype(jnp.result_type(p))), params)
+
+
+def keep_if(accept: jax.Array, new: Any, old: Any) -> Any:
+  """``new`` where the arrival is accepted, ``old`` (cast to ``new``'s dtypes) otherwise, leaf by leaf."""
+  return optax.tree.where(accept, new, optax.tree.cast_like(old, new))
+
+
+def guarded_update(
+  grads: Any,
+  state: Any,
+  compute: Callable[[jax.Array], tuple[Any, Any]],
+  *,
+  grads_finite: Any = None,
+  version_ok: jax.Array | None = None,
+  rejected_state: Any = None,
+) -> tuple[Any, Any]:
+  """Applies an arrival only if it is finite and has a valid version.
+
+  A rejected arrival returns exact zeros and the unchanged state, with
+  ``state.nonfinite_count`` or ``state.invalid_version_count`` incremented.
+
+  Why selects and not ``lax.cond``: on CPU a conditional materializes the
+  updates and copies the state buffers it passes through (measured: 3.6x the
+  cost of ``optax.sgd`` with momentum on 10M parameters), while a ``where``
+  fuses into the loops that compute the update. ``compute`` receives the
+  ``accept`` flag and returns the state already selected (:func:`keep_if`
+  against ``rejected_state``), each array selected once, and derives updates
+  that depend on new state from the selected arrays: selecting a buffer twice,
+  or reading the old one in a second loop, makes XLA copy the whole buffer
+  before updating it in place (measured: 1.2x became 3.6x).
+
+  Checking the gradient costs one read of it, a sizable part of a server step
+  whose update reads and writes a few parameter-sized arrays. A caller that
+  already knows (a runtime computes the flag on the worker, off the server's
+  critical path) passes ``grads_finite`` and the scan is skipped; the flag is
+  then trusted, and a NaN it hides propagates.
+
+  Args:
+    grads: the arriving gradient (or worker model) tree.
+    state: the rule's state, a NamedTuple with a ``nonfinite_count`` field (and
+      ``invalid_version_count`` when ``version_ok`` is given).
+    compute: ``(accept, rejected_state) -> (updates, new_state)`` where
+      ``new_state`` equals ``rejected_state`` when ``accept`` is false; the
+      updates must have the structure and dtypes of ``grads`` (they are zeroed
+      here when ``accept`` is false).
+    grads_finite: bool scalar or ``None`` (then ``grads`` is checked here).
+    version_ok: bool scalar, whether the arrival's version is possible.
+    rejected_state: the state a rejected arrival leaves (before counting);
+      default ``state``. Rules with per-arrival flags (``released``) clear them.
+
+  Returns:
+    ``(updates, new_state)``.
+  """
+  if grads_finite is None:
+    finite = tree_all_finite(grads)
+  else:
+    finite = jnp.asarray(grads_finite, jnp.bool_)
+  accept = finite if version_ok is None else jnp.logical_and(finite, version_ok)
+  if rejected_state is None:
+    rejected_state = state
+
+  updates, new_state = compute(accept, rejected_state)
+  updates = optax.tree.where(accept, updates, optax.tree.zeros_like(updates))
+  new_state = new_state._replace(nonfinite_count=count_if(state.nonfinite_count, jnp.logical_not(finite)))
+  if version_ok is not None:
+    # A non-finite arrival is counted once, as non-finite.
+    bad_version = jnp.logical_and(finite, jnp.logical_not(version_ok))
+    new_state = new_state._replace(invalid_version_count=count_if(state.invalid_version_count, bad_version))
+  return updates, new_state

@@ -1,0 +1,209 @@
+"""SMEGA²: momentum estimation for asynchronous SGD with a look-ahead reply (spec §5)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from jaxsync._src.core import validation
+from jaxsync._src.rules import guard
+
+_RULE = "smega2"
+LOOK_AHEADS = ("advanced", "naive")
+
+
+class Smega2State(NamedTuple):
+  """State of :func:`smega2`.
+
+  The parameters to send a worker are ``look_ahead(params)`` (also reachable as
+  ``jaxsync.look_ahead(params, opt_state)``):
+  ``w_hat = w - a v - b G``, with ``a`` and ``b`` kept here so that the reply
+  needs no hyperparameters.
+
+  Attributes:
+    count: arrivals applied (indexes the learning-rate schedule).
+    cycle_position: ``c`` in ``{0, .., N-1}``.
+    momentum: ``v``, the single momentum buffer (gradient units, form B).
+    accumulator: ``G``, the gradients of the current cycle (reset lazily: it
+      holds stale values while ``cycle_position == 0``, where ``b = 0``).
+    look_ahead_momentum_scale: ``a = eta beta (N - c + c beta)`` (advanced) or
+      ``eta beta N`` (naive).
+    look_ahead_accumulator_scale: ``b = eta beta c / N`` (advanced) or 0 (naive).
+    nonfinite_count: arrivals rejected for a NaN or Inf gradient.
+  """
+
+  count: jax.Array
+  cycle_position: jax.Array
+  momentum: optax.Updates
+  accumulator: optax.Updates
+  look_ahead_momentum_scale: jax.Array
+  look_ahead_accumulator_scale: jax.Array
+  nonfinite_count: jax.Array
+
+  def look_ahead(self, params: optax.Params) -> optax.Params:
+    """``w_hat = w - a v - b G``: where the replying worker computes its next gradient."""
+    return jax.tree.map(
+      lambda w, v, g: (
+        w - (self.look_ahead_momentum_scale * v + self.look_ahead_accumulator_scale * g).astype(w.dtype)
+      ),
+      params,
+      self.momentum,
+      self.accumulator,
+    )
+
+
+def smega2(
+  learning_rate: optax.ScalarOrSchedule,
+  momentum: float = 0.9,
+  *,
+  num_workers: int,
+  dampening: float = 0.0,
+  look_ahead: str = "advanced",
+) -> optax.GradientTransformationExtraArgs:
+  r"""SMEGA²: one shared momentum, updated once per cycle of N arrivals; server side.
+
+  For each arriving gradient ``g`` (spec §5, from the official ``smega2.py``):
+
+  .. math::
+
+    &c \leftarrow (c + 1) \bmod N, \qquad G \leftarrow G + g, \qquad
+      d = g + \beta v \\
+    &\text{if } c = 0:\; v \leftarrow \beta v + (1 - \text{dampening})\, G / N,
+      \quad G \leftarrow 0 \\
+    &w \leftarrow w - \eta\, d
+
+  and the reply to the sender is the look-ahead estimate of where the
+  parameters will be when its next gradient arrives (the worker computes that
+  gradient *at* ``w_hat``):
+
+  .. math::
+
+    \hat w = w - \eta\beta\big[(N - c + c\beta)\, v + \tfrac{c}{N} G\big]
+    \;\text{(advanced)}, \qquad \hat w = w - \eta\beta N v \;\text{(naive)}
+
+  Get it with ``state.look_ahead(params)`` or ``jaxsync.look_ahead(params,
+  opt_state)``. This is a *final-update* rule (learning rate inside). Weight
+  decay as in the reference code (``g + lambda w`` with the server's ``w``)
+  is plain optax: ``optax.chain(optax.add_decayed_weights(1e-4), jaxsync.smega2(...))``.
+  With ``N = 1`` it is Nesterov SGD in Sutskever's form.
+
+  No extra args are needed; unknown ones are ignored. A NaN/Inf gradient is
+  rejected (zeros out, state unchanged, counted); ``grads_finite`` (bool
+  scalar) replaces the scan when the caller already knows.
+
+  Args:
+    learning_rate: ``eta``, a positive number or a schedule of ``count``.
+    momentum: ``beta`` in ``[0, 1)``.
+    num_workers: ``N``, the momentum cycle (the number of workers).
+    dampening: in ``[0, 1)``, as in ``torch.optim.SGD``.
+    look_ahead: ``"advanced"`` (default) or ``"naive"``.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is a
+    :class:`Smega2State`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = jaxsync.smega2(0.1, 0.9, num_workers=1)
+    >>> w = jnp.array([1.0]); state = tx.init(w)
+    >>> u, state = tx.update(jnp.array([1.0]), state, w)
+    >>> w = optax.apply_updates(w, u)
+    >>> w, state.look_ahead(w)  # Nesterov: the next gradient is taken at w - eta beta v
+    (Array([0.9], dtype=float32), Array([0.81], dtype=float32))
+
+  References:
+    Cohen, Hakimi, Schuster, "SMEGA2: Distributed Asynchronous Deep Neural
+    Network Training With a Single Momentum Buffer", ICPP 2022; code
+    ``rafi-cohen/SMEGA2``; spec §5.
+  """
+  learning_rate = validation.check_learning_rate(_RULE, learning_rate)
+  beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True)
+  n = validation.check_int(_RULE, "num_workers", num_workers)
+  dampening = validation.check_real(_RULE, "dampening", dampening, low=0.0, high=1.0, high_open=True)
+  look_ahead = validation.check_choice(_RULE, "look_ahead", look_ahead, LOOK_AHEADS)
+
+  def scales(rate: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:
+    if look_ahead == "naive":
+      return rate * beta * n, jnp.zeros([], jnp.float32)
+    c_f = c.astype(jnp.float32)
+    return rate * beta * (n - c_f + c_f * beta), rate * beta * c_f / n
+
+  def init_fn(params: optax.Params) -> Smega2State:
+    a, b = scales(guard.learning_rate_at(learning_rate, jnp.zeros([], jnp.int32)), jnp.zeros([], jnp.int32))
+    return Smega2State(
+      count=jnp.zeros([], jnp.int32),
+      cycle_position=jnp.zeros([], jnp.int32),
+      momentum=guard.state_zeros(params),
+      accumulator=guard.state_zeros(params),
+      look_ahead_momentum_scale=a,
+      look_ahead_accumulator_scale=b,
+      nonfinite_count=jnp.zeros([], jnp.int32),
+    )
+
+  def update_fn(
+    updates: optax.Updates,
+    state: Smega2State,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    **extra_args: Any,
+  ) -> tuple[optax.Updates, Smega2State]:
+    del params, extra_args
+
+    def apply(accept, rejected):
+      rate = guard.learning_rate_at(learning_rate, state.count)
+      c = (state.cycle_position + 1) % n
+      cycle_ends = c == 0
+      cycle_starts = state.cycle_position == 0  # G is reset lazily: overwrite it
+
+      def accumulate(g, acc):
+        g_ = g.astype(acc.dtype)
+        return jnp.where(accept, jnp.where(cycle_starts, g_, acc + g_), acc)
+
+      accumulator = jax.tree.map(accumulate, updates, state.accumulator)
+
+      def new_momentum(v, acc):
+        renewed = beta * v + (1.0 - dampening) * acc.astype(v.dtype) / n
+        return jnp.where(accept & cycle_ends, renewed.astype(v.dtype), v)
+
+      momentum_ = jax.tree.map(new_momentum, state.momentum, accumulator)
+      accumulator, momentum_ = lax.optimization_barrier((accumulator, momentum_))
+      # d = g + beta v_old, written from the new v so that v_old has one reader
+      # (then XLA updates v in place): at a cycle end beta v_old equals
+      # v_new - (1 - dampening) G / N, otherwise v_new = v_old.
+      from_v = jnp.where(cycle_ends, 1.0, beta)
+      from_acc = jnp.where(cycle_ends, (1.0 - dampening) / n, 0.0)
+
+      def step(g, v, acc):
+        direction = g.astype(v.dtype) + from_v * v - from_acc * acc.astype(v.dtype)
+        return (-rate * direction).astype(g.dtype)
+
+      steps = jax.tree.map(step, updates, momentum_, accumulator)
+      count = optax.safe_increment(state.count)
+      a, b = scales(guard.learning_rate_at(learning_rate, count), c)
+      scalars = guard.keep_if(
+        accept,
+        (count, c, a, b),
+        (
+          rejected.count,
+          rejected.cycle_position,
+          rejected.look_ahead_momentum_scale,
+          rejected.look_ahead_accumulator_scale,
+        ),
+      )
+      return steps, rejected._replace(
+        count=scalars[0],
+        cycle_position=scalars[1],
+        momentum=momentum_,
+        accumulator=accumulator,
+        look_ahead_momentum_scale=scalars[2],
+        look_ahead_accumulator_scale=scalars[3],
+      )
+
+    return guard.guarded_update(updates, state, apply, grads_finite=grads_finite)
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

@@ -1,0 +1,203 @@
+"""Staleness-aware learning rates and n-softsync aggregation (spec §10)."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+from jaxsync._src.core import validation
+from jaxsync._src.rules import guard
+
+_RULE = "scale_by_staleness"
+MODES = ("linear", "exponential", "none")
+
+
+class ScaleByStalenessState(NamedTuple):
+  """State of :func:`scale_by_staleness`.
+
+  Attributes:
+    step: the number of updates released; the server version.
+    accumulated: ``sum_l s(tau_l) g_l`` over the gradients since the last
+      release, meaningful while ``accumulated_count > 0`` (reset lazily);
+      ``()`` when every arrival releases (``gradients_per_update=1``).
+    accumulated_count: how many gradients ``accumulated`` holds.
+    released: whether the last arrival released an update.
+    last_staleness: ``tau`` of the last accepted arrival.
+    nonfinite_count: arrivals rejected for a NaN or Inf gradient.
+    invalid_version_count: arrivals rejected for a version newer than ``step``
+      or negative.
+  """
+
+  step: jax.Array
+  accumulated: optax.Updates
+  accumulated_count: jax.Array
+  released: jax.Array
+  last_staleness: jax.Array
+  nonfinite_count: jax.Array
+  invalid_version_count: jax.Array
+
+
+def scale_by_staleness(
+  mode: str = "linear",
+  *,
+  penalty: float | None = None,
+  gradients_per_update: int = 1,
+) -> optax.GradientTransformationExtraArgs:
+  r"""Scales each arriving gradient down by its staleness; optionally n-softsync.
+
+  With ``tau = step - version`` the staleness of an arrival (how many updates
+  the server applied since the sender pulled), the factor is
+
+  .. math::
+
+    s(\tau) = \begin{cases} 1/\max(\tau, 1) & \text{linear (Zhang et al. 2016)} \\
+                            e^{-\kappa \tau} & \text{exponential (Chan \& Lane 2014)} \\
+                            1 & \text{none (plain aggregation: K-async, InHAD)}
+              \end{cases}
+
+  so that ``alpha(tau) = alpha_0 s(tau)``; ``tau = 0`` gives ``alpha_0``. The
+  rule averages ``c = gradients_per_update`` scaled gradients per update
+  (n-softsync with ``c = floor(lambda / n)`` for ``lambda`` learners):
+
+  .. math::
+
+    w \leftarrow w - \alpha_0 \frac1c \sum_{l=1}^{c} s(\tau_l)\, g_l
+
+  ``c = 1`` is staleness-aware ASGD (every arrival releases). On arrivals that
+  release nothing it emits exact zeros (see :func:`on_release` for stateful
+  optimizers after it). The learning rate ``alpha_0`` is not applied here
+  (a *direction* rule): chain ``optax.scale_by_learning_rate(alpha_0)``.
+
+  [RECON] The exponential form's constant ``kappa`` was not recovered from
+  Chan & Lane (2014); it has no default and must be given as ``penalty``.
+
+  Extra args of ``update``: ``version`` (required, int32 scalar: the number of
+  updates the server had released when it sent the parameters). Unknown extra
+  args are ignored. NaN/Inf gradients and versions newer than ``step`` are
+  rejected and counted in the state; ``grads_finite`` (bool scalar) replaces
+  the NaN/Inf scan when the caller already knows.
+
+  Args:
+    mode: ``"linear"``, ``"exponential"`` or ``"none"`` (no scaling: the
+      rule only averages ``c`` arrivals, as K-async SGD and InHAD's pull do).
+    penalty: ``kappa > 0`` for ``mode="exponential"``; must be ``None`` for
+      the other modes.
+    gradients_per_update: ``c >= 1``, the gradients averaged per update.
+
+  Returns:
+    An ``optax.GradientTransformationExtraArgs`` whose state is a
+    :class:`ScaleByStalenessState`.
+
+  Example:
+    >>> import jax.numpy as jnp, optax, jaxsync
+    >>> tx = optax.chain(jaxsync.scale_by_staleness("linear"), optax.scale_by_learning_rate(0.1))
+    >>> params = jnp.zeros(2); state = tx.init(params)
+    >>> for _ in range(4):  # four fresh arrivals: the server is at version 4
+    ...   u, state = tx.update(jnp.ones(2), state, params, version=state[0].step)
+    >>> u, state = tx.update(jnp.ones(2), state, params, version=0)  # tau = 4
+    >>> u
+    Array([-0.025, -0.025], dtype=float32)
+
+  References:
+    Zhang, Gupta, Lian, Liu, "Staleness-aware Async-SGD for Distributed Deep
+    Learning", IJCAI 2016; Chan, Lane, "Distributed asynchronous optimization of
+    convolutional neural networks", Interspeech 2014; spec §10.
+  """
+  mode = validation.check_choice(_RULE, "mode", mode, MODES)
+  if mode == "exponential":
+    if penalty is None:
+      raise validation.invalid(
+        _RULE, "penalty", penalty, "a finite number > 0 (kappa) with mode='exponential'"
+      )
+    penalty = validation.check_real(_RULE, "penalty", penalty, low=0.0, low_open=True)
+  elif penalty is not None:
+    raise validation.invalid(_RULE, "penalty", penalty, f"None with mode={mode!r}")
+  per_update = validation.check_int(_RULE, "gradients_per_update", gradients_per_update, low=1)
+
+  def factor(tau: jax.Array) -> jax.Array:
+    tau_f = tau.astype(jnp.float32)
+    if mode == "linear":
+      return 1.0 / jnp.maximum(tau_f, 1.0)
+    if mode == "none":
+      return jnp.ones_like(tau_f)
+    return jnp.exp(-penalty * tau_f)
+
+  def init_fn(params: optax.Params) -> ScaleByStalenessState:
+    return ScaleByStalenessState(
+      step=jnp.zeros([], jnp.int32),
+      accumulated=guard.state_zeros(params) if per_update > 1 else (),
+      accumulated_count=jnp.zeros([], jnp.int32),
+      released=jnp.asarray(False),
+      last_staleness=jnp.zeros([], jnp.int32),
+      nonfinite_count=jnp.zeros([], jnp.int32),
+      invalid_version_count=jnp.zeros([], jnp.int32),
+    )
+
+  def update_fn(
+    updates: optax.Updates,
+    state: ScaleByStalenessState,
+    params: optax.Params | None = None,
+    *,
+    grads_finite: Any = None,
+    version: Any = None,
+    **extra_args: Any,
+  ) -> tuple[optax.Updates, ScaleByStalenessState]:
+    del params, extra_args
+    s, version_ok = guard.arrival_version(_RULE, version, state.step)
+    tau = state.step - s
+
+    def apply(accept, rejected):
+      scale = factor(tau)
+      scalars_rejected = (
+        rejected.step,
+        rejected.accumulated_count,
+        rejected.released,
+        rejected.last_staleness,
+      )
+      if per_update == 1:
+        # Every arrival releases: no buffer, the update is the scaled gradient.
+        out = guard.tree_scaled(updates, scale)
+        scalars = (optax.safe_increment(state.step), state.accumulated_count, jnp.asarray(True), tau)
+        step, count, released, last = guard.keep_if(accept, scalars, scalars_rejected)
+        return out, rejected._replace(
+          step=step, accumulated_count=count, released=released, last_staleness=last
+        )
+      count = state.accumulated_count + 1
+      release = count >= per_update
+      first = state.accumulated_count == 0  # the buffer is reset lazily
+
+      def accumulate(acc, g):
+        weighted = (scale * g).astype(acc.dtype)
+        return jnp.where(accept, jnp.where(first, weighted, acc + weighted), acc)
+
+      summed = lax.optimization_barrier(jax.tree.map(accumulate, state.accumulated, updates))
+      out = jax.tree.map(
+        lambda g, acc: jnp.where(release, acc / per_update, jnp.zeros_like(acc)).astype(g.dtype),
+        updates,
+        summed,
+      )
+      scalars = (
+        jnp.where(release, optax.safe_increment(state.step), state.step),
+        jnp.where(release, 0, count),
+        release,
+        tau,
+      )
+      step, count, released, last = guard.keep_if(accept, scalars, scalars_rejected)
+      return out, rejected._replace(
+        step=step, accumulated=summed, accumulated_count=count, released=released, last_staleness=last
+      )
+
+    return guard.guarded_update(
+      updates,
+      state,
+      apply,
+      grads_finite=grads_finite,
+      version_ok=version_ok,
+      rejected_state=state._replace(released=jnp.asarray(False)),
+    )
+
+  return optax.GradientTransformationExtraArgs(init_fn, update_fn)

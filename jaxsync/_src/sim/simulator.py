@@ -1,0 +1,380 @@
+"""The simulated cluster: a strategy, a model, data and a time model, compiled end to end."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxsync._src.core import validation
+from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.sim import events as sim_events
+from jaxsync._src.sim import rounds as sim_rounds
+from jaxsync._src.sim.time_model import TimeModel
+from jaxsync._src.steps.records import EvalSchedule, EventRecord
+from jaxsync._src.strategies.registry import Strategy
+
+_WHAT = "simulator"
+
+
+@dataclasses.dataclass
+class History:
+  """Everything a run recorded, as NumPy arrays (one row per event unless noted).
+
+  An *event* is one arrival at the server (asynchronous strategies) or one
+  synchronous round. ``bytes_moved`` and the per-worker arrays describe the
+  whole run.
+
+  Attributes:
+    time, worker, staleness, version, released, k, loss, rejected, step_size:
+      see :class:`jaxsync.sim.EventRecord`.
+    eval_time, eval_version, eval_event: when each evaluation was taken
+      (the first row is the initial model).
+    eval_metrics: ``{name: [num_evals]}``, e.g. loss and accuracy.
+    worker_steps: ``[K]`` gradients each worker computed.
+    worker_used: ``[K]`` gradients of each worker the server applied.
+    worker_idle: ``[K]`` seconds each worker waited.
+    bytes_moved: bytes over the inter-machine network.
+    bytes_moved_intra: bytes inside nodes (InHAD).
+    rejected_count: arrivals rejected as non-finite.
+  """
+
+  time: np.ndarray
+  worker: np.ndarray
+  staleness: np.ndarray
+  version: np.ndarray
+  released: np.ndarray
+  k: np.ndarray
+  loss: np.ndarray
+  rejected: np.ndarray
+  step_size: np.ndarray
+  eval_time: np.ndarray
+  eval_version: np.ndarray
+  eval_event: np.ndarray
+  eval_metrics: dict[str, np.ndarray]
+  worker_steps: np.ndarray
+  worker_used: np.ndarray
+  worker_idle: np.ndarray
+  bytes_moved: float
+  bytes_moved_intra: float
+  rejected_count: int
+
+  @property
+  def updates(self) -> int:
+    """Server updates applied."""
+    return int(self.version[-1]) if len(self.version) else 0
+
+  @property
+  def simulated_time(self) -> float:
+    """Simulated seconds at the last event."""
+    return float(self.time[-1]) if len(self.time) else 0.0
+
+  def mean_staleness(self) -> float:
+    """Mean staleness over accepted arrivals."""
+    ok = ~self.rejected
+    return float(np.mean(self.staleness[ok])) if ok.any() else 0.0
+
+  def time_to(self, metric: str, target: float, *, higher_is_better: bool = True) -> tuple[float, int] | None:
+    """(simulated seconds, server updates) of the first evaluation reaching ``target``, else None."""
+    values = self.eval_metrics[metric]
+    hit = values >= target if higher_is_better else values <= target
+    if not hit.any():
+      return None
+    i = int(np.argmax(hit))
+    return float(self.eval_time[i]), int(self.eval_version[i])
+
+
+def assemble_history(
+  records: list[EventRecord],
+  initial_metrics: dict[str, float],
+  metric_names: tuple[str, ...],
+  *,
+  worker_steps: np.ndarray,
+  worker_used: np.ndarray,
+  worker_idle: np.ndarray,
+  bytes_moved: float,
+  bytes_moved_intra: float,
+) -> History:
+  """A :class:`History` from the records of one or more chunks (every runtime's, simulated or real).
+
+  The first evaluation row is ``initial_metrics`` (the model before any
+  event); the others are the events whose record says ``evaluated``.
+  """
+  rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
+  evaluated = rec.evaluated
+  first = {name: np.asarray([float(initial_metrics.get(name, np.nan))]) for name in metric_names}
+  eval_metrics = {name: np.concatenate([first[name], rec.metrics[name][evaluated]]) for name in metric_names}
+  events = np.nonzero(evaluated)[0]
+  has_evals = bool(metric_names)
+  return History(
+    time=rec.time,
+    worker=rec.worker,
+    staleness=rec.staleness,
+    version=rec.version,
+    released=rec.released,
+    k=rec.k,
+    loss=rec.loss,
+    rejected=rec.rejected,
+    step_size=rec.step_size,
+    eval_time=np.concatenate([[0.0], rec.time[events]]) if has_evals else np.zeros([0]),
+    eval_version=np.concatenate([[0], rec.version[events]]) if has_evals else np.zeros([0], int),
+    eval_event=np.concatenate([[0], events + 1]) if has_evals else np.zeros([0], int),
+    eval_metrics=eval_metrics,
+    worker_steps=worker_steps,
+    worker_used=worker_used,
+    worker_idle=worker_idle,
+    bytes_moved=bytes_moved,
+    bytes_moved_intra=bytes_moved_intra,
+    rejected_count=int(rec.rejected.sum()),
+  )
+
+
+class Simulator:
+  r"""K simulated workers and a server (or an all-reduce group), compiled end to end.
+
+  The run is one compiled ``lax.while_loop`` over events. An asynchronous strategy's event is
+  one arrival: the earliest finisher computes exactly one gradient on the
+  parameters it pulled (kept per worker), its worker rule and the server rule
+  apply it, the dispatch policy decides who gets the new parameters, and the
+  time model schedules their next finish. A synchronous strategy's event is a
+  round: all workers' gradients in one batched computation (``vmap``), the
+  server rule on their mean, time ``max_k c_k`` (the ``k``-th fastest for
+  fastest-k) plus the exchange's cost. Decisions that depend on gradient values
+  (adaptive-k's release) run inside the same compiled loop.
+
+  Same strategy, data, time model and seed give bit-identical parameters,
+  history and event trace; :meth:`advance` in chunks equals one long call.
+
+  Args:
+    strategy: from :func:`jaxsync.strategies.make`.
+    loss_fn: ``(params, batch) -> scalar`` mean loss of a batch.
+    data: the training data, sharded over the workers.
+    time_model: the cluster's timing; ``message_bytes=None`` is filled in from
+      the parameters.
+    eval_fn: optional ``params -> {name: scalar}`` on held-out data.
+    eval_every: evaluate every this many server updates, or
+    eval_every_time: every this many simulated seconds.
+
+  Example:
+    >>> import jax.numpy as jnp, numpy as np, jaxsync
+    >>> x = np.linspace(-1, 1, 64, dtype=np.float32)
+    >>> data = jaxsync.sim.WorkerData({"x": x, "y": 3 * x}, num_workers=4, batch_size=8)
+    >>> loss = lambda w, b: jnp.mean((w * b["x"] - b["y"]) ** 2)
+    >>> sim = jaxsync.sim.Simulator(
+    ...   jaxsync.strategies.make("asp", 4, learning_rate=0.5), loss, data,
+    ...   jaxsync.sim.TimeModel(num_workers=4))
+    >>> params, history = sim.run(jnp.zeros([]), num_events=200)
+    >>> round(float(params), 3), int(history.staleness[-100:].max()) <= 6
+    (3.0, True)
+  """
+
+  def __init__(
+    self,
+    strategy: Strategy,
+    loss_fn: Callable[[optax.Params, Any], jax.Array],
+    data: WorkerData,
+    time_model: TimeModel,
+    *,
+    eval_fn: Callable[[optax.Params], dict[str, Any]] | None = None,
+    eval_every: int | None = None,
+    eval_every_time: float | None = None,
+  ):
+    if not isinstance(strategy, Strategy):
+      raise validation.invalid(_WHAT, "strategy", strategy, "a Strategy from jaxsync.strategies.make(...)")
+    if not isinstance(time_model, TimeModel):
+      raise validation.invalid(_WHAT, "time_model", time_model, "a jaxsync.sim.TimeModel")
+    if not isinstance(data, WorkerData):
+      raise validation.invalid(_WHAT, "data", data, "a jaxsync.sim.WorkerData")
+    k = strategy.num_workers
+    for name, value in (
+      ("time_model.num_workers", time_model.num_workers),
+      ("data.num_workers", data.num_workers),
+    ):
+      if value != k:
+        raise validation.invalid(_WHAT, name, value, f"the strategy's num_workers={k}")
+    self.strategy = strategy
+    self.loss_fn = loss_fn
+    self.data = data
+    self.time_model = time_model
+    self.schedule = EvalSchedule.make(eval_fn, eval_every, eval_every_time)
+    self._engine = sim_rounds if strategy.engine == "sync" else sim_events
+    self._advance = jax.jit(self._advance_impl, static_argnames="num_events", donate_argnums=0)
+    self._evaluate = jax.jit(self.schedule.evaluate) if eval_fn is not None else None
+
+  def _prepare(self, params: optax.Params) -> None:
+    # What the compiled step needs from the parameters' shapes (idempotent, no compute).
+    self._metric_names = tuple(sorted(self.schedule.metric_shapes(params)))
+    self._time_model = self.time_model.with_message_bytes(params)
+
+  def init(self, params: optax.Params, seed: int = 0):
+    """The simulation state at time 0 with every worker holding ``params``."""
+    seed = validation.check_int(_WHAT, "seed", seed, low=0)
+    params = jax.tree.map(jnp.asarray, params)
+    self._prepare(params)
+    self._initial_metrics = self._evaluate(params) if self._evaluate is not None else {}
+    state = self._engine.init(
+      self.strategy, params, self._time_model, self.schedule, jax.random.key_data(jax.random.key(seed))
+    )
+    # advance() donates the state: give it buffers of its own (init shares zeros
+    # between fields, and the caller keeps its params).
+    return jax.tree.map(lambda x: x.copy(), state)
+
+  def evaluate(self, params: optax.Params) -> dict[str, float]:
+    """``eval_fn(params)`` as Python floats (``{}`` without an ``eval_fn``); compiled once."""
+    if self._evaluate is None:
+      return {}
+    return {name: float(value) for name, value in self._evaluate(params).items()}
+
+  @property
+  def initial_metrics(self) -> dict[str, float]:
+    """The metrics of the parameters given to the last :meth:`init` (``{}`` before one)."""
+    return {name: float(value) for name, value in getattr(self, "_initial_metrics", {}).items()}
+
+  def _step(self, state):
+    return self._engine.step(
+      self.strategy, self.loss_fn, self.data, self._time_model, self.schedule, self._metric_names, state
+    )
+
+  def _advance_impl(self, state, max_time, num_events: int):
+    # A while_loop, not a scan, so that a run can stop at a simulated time; the
+    # records go into preallocated buffers, one row per event run.
+    shapes = jax.eval_shape(self._step, state)[1]
+    buffers = jax.tree.map(lambda x: jnp.zeros((num_events, *x.shape), x.dtype), shapes)
+
+    def running(carry):
+      i, s, _ = carry
+      return (i < num_events) & (self._engine.next_event_time(s) < max_time)
+
+    def body(carry):
+      i, s, rec = carry
+      s, row = self._step(s)
+      return i + 1, s, jax.tree.map(lambda buf, x: buf.at[i].set(x), rec, row)
+
+    count, state, records = jax.lax.while_loop(running, body, (jnp.zeros([], jnp.int32), state, buffers))
+    return state, records, count
+
+  def advance(self, state, num_events: int, *, max_time: float | None = None) -> tuple[Any, EventRecord]:
+    """Runs up to ``num_events`` more events; returns the new state and their records.
+
+    With ``max_time`` the run stops before the first event that would start at
+    or after that simulated time (an arrival whose worker finishes then, or a
+    round that begins then); the records hold only the events that ran.
+    Compiled once per ``num_events``. The input state is donated: use the
+    returned one.
+    """
+    num_events = validation.check_int(_WHAT, "num_events", num_events)
+    limit = (
+      np.inf
+      if max_time is None
+      else validation.check_real(_WHAT, "max_time", max_time, low=0.0, low_open=True)
+    )
+    if not hasattr(self, "_time_model"):  # a state restored from a checkpoint
+      self._prepare(state.params)
+    state, records, count = self._advance(state, jnp.asarray(limit, jnp.float32), num_events=num_events)
+    count = int(count)
+    if count < num_events:
+      records = jax.tree.map(lambda x: x[:count], records)
+    return state, records
+
+  def history(
+    self, records: list[EventRecord], state, *, initial_metrics: dict[str, float] | None = None
+  ) -> History:
+    """Assembles a :class:`History` from the records of one or more :meth:`advance` calls.
+
+    ``initial_metrics`` gives the first evaluation row for a state restored
+    from a checkpoint (default: those of the last :meth:`init`).
+    """
+    initial = self.initial_metrics if initial_metrics is None else initial_metrics
+    message = float(self._time_model.message_bytes)
+    return assemble_history(
+      records,
+      initial,
+      self._metric_names,
+      worker_steps=np.asarray(state.steps),
+      worker_used=np.asarray(state.used),
+      worker_idle=np.asarray(state.idle),
+      bytes_moved=float(state.inter_messages) * message,
+      bytes_moved_intra=float(getattr(state, "intra_messages", 0)) * message,
+    )
+
+  def run(
+    self,
+    params: optax.Params,
+    num_events: int,
+    *,
+    seed: int = 0,
+    chunk: int | None = None,
+    max_time: float | None = None,
+  ) -> tuple[optax.Params, History]:
+    """Simulates ``num_events`` events from ``params``; returns the final parameters and the history.
+
+    Args:
+      params: the initial parameters (every worker starts from them).
+      num_events: arrivals (asynchronous) or rounds (synchronous) to simulate,
+        at most.
+      seed: the compute-time jitter seed (data order is ``data.seed``).
+      chunk: events per compiled call (default: all at once).
+      max_time: stop at this simulated time instead (see :meth:`advance`),
+        e.g. to compare strategies on an equal time budget.
+    """
+    num_events = validation.check_int(_WHAT, "num_events", num_events)
+    chunk = num_events if chunk is None else validation.check_int(_WHAT, "chunk", chunk)
+    state = self.init(params, seed)
+    records = []
+    done = 0
+    while done < num_events:
+      n = min(chunk, num_events - done)
+      state, rec = self.advance(state, n, max_time=max_time)
+      records.append(rec)
+      ran = len(rec.time)
+      done += ran
+      if ran < n:  # stopped at max_time
+        break
+    return state.params, self.history(records, state)
+
+
+def run(
+  strategy: Strategy,
+  loss_fn: Callable[[optax.Params, Any], jax.Array],
+  params: optax.Params,
+  data: WorkerData,
+  time_model: TimeModel,
+  *,
+  num_events: int,
+  seed: int = 0,
+  eval_fn: Callable[[optax.Params], dict[str, Any]] | None = None,
+  eval_every: int | None = None,
+  eval_every_time: float | None = None,
+  max_time: float | None = None,
+) -> tuple[optax.Params, History]:
+  """Simulates a strategy on a model, data and cluster; see :class:`Simulator`.
+
+  Args:
+    strategy: from :func:`jaxsync.strategies.make`.
+    loss_fn: ``(params, batch) -> scalar``.
+    params: initial parameters.
+    data: a :class:`WorkerData`.
+    time_model: a :class:`TimeModel`.
+    num_events: arrivals (async) or rounds (sync) to simulate.
+    seed: jitter seed.
+    eval_fn, eval_every, eval_every_time: the evaluation schedule.
+    max_time: stop at this simulated time (at most ``num_events`` events).
+
+  Returns:
+    ``(final_params, history)``.
+  """
+  sim = Simulator(
+    strategy,
+    loss_fn,
+    data,
+    time_model,
+    eval_fn=eval_fn,
+    eval_every=eval_every,
+    eval_every_time=eval_every_time,
+  )
+  return sim.run(params, num_events, seed=seed, max_time=max_time)

@@ -1,0 +1,152 @@
+"""orbax checkpoints of a whole simulated run: the simulator state, its records so far and its progress.
+
+The simulator state is one plain pytree: server and worker parameters, every
+optimizer state, the clock, the event queue, each worker's data step (a batch
+is a pure function of worker and step, so the step *is* the data iterator) and
+the jitter seed. Saving it with the records of the events run so far and a
+small JSON of progress is all a run needs to continue bit for bit.
+
+Writes are synchronous and atomic (orbax writes into a temporary directory and
+renames it when complete), so a process killed mid-save leaves the previous
+checkpoint intact. Not safe for concurrent writers: one run owns its directory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+
+from jaxsync._src.steps.records import EventRecord
+
+_ITEMS = ("state", "records", "progress")
+
+
+class CheckpointError(ValueError):
+  """A checkpoint that cannot be restored: corrupt, or written by an incompatible run."""
+
+
+def fingerprint(state: Any) -> str:
+  """A short hash of the state's tree structure, shapes and dtypes (what a restore must match)."""
+  leaves, tree = jax.tree.flatten(state)
+  text = str(tree) + "".join(f"{np.shape(x)}{getattr(x, 'dtype', type(x).__name__)}" for x in leaves)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class RunCheckpoints:
+  """The checkpoints of one run, in ``directory`` (one sub-directory per saved event count).
+
+  Args:
+    directory: where the checkpoints live (created on the first save).
+    max_to_keep: how many of the latest checkpoints to keep.
+    read_only: restore only (the non-primary processes of a multi-process run).
+
+  Example:
+    >>> import tempfile, jax.numpy as jnp
+    >>> ckpt = RunCheckpoints(tempfile.mkdtemp())
+    >>> ckpt.latest_step() is None
+    True
+  """
+
+  def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2, read_only: bool = False):
+    self.directory = pathlib.Path(directory).absolute()
+    # In a multi-process run only process 0 saves (the server's state, or the
+    # replicated state of a synchronous run); no manager waits for the others.
+    me = jax.process_index()
+    if not read_only:  # orbax refuses create=True with active_processes
+      self.directory.mkdir(parents=True, exist_ok=True)
+    self._manager = ocp.CheckpointManager(
+      self.directory,
+      options=ocp.CheckpointManagerOptions(
+        max_to_keep=None if read_only else max_to_keep,
+        save_interval_steps=0 if read_only else 1,
+        enable_async_checkpointing=False,
+        cleanup_tmp_directories=not read_only,
+        create=False,
+        read_only=read_only,
+        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}),
+      ),
+      item_names=_ITEMS,
+    )
+
+  def latest_step(self) -> int | None:
+    """The event count of the newest complete checkpoint, or None."""
+    return self._manager.latest_step()
+
+  def save(self, events: int, state: Any, records: EventRecord, progress: dict[str, Any]) -> None:
+    """Saves the state, the records of the first ``events`` events and ``progress`` (JSON)."""
+    progress = {**progress, "events": int(events), "fingerprint": fingerprint(state)}
+    if int(events) in self._manager.all_steps():  # the same events again, now marked finished
+      self._manager.delete(int(events))
+    if jax.process_count() > 1:  # orbax refuses host-local jax.Arrays in a multi-process run
+      state = jax.tree.map(np.asarray, state)
+    self._manager.save(
+      int(events),
+      args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state),
+        records=ocp.args.StandardSave(jax.tree.map(np.asarray, records._asdict())),
+        progress=ocp.args.JsonSave(progress),
+      ),
+      force=True,
+    )
+    self._manager.wait_until_finished()
+
+  def restore(self, like_state: Any, step: int | None = None) -> tuple[Any, EventRecord, dict[str, Any]]:
+    """(state, records, progress) of checkpoint ``step`` (default: the latest).
+
+    ``like_state`` is a state of the same run (e.g. a fresh ``Simulator.init``)
+    that gives the structure, shapes and dtypes to restore into.
+
+    Raises:
+      CheckpointError: no checkpoint, an unreadable one, or one written by a
+        run whose strategy, model or worker count differs.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise CheckpointError(f"no complete checkpoint in {str(self.directory)!r}; nothing to resume from.")
+    where = self.directory / str(step)
+    try:
+      progress = self._manager.restore(
+        step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())
+      ).progress
+    except Exception as err:  # orbax raises many types for unreadable files
+      raise CheckpointError(
+        f"checkpoint {str(where)!r} is corrupt: its progress record cannot be read ({_first_line(err)})."
+      ) from None
+    expected = fingerprint(like_state)
+    if not isinstance(progress, dict) or progress.get("fingerprint") != expected:
+      found = progress.get("fingerprint") if isinstance(progress, dict) else progress
+      raise CheckpointError(
+        f"checkpoint {str(where)!r} is incompatible with this config: its state fingerprint is {found!r}, "
+        f"this run's is {expected!r} (a different strategy, model, data or number of workers)."
+      )
+    if jax.process_count() > 1:  # restored as this process's own NumPy arrays
+      abstract = jax.tree.map(np.asarray, like_state)
+    else:
+      abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), like_state)
+    try:
+      out = self._manager.restore(
+        step,
+        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), records=ocp.args.StandardRestore()),
+      )
+      records = EventRecord(**jax.tree.map(np.asarray, out.records))
+    except Exception as err:  # corrupt array files surface as several exception types
+      raise CheckpointError(f"checkpoint {str(where)!r} is corrupt: {_first_line(err)}") from None
+    if len(records.time) != step:
+      raise CheckpointError(
+        f"checkpoint {str(where)!r} is corrupt: it holds {len(records.time)} event records, expected {step}."
+      )
+    return out.state, records, progress
+
+  def close(self) -> None:
+    """Releases orbax's resources."""
+    self._manager.close()
+
+
+def _first_line(err: BaseException) -> str:
+  text = str(err).strip().splitlines()
+  return f"{type(err).__name__}: {text[0] if text else ''}"

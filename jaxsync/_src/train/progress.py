@@ -1,0 +1,104 @@
+"""How a run reports while it trains: a live rich progress bar, JSON lines for scripts, or nothing."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, TextIO
+
+from jaxsync._src.train.run_directory import clean
+
+MODES = ("bar", "jsonl", "quiet")
+
+
+class Reporter:
+  """Silent reporter (``quiet``); the base of the others. Called on the host between compiled chunks."""
+
+  def start(self, label: str, total_events: int, done_events: int) -> None:
+    """A run (or its resumed remainder) begins; ``done_events`` of ``total_events`` are behind it."""
+
+  def update(self, snapshot: dict[str, Any]) -> None:
+    """After a chunk: ``event``, ``updates``, ``simulated_time``, ``loss`` and the last eval metrics."""
+
+  def finish(self, summary: dict[str, Any]) -> None:
+    """The run ended with ``summary`` (what ``summary.json`` holds)."""
+
+
+class JsonLinesReporter(Reporter):
+  """One JSON object per line on ``stream``: ``{"kind": "start" | "progress" | "summary", ...}``."""
+
+  def __init__(self, stream: TextIO | None = None):
+    self.stream = stream or sys.stdout
+
+  def _emit(self, kind: str, body: dict[str, Any]) -> None:
+    # JSON has no NaN: a diverged loss is written as null.
+    self.stream.write(json.dumps(clean({"kind": kind, **body})) + "\n")
+    self.stream.flush()
+
+  def start(self, label, total_events, done_events):
+    self._emit("start", {"label": label, "total_events": total_events, "done_events": done_events})
+
+  def update(self, snapshot):
+    self._emit("progress", snapshot)
+
+  def finish(self, summary):
+    self._emit("summary", summary)
+
+
+class BarReporter(Reporter):
+  """A live rich progress bar (on stderr): strategy, events, simulated time, updates, loss, accuracy, time left."""
+
+  def __init__(self, stream: TextIO | None = None):
+    from rich.console import Console  # imported here: only the bar needs rich
+
+    self.console = Console(file=stream or sys.stderr)
+    self._progress = None
+
+  def start(self, label, total_events, done_events):
+    from rich import progress as rp
+
+    self._progress = rp.Progress(
+      rp.TextColumn("[bold]{task.description}"),
+      rp.BarColumn(),
+      rp.MofNCompleteColumn(),
+      rp.TextColumn(
+        "sim {task.fields[sim]} upd {task.fields[updates]} loss {task.fields[loss]} acc {task.fields[acc]}"
+      ),
+      rp.TimeRemainingColumn(),
+      console=self.console,
+      transient=False,
+    )
+    self._progress.start()
+    self._task = self._progress.add_task(
+      label, total=total_events, completed=done_events, sim="0.0s", updates=0, loss="-", acc="-"
+    )
+
+  def update(self, snapshot):
+    acc = snapshot.get("accuracy")
+    self._progress.update(
+      self._task,
+      completed=snapshot["event"],
+      sim=f"{snapshot['simulated_time']:.1f}s",
+      updates=snapshot["updates"],
+      loss=_short(snapshot.get("loss"), "{:.3g}"),
+      acc=_short(acc, "{:.3f}"),
+    )
+
+  def finish(self, summary):
+    if self._progress is not None:
+      self._progress.stop()
+
+
+def _short(value: Any, form: str) -> str:
+  return "-" if value is None else form.format(value)
+
+
+def make(mode: str) -> Reporter:
+  """The reporter for ``mode`` in :data:`MODES`."""
+  if mode == "bar":
+    return BarReporter()
+  if mode == "jsonl":
+    return JsonLinesReporter()
+  if mode == "quiet":
+    return Reporter()
+  raise ValueError(f"progress: mode={mode!r} is invalid; expected one of {', '.join(MODES)}.")

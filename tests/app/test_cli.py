@@ -1,0 +1,311 @@
+"""The jaxsync command line: the README's main job, run directories, kill-and-resume, errors, compare."""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+import yaml
+
+from jaxsync import cli
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.app import experiment
+from jaxsync._src.train import run_directory
+from jaxsync._src.train.checkpoints import RunCheckpoints
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+# The quickstart, shortened: 400 gradients, evaluations every 50 updates, chunks of 100 events.
+SHORT = ["--set", "run.gradients=400", "--set", "run.eval_every=50", "--set", "run.chunk=100"]
+SHORT += ["--set", "run.checkpoint_every=200", "--set", "run.target_accuracy=0.5"]
+# A fast variant for the tests of the machinery: a small MLP.
+FAST = SHORT + ["--set", "model.name=mlp", "--set", "model.hidden=[32]"]
+
+
+def _jaxsync(*args, check=True, timeout=300):
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  proc = subprocess.run(
+    [sys.executable, "-m", "jaxsync.cli", *map(str, args)],
+    capture_output=True,
+    text=True,
+    timeout=timeout,
+    env=env,
+    cwd=ROOT,
+  )
+  if check:
+    assert proc.returncode == 0, proc.stderr[-3000:]
+  return proc
+
+
+def _final_state(run_dir):
+  cfg = config_lib.load(run_dir / "config.yaml")
+  exp = experiment.build(cfg)
+  like = exp.simulator.init(exp.model.params, cfg.seed)
+  ckpt = RunCheckpoints(run_dir / "checkpoints")
+  state, records, progress = ckpt.restore(like)
+  ckpt.close()
+  return state, records, progress
+
+
+def test_readme_main_command_on_a_shortened_quickstart_leaves_a_complete_run_directory(tmp_path):
+  out = tmp_path / "quick"
+  proc = _jaxsync("train", QUICKSTART, *SHORT, "--out", out, "--progress", "jsonl")
+  stdout = [json.loads(line) for line in proc.stdout.splitlines()]
+  assert [row["kind"] for row in stdout][0] == "start" and stdout[-1]["kind"] == "summary"
+  assert [row["event"] for row in stdout if row["kind"] == "progress"] == [100, 200, 300, 400]
+
+  cfg = config_lib.load(out / "config.yaml")
+  assert cfg.strategy.name == "ormo" and cfg.run.gradients == 400 and cfg.model.name == "cnn"
+  rows = run_directory.read_metrics(out / "metrics.jsonl")
+  evals = [r for r in rows if r["kind"] == "eval"]
+  assert [r["event"] for r in evals] == [0, 50, 100, 150, 200, 250, 300, 350, 400]
+  assert [r["event"] for r in rows if r["kind"] == "train"] == [100, 200, 300, 400]
+  assert rows[-1]["kind"] == "final" and rows[-1]["updates"] == 400
+
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["events"] == 400 and summary["updates"] == 400 and summary["gradients"] == 400
+  assert summary["final_accuracy"] > 0.6  # 400 stale-momentum steps of a CNN on digits
+  assert summary["final_accuracy"] == pytest.approx(rows[-1]["accuracy"])
+  assert summary["best_accuracy"] == pytest.approx(max(r["accuracy"] for r in rows if "accuracy" in r))
+  assert summary["mean_staleness"] > 3 and summary["bytes_moved"] > 0  # 8 workers, 151k parameters
+  hit = next(r for r in evals if r["accuracy"] >= 0.5)  # the first evaluation at the target
+  assert summary["time_to_target"] == pytest.approx(hit["simulated_time"])
+  assert summary["updates_to_target"] == hit["updates"] and 0 < hit["updates"] < 400
+
+  pngs = sorted(p.name for p in (out / "plots").glob("*.png"))
+  assert {"accuracy_vs_time.png", "loss_vs_updates.png", "staleness_hist.png"} <= set(pngs)
+  assert all((out / "plots" / p).read_bytes()[:4] == b"\x89PNG" for p in pngs)
+  events = list((out / "tensorboard").glob("events.out.tfevents.*"))
+  assert events and events[0].stat().st_size > 500
+  assert RunCheckpoints(out / "checkpoints").latest_step() == 400
+
+
+def test_a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(tmp_path):
+  long = ["--set", "run.gradients=4000", "--set", "run.chunk=100", "--set", "run.checkpoint_every=200"]
+  common = [*long, "--set", "model.name=mlp", "--set", "model.hidden=[64]", "--progress", "quiet"]
+  whole, killed = tmp_path / "whole", tmp_path / "killed"
+  _jaxsync("train", QUICKSTART, *common, "--out", whole)
+
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  cmd = [sys.executable, "-m", "jaxsync.cli", "train", str(QUICKSTART), *common, "--out", str(killed)]
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  deadline = time.monotonic() + 240
+  while not (killed / "checkpoints" / "400" / "commit_success.txt").exists():
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    assert time.monotonic() < deadline, "no checkpoint within 240 s"
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait(timeout=30)
+  assert not (killed / "summary.json").exists(), "the run finished before it was killed"
+
+  resumed = _jaxsync("resume", killed, "--progress", "quiet")
+  assert resumed.returncode == 0
+  assert (whole / "metrics.jsonl").read_text() == (killed / "metrics.jsonl").read_text()
+  a, b = (json.loads((d / "summary.json").read_text()) for d in (whole, killed))
+  a.pop("wall_seconds"), b.pop("wall_seconds")
+  assert a == b
+  (state_a, rec_a, _), (state_b, rec_b, _) = _final_state(whole), _final_state(killed)
+  for x, y in zip(jax.tree.leaves((state_a, rec_a)), jax.tree.leaves((state_b, rec_b))):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+
+
+def _run(capsys, *argv):
+  code = cli.main([str(a) for a in argv])
+  captured = capsys.readouterr()
+  return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize(
+  ("overrides", "words"),
+  [
+    (["run.gradient=5"], ["unknown config key run.gradient", "gradients"]),
+    (["cluster.num_workers=eight"], ["cluster.num_workers='eight'", "integer"]),
+    (["cluster.slow_fraction=1.5"], ["cluster.slow_fraction=1.5", "[0, 1)"]),
+    (["run.checkpoint_every=150"], ["run.checkpoint_every=150", "multiple of run.chunk=100"]),
+    (
+      ["data.name=cifar10", "data.data_dir=/nonexistent/cifar"],
+      ["data:", "/nonexistent/cifar", "cifar.html"],
+    ),
+    (["strategy.name=warp"], ["strategy.name='warp'", "ormo"]),
+    (["strategy.options.learning_rate=-1"], ["strategy 'ormo'", "learning_rate=-1", "expected"]),
+    (["strategy.options.lr=0.1"], ["strategy.options.lr", "learning_rate"]),
+    (["data.batch_size=1000"], ["data.batch_size", "batch_size=1000", "shard size"]),
+    (["cluster.link=5gbps"], ["cluster.link='5gbps'", "10gbps"]),
+  ],
+)
+def test_config_errors_exit_2_with_one_line_naming_key_and_value(tmp_path, capsys, overrides, words):
+  sets = [x for o in overrides for x in ("--set", o)]
+  code, out, err = _run(capsys, "train", QUICKSTART, *SHORT, *sets, "--out", tmp_path / "r")
+  assert code == 2
+  assert err.startswith("jaxsync: error: ") and err.count("\n") == 1 and "Traceback" not in err
+  for word in words:
+    assert word in err
+  assert not (tmp_path / "r").exists()  # rejected before anything was written
+
+
+def test_missing_config_file_and_bad_command_lines(tmp_path, capsys):
+  code, _, err = _run(capsys, "train", tmp_path / "nope.yaml")
+  assert code == 2 and "nope.yaml" in err and "does not exist" in err
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["train"])  # argparse: missing CONFIG
+  assert exit_info.value.code == 2
+  for command in ([], ["train"], ["compare"], ["resume"], ["strategies"]):
+    with pytest.raises(SystemExit) as exit_info:
+      cli.main([*command, "--help"])
+    assert exit_info.value.code == 0
+    assert "usage: jaxsync" in capsys.readouterr().out
+
+
+def test_a_run_directory_is_never_overwritten_unless_asked(tmp_path, capsys):
+  out = tmp_path / "r"
+  assert _run(capsys, "train", QUICKSTART, *FAST, "--out", out, "--progress", "quiet")[0] == 0
+  first = (out / "summary.json").read_text()
+  code, _, err = _run(capsys, "train", QUICKSTART, *FAST, "--out", out, "--progress", "quiet")
+  assert code == 2 and "already exists" in err and "--overwrite" in err
+  assert (out / "summary.json").read_text() == first
+  code, _, _ = _run(capsys, "train", QUICKSTART, *FAST, "--set", "seed=1", "--out", out, "--overwrite")
+  assert code == 0 and (out / "summary.json").read_text() != first
+  # --overwrite never deletes a folder that is not a run directory.
+  other = tmp_path / "photos"
+  other.mkdir()
+  (other / "cat.jpg").write_bytes(b"x")
+  code, _, err = _run(capsys, "train", QUICKSTART, *FAST, "--out", other, "--overwrite")
+  assert code == 2 and "does not look like a jaxsync run directory" in err and (other / "cat.jpg").exists()
+  # Without --out, names are never reused.
+  from jaxsync._src.app import commands
+
+  (tmp_path / "runs" / "q").mkdir(parents=True)
+  assert commands.default_out("q", tmp_path / "runs") == tmp_path / "runs" / "q-1"
+
+
+def test_corrupt_and_incompatible_checkpoints_get_a_clear_error(tmp_path, capsys):
+  out = tmp_path / "r"
+  assert _run(capsys, "train", QUICKSTART, *FAST, "--out", out, "--progress", "quiet")[0] == 0
+  # Another worker count: the checkpoint's state does not fit this config.
+  bad = tmp_path / "other"
+  shutil.copytree(out, bad)
+  raw = yaml.safe_load((bad / "config.yaml").read_text())
+  raw["cluster"]["num_workers"] = 4
+  (bad / "config.yaml").write_text(yaml.safe_dump(raw))
+  code, _, err = _run(capsys, "resume", bad)
+  assert code == 2 and "incompatible" in err and "fingerprint" in err
+  # Garbage in the array files.
+  for path in (out / "checkpoints" / "400" / "state").rglob("*"):
+    if path.is_file() and path.stat().st_size > 100 and "d" in path.parent.name:
+      path.write_bytes(b"\0" * path.stat().st_size)
+  code, _, err = _run(capsys, "resume", out)
+  assert code == 2 and "is corrupt" in err and "Traceback" not in err
+  code, _, err = _run(capsys, "resume", tmp_path / "nowhere")
+  assert code == 2 and "config.yaml" in err
+
+
+def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
+  out = tmp_path / "cmp"
+  code, stdout, _ = _run(
+    capsys,
+    "compare",
+    QUICKSTART,
+    *FAST,
+    "--strategies",
+    "asp,bsp",
+    "--seeds",
+    "2",
+    "--out",
+    out,
+    "--progress",
+    "quiet",
+  )
+  assert code == 0
+  table = (out / "results.md").read_text()
+  assert table == stdout
+  rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
+  assert [r.split("|")[1].strip() for r in rows] == ["asp", "bsp"]
+  assert all(r.split("|")[2].strip() == "2" and "±" in r.split("|")[3] for r in rows)
+  results = json.loads((out / "results.json").read_text())
+  accuracies = [s["final_accuracy"] for s in results["asp"]]
+  mean, std = (float(x) for x in rows[0].split("|")[3].split("±"))
+  assert mean == pytest.approx(np.mean(accuracies), abs=5e-4) and std == pytest.approx(
+    np.std(accuracies, ddof=1), abs=5e-4
+  )
+  assert results["bsp"][0]["updates"] == 400 // 8  # a synchronous round uses all 8 workers' gradients
+  assert {p.name for p in (out / "plots").glob("*.png")} >= {"compare_accuracy_vs_time.png"}
+  assert sorted(p.name for p in (out / "asp").iterdir()) == ["seed0", "seed1"]
+  # A compare directory resumes like a run directory (here: everything is finished already).
+  code, again, _ = _run(capsys, "resume", out, "--progress", "quiet")
+  assert code == 0 and again == table
+
+
+def test_compare_rejects_unknown_strategies_before_running(tmp_path, capsys):
+  code, _, err = _run(
+    capsys, "compare", QUICKSTART, *FAST, "--strategies", "asp,warp", "--out", tmp_path / "c"
+  )
+  assert code == 2 and "compare.strategies='warp'" in err and not (tmp_path / "c").exists()
+  code, _, err = _run(capsys, "compare", QUICKSTART, *FAST, "--seeds", "0", "--out", tmp_path / "c")
+  assert code == 2 and "--seeds=0" in err
+
+
+def test_strategies_lists_every_strategy_with_its_options(capsys):
+  import jaxsync
+
+  code, out, _ = _run(capsys, "strategies")
+  assert code == 0
+  for name in jaxsync.strategies.names():
+    assert f"\n{name}: " in "\n" + out
+  assert "bb_step_size=False" in out and "staleness_bound=3" in out
+
+
+def test_max_time_stops_the_run_and_a_time_before_the_first_event_is_an_error(tmp_path, capsys):
+  out = tmp_path / "t"
+  code, _, _ = _run(
+    capsys, "train", QUICKSTART, *FAST, "--set", "run.max_time=0.3", "--out", out, "--progress", "quiet"
+  )
+  assert code == 0
+  summary = json.loads((out / "summary.json").read_text())
+  assert summary["stopped_by"] == "max_time" and 0.25 < summary["simulated_time"] < 0.3
+  assert 0 < summary["events"] < 400
+  assert RunCheckpoints(out / "checkpoints").latest_step() == summary["events"]
+  # Resuming a finished run changes nothing.
+  before = (out / "metrics.jsonl").read_text()
+  assert _run(capsys, "resume", out, "--progress", "quiet")[0] == 0
+  assert (out / "metrics.jsonl").read_text() == before
+  code, _, err = _run(
+    capsys, "train", QUICKSTART, *FAST, "--set", "run.max_time=0.001", "--out", tmp_path / "e"
+  )
+  assert code == 2 and "max_time=0.001" in err and "first event" in err and "Traceback" not in err
+
+
+def test_a_checkpoint_saved_again_at_the_same_step_replaces_the_first(tmp_path):
+  import jax.numpy as jnp
+
+  from jaxsync._src.steps.records import EventRecord
+
+  ckpt = RunCheckpoints(tmp_path / "c")
+  state = {"w": jnp.arange(3.0)}
+  rec = EventRecord(*([np.zeros(2)] * 10), metrics={"accuracy": np.zeros(2)})
+  ckpt.save(2, state, rec, {"finished": False})
+  ckpt.save(2, {"w": jnp.ones(3)}, rec, {"finished": True})
+  restored, _, progress = ckpt.restore(state)
+  assert progress["finished"] is True and np.array_equal(restored["w"], np.ones(3))
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_from_scratch_on_resume(tmp_path, capsys):
+  whole, killed = tmp_path / "whole", tmp_path / "killed"
+  assert _run(capsys, "train", QUICKSTART, *FAST, "--out", whole, "--progress", "quiet")[0] == 0
+  # What a kill before the first checkpoint leaves: the config, some metrics, TensorBoard events.
+  killed.mkdir()
+  shutil.copy(whole / "config.yaml", killed / "config.yaml")
+  (killed / "metrics.jsonl").write_text('{"kind": "eval", "event": 0, "accuracy": 0.1}\n{"kind": "tra')
+  (killed / "tensorboard").mkdir()
+  (killed / "tensorboard" / "events.out.tfevents.stale").write_bytes(b"stale")
+  assert _run(capsys, "resume", killed, "--progress", "quiet")[0] == 0
+  assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
+  assert not (killed / "tensorboard" / "events.out.tfevents.stale").exists()

@@ -1,0 +1,93 @@
+"""Typed configs: YAML in, unknown keys and wrong types rejected with the key's name, --set overrides."""
+
+from __future__ import annotations
+
+import pathlib
+
+import pytest
+
+from jaxsync._src.app import config
+
+
+def test_defaults_and_a_full_round_trip(tmp_path):
+  path = tmp_path / "c.yaml"
+  path.write_text(
+    "name: quick\nstrategy: {name: asp, options: {learning_rate: 0.1}}\ncluster: {num_workers: 4, slowdown: 2}\n"
+  )
+  cfg = config.load(
+    path,
+    ["run.gradients=800", "strategy.options.learning_rate=0.05", "model.name=mlp", "model.hidden=[64, 32]"],
+  )
+  assert cfg.name == "quick" and cfg.strategy.name == "asp"
+  assert cfg.strategy.options == {"learning_rate": 0.05}
+  assert (
+    cfg.cluster.num_workers == 4 and cfg.cluster.slowdown == 2.0 and isinstance(cfg.cluster.slowdown, float)
+  )
+  assert cfg.run.gradients == 800 and cfg.model.hidden == [64, 32]
+  assert cfg.data.name == "digits"  # untouched sections keep their defaults
+  assert config.from_dict(config.to_dict(cfg)) == cfg
+
+
+@pytest.mark.parametrize(
+  ("raw", "overrides", "words"),
+  [
+    ({"clster": {}}, [], ["unknown config key clster", "cluster"]),
+    ({"cluster": {"num_worker": 8}}, [], ["cluster.num_worker", "num_workers"]),
+    ({}, ["run.gradient=5"], ["run.gradient", "gradients"]),
+    ({"cluster": {"num_workers": "eight"}}, [], ["cluster.num_workers='eight'", "integer"]),
+    ({"cluster": {"num_workers": 8.5}}, [], ["cluster.num_workers=8.5", "integer"]),
+    ({"run": {"max_time": "soon"}}, [], ["run.max_time='soon'", "number"]),
+    ({"model": {"hidden": 64}}, [], ["model.hidden=64", "list"]),
+    ({"model": {"hidden": [64, "x"]}}, [], ["model.hidden[1]='x'"]),
+    ({"strategy": {"options": [1]}}, [], ["strategy.options=[1]", "mapping"]),
+    ({"data": 3}, [], ["data=3", "mapping"]),
+    ({"cluster": {"message_bytes": 0}}, [], ["cluster.message_bytes=0", "byte count > 0"]),
+    ({}, ["gradients"], ["override 'gradients'", "key.path=value"]),
+    ({}, ["run.gradients=[1"], ["not valid YAML"]),
+  ],
+)
+def test_bad_configs_name_the_key_the_value_and_what_is_valid(tmp_path, raw, overrides, words):
+  import yaml
+
+  path = tmp_path / "c.yaml"
+  path.write_text(yaml.safe_dump(raw))
+  with pytest.raises(config.ConfigError) as err:
+    config.load(path, overrides)
+  for word in words:
+    assert word in str(err.value), (word, str(err.value))
+
+
+def test_missing_or_malformed_files(tmp_path):
+  with pytest.raises(config.ConfigError, match="does not exist"):
+    config.load(tmp_path / "nope.yaml")
+  bad = tmp_path / "bad.yaml"
+  bad.write_text("- just\n- a list\n")
+  with pytest.raises(config.ConfigError, match="expected a mapping"):
+    config.load(bad)
+
+
+@pytest.mark.parametrize(
+  "path", sorted((pathlib.Path(__file__).parents[2] / "configs").glob("*.yaml")), ids=str
+)
+def test_every_shipped_config_loads_and_builds(path):
+  from jaxsync._src.app import experiment
+
+  cfg = config.load(path)
+  exp = experiment.build(cfg)
+  assert exp.num_events >= 1 and exp.strategy.num_workers == cfg.cluster.num_workers
+  for name in cfg.compare.strategies:  # every compared strategy builds with its options too
+    experiment.build(experiment.for_strategy(cfg, name, cfg.seed))
+
+
+def test_message_bytes_times_the_exchanges_of_a_bigger_model():
+  from jaxsync._src.app import experiment
+
+  cfg = config.from_dict({"cluster": {"num_workers": 2, "message_bytes": 171_000_000, "link": "10gbps"}})
+  time_model = experiment.build(cfg).time_model
+  assert time_model.message_bytes == 171_000_000
+  assert abs(time_model.transfer_time() - 171e6 / 1.25e9) < 1e-9  # ResNet101 at 10 Gbit/s: 0.137 s
+  own = experiment.build(config.from_dict({"cluster": {"num_workers": 2}}))
+  assert own.time_model.message_bytes is None  # null: the simulator fills in the model's own size ...
+  assert (
+    own.time_model.with_message_bytes(own.model.params).message_bytes < 1_000_000
+  )  # ... the CNN's ~0.6 MB

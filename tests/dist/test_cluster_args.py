@@ -1,0 +1,55 @@
+"""Membership arguments and process counts: refused up front with the value and what is valid."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from jaxsync._src.app import commands
+from jaxsync._src.app.config import ConfigError
+from jaxsync._src.dist import cluster
+from jaxsync._src.strategies import registry as strategies
+
+
+@pytest.mark.parametrize(
+  "kwargs, words",
+  [
+    ({"coordinator": "10.0.0.1:4321"}, "missing --num-processes, --process-id"),
+    ({"coordinator": "10.0.0.1:4321", "num_processes": 0, "process_id": 0}, "--num-processes=0"),
+    ({"coordinator": "10.0.0.1:4321", "num_processes": 2, "process_id": 2}, "0 <= id < 2"),
+    ({"coordinator": "10.0.0.1", "num_processes": 2, "process_id": 0}, "expected HOST:PORT"),
+  ],
+)
+def test_incomplete_or_invalid_membership_is_refused_before_joining(kwargs, words):
+  with pytest.raises(cluster.ClusterError, match=words):
+    cluster.initialize(**kwargs)
+
+
+def test_no_membership_and_no_cluster_means_the_simulator(monkeypatch):
+  for name in (cluster.ENV_COORDINATOR, "SLURM_JOB_ID", "KUBERNETES_SERVICE_HOST"):
+    monkeypatch.delenv(name, raising=False)
+  assert cluster.initialize(log=lambda _: None) is None
+
+
+@pytest.mark.parametrize("raw", ["0", "soon"])
+def test_a_bad_heartbeat_timeout_names_the_variable(monkeypatch, raw):
+  monkeypatch.setenv(cluster.ENV_HEARTBEAT_TIMEOUT, raw)
+  with pytest.raises(cluster.ClusterError, match=f"JAXSYNC_HEARTBEAT_TIMEOUT='{raw}'"):
+    cluster.heartbeat_timeout()
+
+
+def test_an_async_run_needs_one_process_more_than_workers():
+  with pytest.raises(ConfigError, match="launch 4 processes, or set cluster.num_workers=2"):
+    commands.check_processes(strategies.make("asp", 3), 3)
+  commands.check_processes(strategies.make("asp", 3), 4)
+  with pytest.raises(ConfigError, match="one worker per device"):
+    commands.check_processes(strategies.make("bsp", 2), 2)  # this test process has one device
+
+
+def test_only_launch_run_directories_are_relaunched_locally(tmp_path):
+  assert commands.launched_processes(tmp_path) is None
+  (tmp_path / "launch.json").write_text(json.dumps({"num_processes": 3, "how": "launch"}))
+  assert commands.launched_processes(tmp_path) == 3
+  (tmp_path / "launch.json").write_text(json.dumps({"num_processes": 8, "how": "SlurmCluster"}))
+  assert commands.launched_processes(tmp_path) is None

@@ -1,0 +1,229 @@
+"""Real multi-process runs on 127.0.0.1 through ``jaxsync launch``: equivalence and faults.
+
+Every run here is separate Python processes joined by ``jax.distributed``
+(gloo collectives, a ZeroMQ parameter server); every wait has a timeout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import psutil
+import pytest
+
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.app import experiment
+from jaxsync._src.dist import param_server, sync_runtime
+from jaxsync._src.train.checkpoints import RunCheckpoints
+
+BASE = ["model.name=mlp", "run.eval_every=50", "run.target_accuracy=0.9", "run.checkpoint_every=null"]
+
+
+def _start(*args, out):
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
+  return subprocess.Popen(
+    [sys.executable, "-m", "jaxsync.cli", *args, "--progress", "quiet"],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=env,
+    cwd=os.getcwd(),
+  )
+
+
+def _launch(n, out, overrides, *, timeout=240):
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  p = _start("launch", "-n", str(n), "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  log, _ = p.communicate(timeout=timeout)
+  return p.returncode, log
+
+
+def _process(launcher: subprocess.Popen, index: int, timeout: float = 120) -> psutil.Process:
+  """The launched process with JAXSYNC_PROCESS_ID=index."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    for child in psutil.Process(launcher.pid).children():
+      try:
+        if child.environ().get("JAXSYNC_PROCESS_ID") == str(index):
+          return child
+      except psutil.Error:
+        continue
+    time.sleep(0.1)
+  raise TimeoutError(f"process {index} did not start")
+
+
+def _read_until(p: subprocess.Popen, pattern: str, timeout: float) -> str:
+  """Reads ``p``'s output until a line matches ``pattern``; returns what was read."""
+  seen, deadline = [], time.monotonic() + timeout
+  os.set_blocking(p.stdout.fileno(), True)
+  while time.monotonic() < deadline:
+    line = p.stdout.readline()
+    if not line:
+      break
+    seen.append(line)
+    if re.search(pattern, line):
+      return "".join(seen)
+  raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n{''.join(seen)[-3000:]}")
+
+
+def _summary(run_dir):
+  return json.loads((run_dir / "summary.json").read_text())
+
+
+def _final_params(run_dir, state_like):
+  """The final parameters in a run directory's last checkpoint."""
+  ckpt = RunCheckpoints(run_dir / "checkpoints", read_only=True)
+  state, _, _ = ckpt.restore(state_like)
+  ckpt.close()
+  return state.params
+
+
+def _simulated(overrides, num_events):
+  cfg = config_lib.load("configs/quickstart.yaml", [*BASE, *overrides])
+  exp = experiment.build(cfg)
+  sim = exp.simulator
+  state, records = sim.advance(sim.init(exp.model.params, cfg.seed), num_events)
+  return exp, state, records
+
+
+def test_bsp_on_two_processes_equals_simulated_bsp_and_stays_identical_across_processes(tmp_path):
+  overrides = ["strategy.name=bsp", "cluster.num_workers=2", "run.gradients=120", "run.chunk=20"]
+  code, log = _launch(2, tmp_path / "bsp", overrides)
+  assert code == 0, log[-3000:]
+  hashes = dict(re.findall(r"\[p\d\] process (\d): final parameters sha256 (\w+)", log))
+  assert set(hashes) == {"0", "1"} and hashes["0"] == hashes["1"], log[-2000:]  # bit-identical
+  exp, sim_state, _ = _simulated(overrides, 60)
+  summary = _summary(tmp_path / "bsp")
+  assert summary["updates"] == 60 and summary["gradients"] == 120
+  # One all-reduce of per-worker gradients against one batched gradient: equal up to float rounding.
+  state_like = sync_runtime.SyncState(
+    clock=np.float32(0),
+    params=exp.model.params,
+    rule_state=exp.strategy.server_rule.init(exp.model.params),
+    version=np.int32(0),
+    steps=np.zeros([2], np.int32),
+    worker_params=(),
+    worker_state=(),
+    next_eval=np.float32(0),
+    event=np.int32(0),
+  )
+  params = _final_params(tmp_path / "bsp", state_like)
+  for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-4, atol=2e-5)
+  assert abs(summary["final_accuracy"] - exp.simulator.evaluate(sim_state.params)["accuracy"]) < 0.01
+
+
+def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_path):
+  out = tmp_path / "asp"
+  overrides = [
+    "strategy.name=asp",
+    "strategy.options={learning_rate: 0.05}",
+    "cluster.num_workers=2",
+    "run.gradients=2000",
+    "run.chunk=100",
+  ]
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  launcher = _start("launch", "-n", "3", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  try:
+    head = _read_until(launcher, r"worker 1 joined", 120)
+    time.sleep(0.5)  # let it push for a while
+    victim = _process(launcher, 2)
+    victim.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    log, _ = launcher.communicate(timeout=180)
+    log = head + log
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert launcher.returncode == 0, log[-3000:]
+  assert re.search(r"worker 1 \(process 2\) lost at [\d.]+ s, server version \d+", log), log[-3000:]
+  assert "process 2 ended with signal 9" in log
+  summary = _summary(out)
+  lost = summary["lost_workers"]
+  assert [x["worker"] for x in lost] == [1]
+  # Every update already applied is kept: the run reaches its full count with worker 0 alone.
+  assert summary["updates"] == 2000 and summary["events"] == 2000 and summary["gradients"] == 2000
+  assert time.monotonic() - killed_at < 170
+
+
+def test_sync_run_that_loses_a_process_stops_in_bounded_time_naming_it(tmp_path):
+  out = tmp_path / "bsp"
+  overrides = ["strategy.name=bsp", "cluster.num_workers=2", "run.gradients=200000", "run.chunk=50"]
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  launcher = _start("launch", "-n", "2", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  try:
+    head = _read_until(launcher, r"Gloo\] Rank 1 is connected", 120)
+    time.sleep(2.0)
+    _process(launcher, 1).send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    log, _ = launcher.communicate(timeout=120)
+    log = head + log
+    elapsed = time.monotonic() - killed_at
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert launcher.returncode == 3, log[-3000:]
+  assert re.search(r"\[p0\] jaxsync: error: process 1 is lost; a synchronous round cannot complete", log), (
+    log[-3000:]
+  )
+  assert elapsed < 60  # the heartbeat timeout (10 s) plus shutdown, never a hang
+
+
+def test_killed_server_resumes_from_its_checkpoint_and_one_worker_still_equals_the_simulator(tmp_path):
+  out = tmp_path / "asp1"
+  overrides = [
+    "strategy.name=asp",
+    "strategy.options={learning_rate: 0.05}",
+    "cluster.num_workers=1",
+    "run.gradients=900",
+    "run.chunk=50",
+    "run.checkpoint_every=100",
+  ]
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  launcher = _start("launch", "-n", "2", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  try:
+    deadline = time.monotonic() + 150
+    while not (out / "checkpoints" / "200").exists() and time.monotonic() < deadline:
+      time.sleep(0.05)
+    assert (out / "checkpoints" / "200").exists(), "no checkpoint"
+    _process(launcher, 0).send_signal(signal.SIGKILL)
+    launcher.communicate(timeout=120)
+  finally:
+    if launcher.poll() is None:
+      launcher.kill()
+  assert not (out / "summary.json").exists()  # it really died mid-run
+  resumed = _start("resume", str(out), out=out)
+  log, _ = resumed.communicate(timeout=240)
+  assert resumed.returncode == 0, log[-3000:]
+  assert re.search(r"worker 0 joined at version [1-9]\d*, data step [1-9]", log), log[-3000:]
+  summary = _summary(out)
+  assert summary["updates"] == 900
+  # With one worker the real run, interrupted or not, is the simulated one: same parameters.
+  exp, sim_state, _ = _simulated(overrides, 900)
+  server = param_server.ParameterServer(exp.strategy)
+  like = jax.tree.map(np.asarray, server.init(exp.model.params))
+  server.stop(timeout=0.1)
+  params = _final_params(out, like)
+  for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(b), np.asarray(a))
+
+
+@pytest.mark.parametrize("strategy", ["ormo"])
+def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strategy):
+  overrides = [f"strategy.name={strategy}", "cluster.num_workers=3", "run.gradients=900", "run.chunk=100"]
+  code, log = _launch(4, tmp_path / "ormo", overrides)
+  assert code == 0, log[-3000:]
+  summary = _summary(tmp_path / "ormo")
+  exp, sim_state, _ = _simulated(overrides, 900)
+  simulated = exp.simulator.evaluate(sim_state.params)["accuracy"]
+  assert summary["updates"] == 900
+  assert summary["final_accuracy"] > simulated - 0.03, (summary["final_accuracy"], simulated)
+  assert summary["mean_staleness"] > 0.5  # three real workers really overlap

@@ -1,0 +1,258 @@
+"""The parameter server in this process, on real ZeroMQ sockets over 127.0.0.1.
+
+A worker thread runs the real worker loop; bad messages come from a separate
+Python process (plain pyzmq, no JAX) so that nothing is shared with the
+server but the socket.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+import threading
+
+import jax
+import numpy as np
+import pytest
+
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.app import experiment
+from jaxsync._src.dist import param_server, ps_worker, wire
+
+
+def _experiment(*overrides):
+  cfg = config_lib.load(
+    "configs/quickstart.yaml",
+    [
+      "cluster.num_workers=1",
+      "model.name=mlp",
+      "strategy.name=asp",
+      "strategy.options={learning_rate: 0.05}",
+      "run.gradients=40",
+      "run.eval_every=20",
+      *overrides,
+    ],
+  )
+  return experiment.build(cfg)
+
+
+def _start_worker(exp, server, *, reply_timeout: float = 60):
+  """Worker 0's real loop in a thread, talking to ``server`` over its socket; returns (thread, results)."""
+  sim, done = exp.simulator, {}
+
+  def work():
+    done.update(
+      ps_worker.run_worker(
+        exp.strategy,
+        sim.loss_fn,
+        sim.data,
+        exp.model.params,
+        worker=0,
+        address=server.address,
+        token=server.token,
+        reply_timeout=reply_timeout,
+      )
+    )
+
+  thread = threading.Thread(target=work, daemon=True)
+  thread.start()
+  return thread, done
+
+
+def _serve_with_worker(exp, server, num_events):
+  state = server.init(exp.model.params)
+  thread, done = _start_worker(exp, server)
+  state, records = server.advance(state, num_events)
+  server.stop(timeout=30)
+  thread.join(timeout=30)
+  return state, records, done
+
+
+@pytest.mark.parametrize(
+  "name, options",
+  [
+    ("asp", "{learning_rate: 0.05}"),
+    ("ormo", "{learning_rate: 0.05}"),  # server momentum
+    ("smega2", "{}"),  # look-ahead replies
+    ("adaptive_k", "{}"),  # a worker rule (BB step sizes) and the noise ratio in the replies
+  ],
+)
+def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options):
+  """Bit for bit for asp; for rules with more arithmetic, to float rounding (XLA fuses the simulator's
+  one compiled event differently from the server's and the worker's separate steps)."""
+  exp = _experiment(f"strategy.name={name}", f"strategy.options={options}")
+  sim = exp.simulator
+  sim_state, sim_records = sim.advance(sim.init(exp.model.params, 0), 40)
+  server = param_server.ParameterServer(exp.strategy, eval_fn=sim.schedule.eval_fn, eval_every=20)
+  state, records, done = _serve_with_worker(exp, server, 40)
+  assert done["pushes"] >= 40  # its last push is answered with STOP
+  check = (
+    np.testing.assert_array_equal
+    if name == "asp"
+    else lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+  )
+  for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(state.params)):
+    check(np.asarray(b), np.asarray(a))
+  check(records.loss, np.asarray(sim_records.loss))
+  np.testing.assert_array_equal(records.version, np.asarray(sim_records.version))
+  check(records.step_size, np.asarray(sim_records.step_size))
+  assert records.staleness.max() == 0
+  np.testing.assert_array_equal(records.evaluated, np.asarray(sim_records.evaluated))
+  assert int(state.steps[0]) == 40
+
+
+_ATTACKER = textwrap.dedent(
+  """
+  import json, struct, sys, numpy as np, zmq
+  address, token, count, oversize = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+  fmt = struct.Struct("<4sBBBx16siqqfffQ")
+  def header(kind=2, token=token, worker=0, version=0, dtype=0, n=count, magic=b"JXS1"):
+    return fmt.pack(magic, kind, dtype, 1, token, worker, version, 0, 0.0, float("nan"), 0.0, n)
+  good = np.ones(count, np.float32)
+  nan = good.copy(); nan[3] = np.nan
+  cases = {
+    "token": [header(token=b"x" * 16), good],
+    "worker": [header(worker=7), good],
+    "future_version": [header(version=99), good],
+    "dtype": [header(dtype=1), good],  # float64 claimed; a float64 payload would be oversized
+    "shape": [header(n=count - 1), good[:-1]],
+    "malformed": [b"not a header", good],
+  }
+  out = {}
+  sock = zmq.Context.instance().socket(zmq.DEALER)
+  sock.setsockopt(zmq.LINGER, 0)
+  sock.connect(address)
+  sock.send_multipart([header(kind=1), ])  # HELLO as worker 0
+  assert sock.poll(20000), "no reply to HELLO"
+  sock.recv_multipart()
+  for reason, frames in cases.items():
+    sock.send_multipart(frames)
+    out[reason] = fmt.unpack(sock.recv_multipart()[0])[1] if sock.poll(3000) else None
+  sock.send_multipart([header(), nan])  # a NaN gradient: a valid message, rejected by the rule
+  out["nan"] = fmt.unpack(sock.recv_multipart()[0])[1] if sock.poll(10000) else None
+  big = zmq.Context.instance().socket(zmq.DEALER)
+  big.setsockopt(zmq.LINGER, 0)
+  big.connect(address)
+  big.send_multipart([header(n=oversize), np.zeros(oversize, np.float32)])
+  out["oversize_reply"] = bool(big.poll(2000))
+  sock.send_multipart([header(version=0), good])  # still served after all that
+  out["after"] = fmt.unpack(sock.recv_multipart()[0])[1] if sock.poll(10000) else None
+  print(json.dumps(out))
+  """
+)
+
+
+def test_bad_messages_from_another_process_are_rejected_counted_and_never_applied():
+  exp = _experiment()
+  server = param_server.ParameterServer(exp.strategy, idle_timeout=30)
+  state = server.init(exp.model.params)
+  before = jax.tree.map(np.asarray, state.params)
+  peer = subprocess.Popen(
+    [
+      sys.executable,
+      "-c",
+      _ATTACKER,
+      server.address,
+      server.token.hex(),
+      str(server.count),
+      str(4 * server.count),
+    ],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  state, records = server.advance(state, 2)  # the NaN arrival, then the good one
+  out, _ = peer.communicate(timeout=60)
+  server.stop(timeout=1)
+  import json
+
+  replies = json.loads(out)
+  error, params = int(wire.Kind.ERROR), int(wire.Kind.PARAMS)
+  for reason in ("token", "worker", "future_version", "dtype", "shape", "malformed"):
+    assert server.rejected_messages[reason] == 1, reason
+    # The run's own processes learn why; a foreign or garbled peer gets no answer to flood with.
+    assert replies[reason] == (None if reason in ("token", "malformed") else error), reason
+  # NaN: counted as a rejected arrival, the parameters untouched, the worker gets parameters again.
+  assert replies["nan"] == params
+  np.testing.assert_array_equal(records.rejected, [True, False])
+  np.testing.assert_array_equal(records.version, [0, 1])
+  assert int(state.used[0]) == 1 and int(state.steps[0]) == 2
+  # The oversized frame is dropped by ZeroMQ before it is read whole: no reply, no event.
+  assert replies["oversize_reply"] is False
+  assert replies["after"] == params
+  after_nan_only = jax.tree.map(np.asarray, state.params)
+  changed = [
+    not np.array_equal(a, b) for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after_nan_only))
+  ]
+  assert any(changed)  # the good gradient (all ones) was applied once ...
+  lr = 0.05
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(after_nan_only)):
+    np.testing.assert_allclose(b, a - lr, rtol=0, atol=1e-6)  # ... and only it (ASP: theta - lr * g)
+
+
+def test_header_round_trip_and_refusals():
+  token = b"t" * 16
+  payload = np.arange(5, dtype=np.float32)
+  header = wire.Header(kind=wire.Kind.PUSH, token=token, worker=2, version=7, step=3, loss=1.5, finite=False)
+  frames = wire.encode(header, payload)
+  got = wire.decode_header(frames[0], token=token)
+  assert (got.kind, got.worker, got.version, got.step, got.loss, got.finite, got.count) == (
+    wire.Kind.PUSH,
+    2,
+    7,
+    3,
+    1.5,
+    False,
+    5,
+  )
+  np.testing.assert_array_equal(wire.decode_payload(got, frames[1:], dtype="float32", count=5), payload)
+  with pytest.raises(wire.MessageError, match="token"):
+    wire.decode_header(frames[0], token=b"u" * 16)
+  with pytest.raises(wire.MessageError, match="shape"):
+    wire.decode_payload(got, frames[1:], dtype="float32", count=6)
+  with pytest.raises(wire.MessageError, match="malformed"):
+    wire.decode_header(b"JXS1" + b"\0" * 10, token=token)
+  assert wire.max_message_bytes(1000, "float32") == 4000
+
+
+def test_the_server_refuses_strategies_it_cannot_serve():
+  exp = _experiment("strategy.name=bsp", "strategy.options={}")
+  with pytest.raises(ValueError, match="asynchronous strategy that sends gradients"):
+    param_server.ParameterServer(exp.strategy)
+  ea = _experiment("strategy.name=ea_wild", "strategy.options={}")
+  with pytest.raises(ValueError, match="simulator only"):
+    param_server.ParameterServer(ea.strategy)
+
+
+def test_a_lost_worker_is_dropped_and_a_stuck_run_ends_with_a_clear_error():
+  exp = _experiment()
+  live = {0}
+  server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=1.0)
+  state = server.init(exp.model.params)
+  live.clear()  # worker 0 stops beating before it ever pushes
+  with pytest.raises(param_server.WorkerLostError, match="every worker process is lost"):
+    server.advance(state, 1)
+  assert server.lost and server.lost[0]["worker"] == 0
+  server.stop(timeout=0.1)
+  # A live worker that never sends: the server gives up after idle_timeout, it does not hang.
+  stuck = param_server.ParameterServer(exp.strategy, liveness=lambda: {0}, idle_timeout=1.0)
+  with pytest.raises(param_server.WorkerLostError, match="idle_timeout=1.0 s"):
+    stuck.advance(stuck.init(exp.model.params), 1)
+  stuck.stop(timeout=0.1)
+
+
+def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_parameters_again():
+  # k_async with k = K = 2: a release needs both workers; worker 1 is lost before it ever pushes.
+  exp = _experiment("strategy.name=k_async", "strategy.options={k: 2}", "cluster.num_workers=2")
+  live = {0, 1}
+  server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=20)
+  state = server.init(exp.model.params)
+  thread, done = _start_worker(exp, server, reply_timeout=30)
+  state, records = server.advance(state, 1)  # worker 0's first gradient: buffered, it waits
+  assert not records.released[0] and bool(state.waiting[0])
+  live.discard(1)
+  state, records = server.advance(state, 2)  # it is sent the parameters again and keeps pushing
+  server.stop(timeout=10)
+  thread.join(timeout=30)
+  assert [x["worker"] for x in server.lost] == [1]
+  assert done["pushes"] >= 3 and int(state.steps[0]) == 3

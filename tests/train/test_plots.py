@@ -1,0 +1,202 @@
+"""Plots of runs: the plotted data checked by hand, which files get written, and valid PNGs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("matplotlib")
+
+from jaxsync._src.sim.simulator import History
+from jaxsync._src.train import plots
+
+from sim_cases import accuracy_fn, problem, simulate
+
+RUN_METRIC_FILES = {"accuracy_vs_time", "accuracy_vs_updates", "loss_vs_time", "loss_vs_updates"}
+
+
+def make_history(
+  staleness=(0, 1, 2, 1, 0, 3),
+  *,
+  k=None,
+  step_size=None,
+  rejected=None,
+  loss=None,
+  eval_time=(0.0, 2.0, 4.0),
+  eval_version=(0, 2, 5),
+  metrics=None,
+  num_workers=3,
+):
+  """A hand-made History of len(staleness) events, one per second, workers in turn, all released."""
+  n = len(staleness)
+  if metrics is None:
+    metrics = {"accuracy": [0.3, 0.6, 0.8], "loss": [1.2, 0.8, 0.5]}
+  return History(
+    time=np.arange(1, n + 1, dtype=np.float32),
+    worker=np.arange(n) % num_workers,
+    staleness=np.asarray(staleness, np.int32),
+    version=np.arange(1, n + 1),
+    released=np.ones(n, bool),
+    k=np.ones(n, np.int32) if k is None else np.asarray(k, np.int32),
+    loss=np.linspace(2.0, 1.0, n).astype(np.float32) if loss is None else np.asarray(loss, np.float32),
+    rejected=np.zeros(n, bool) if rejected is None else np.asarray(rejected, bool),
+    step_size=np.full(n, np.nan, np.float32) if step_size is None else np.asarray(step_size, np.float32),
+    eval_time=np.asarray(eval_time, np.float64),
+    eval_version=np.asarray(eval_version),
+    eval_event=np.arange(len(eval_time)),
+    eval_metrics={name: np.asarray(v, np.float64) for name, v in metrics.items()},
+    worker_steps=np.zeros(num_workers, np.int32),
+    worker_used=np.zeros(num_workers, np.int32),
+    worker_idle=np.zeros(num_workers, np.float32),
+    bytes_moved=0.0,
+    bytes_moved_intra=0.0,
+    rejected_count=0 if rejected is None else int(np.sum(rejected)),
+  )
+
+
+def assert_pngs(paths, expected_stems, out_dir):
+  assert {p.stem for p in paths} == set(expected_stems)
+  assert sorted(p.name for p in out_dir.iterdir()) == sorted(p.name for p in paths)
+  for path in paths:
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    assert len(data) > 5000, (path, len(data))
+
+
+def test_moving_average_is_a_trailing_mean():
+  np.testing.assert_allclose(plots.moving_average(np.array([1.0, 2.0, 3.0, 4.0]), 2), [1.0, 1.5, 2.5, 3.5])
+  np.testing.assert_allclose(plots.moving_average(np.array([2.0, 4.0, 9.0]), 3), [2.0, 3.0, 5.0])
+  np.testing.assert_allclose(plots.moving_average(np.array([5.0, 1.0]), 1), [5.0, 1.0])
+
+
+def test_mean_curve_of_two_lines_on_their_common_range():
+  # y = x sampled on [0, 10], y = 3x sampled elsewhere on [0, 8]: mean 2x, std x, grid over [0, 8].
+  xs = [np.array([0.0, 5.0, 10.0]), np.array([0.0, 1.0, 8.0])]
+  ys = [xs[0], 3 * xs[1]]
+  grid, mean, std = plots.mean_curve(xs, ys, num_points=5)
+  np.testing.assert_allclose(grid, [0.0, 2.0, 4.0, 6.0, 8.0])
+  np.testing.assert_allclose(mean, 2 * grid)
+  np.testing.assert_allclose(std, grid)
+
+
+def test_mean_curve_keeps_the_last_value_of_a_repeated_x_and_rejects_disjoint_curves():
+  grid, mean, std = plots.mean_curve([np.array([0.0, 1.0, 1.0, 2.0])], [np.array([0.0, 5.0, 1.0, 2.0])], 5)
+  np.testing.assert_allclose(grid, [0.0, 0.5, 1.0, 1.5, 2.0])
+  np.testing.assert_allclose(mean, grid)
+  np.testing.assert_allclose(std, 0.0)
+  with pytest.raises(ValueError, match="no x range"):
+    plots.mean_curve([np.array([0.0, 1.0]), np.array([2.0, 3.0])], [np.zeros(2), np.zeros(2)])
+
+
+def test_staleness_counts_integer_bins_over_accepted_arrivals():
+  history = make_history((0, 2, 2, 5, 1, 2), rejected=(0, 0, 0, 1, 0, 0))
+  values, counts = plots.staleness_counts(history)
+  np.testing.assert_array_equal(values, [0, 1, 2])
+  np.testing.assert_array_equal(counts, [1, 1, 3])
+
+
+def test_training_loss_drops_rejected_and_non_finite_events():
+  history = make_history(loss=(4.0, np.nan, 3.0, 9.0, 2.0, 1.0), rejected=(0, 0, 0, 1, 0, 0))
+  x, loss = plots.training_loss(history, "time")
+  np.testing.assert_array_equal(x, [1, 3, 5, 6])
+  np.testing.assert_array_equal(loss, [4.0, 3.0, 2.0, 1.0])
+  x, _ = plots.training_loss(history, "updates")
+  np.testing.assert_array_equal(x, [1, 3, 5, 6])
+
+
+def test_plot_run_with_constant_k_and_no_step_sizes(tmp_path):
+  history = make_history()
+  assert not plots.k_varies(history) and not plots.step_sizes_vary(history)
+  paths = plots.plot_run(history, tmp_path / "run", label="asp")
+  assert_pngs(paths, RUN_METRIC_FILES | {"staleness_hist"}, tmp_path / "run")
+
+
+def test_plot_run_draws_k_over_time_only_when_k_varies(tmp_path):
+  history = make_history(k=(1, 2, 2, 3, 1, 2))
+  history.released[2] = False  # its k is ignored
+  history.k[2] = 0
+  time, k = plots.k_series(history)
+  np.testing.assert_array_equal(time, [1, 2, 4, 5, 6])
+  np.testing.assert_array_equal(k, [1, 2, 3, 1, 2])
+  paths = plots.plot_run(history, tmp_path, label="adaptive_k")
+  assert_pngs(paths, RUN_METRIC_FILES | {"staleness_hist", "k_over_time"}, tmp_path)
+  (line,) = plots.run_figures(history, label="adaptive_k")["k_over_time"].axes[0].get_lines()
+  np.testing.assert_array_equal(line.get_ydata(), [1, 2, 3, 1, 2])
+  # k = 0 on unreleased events alone does not make k vary.
+  constant = make_history(k=(2, 0, 2, 2, 0, 2))
+  constant.released[[1, 4]] = False
+  assert not plots.k_varies(constant)
+
+
+def test_step_sizes_plotted_per_worker_only_when_they_vary(tmp_path):
+  sizes = (0.1, 0.2, np.nan, 0.15, 0.25, np.nan)
+  history = make_history(step_size=sizes)
+  series = plots.step_size_series(history)
+  assert sorted(series) == [0, 1]  # worker 2 recorded no step size
+  np.testing.assert_array_equal(series[0][0], [1, 4])
+  np.testing.assert_allclose(series[0][1], [0.1, 0.15])
+  np.testing.assert_allclose(series[1][1], [0.2, 0.25])
+  figures = plots.run_figures(history, label="bb")
+  assert len(figures["step_sizes"].axes[0].get_lines()) == 2
+  assert_pngs(
+    plots.plot_run(history, tmp_path, label="bb"),
+    RUN_METRIC_FILES | {"staleness_hist", "step_sizes"},
+    tmp_path,
+  )
+  assert "step_sizes" not in plots.run_figures(make_history(step_size=[0.1] * 6), label="constant")
+
+
+def test_plot_run_skips_absent_metrics_and_overlays_training_loss():
+  figures = plots.run_figures(make_history(metrics={"loss": [1.0, 0.7, 0.4]}), label="x")
+  assert set(figures) == {"loss_vs_time", "loss_vs_updates", "staleness_hist"}
+  ax = figures["loss_vs_updates"].axes[0]
+  train, evaluation = ax.get_lines()
+  np.testing.assert_array_equal(evaluation.get_xdata(), [0, 2, 5])
+  np.testing.assert_allclose(evaluation.get_ydata(), [1.0, 0.7, 0.4])
+  np.testing.assert_array_equal(train.get_xdata(), np.arange(1, 7))
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ["training batch (smoothed)", "evaluation"]
+  figures = plots.run_figures(make_history(eval_time=(), eval_version=(), metrics={}), label="no evals")
+  assert set(figures) == {"staleness_hist"}
+
+
+def test_plot_compare_one_mean_line_per_strategy(tmp_path):
+  fast = [
+    make_history(eval_time=(0.0, 2.0, 4.0), metrics={"accuracy": [0.0, 0.4, 0.8], "loss": [2.0, 1.0, 0.5]}),
+    make_history(eval_time=(0.0, 3.0, 6.0), metrics={"accuracy": [0.0, 0.6, 0.9], "loss": [2.0, 0.8, 0.4]}),
+  ]
+  slow = [
+    make_history(eval_time=(0.0, 5.0, 10.0), metrics={"accuracy": [0.0, 0.2, 0.4], "loss": [2.0, 1.5, 1.0]})
+  ]
+  no_evals = [make_history(eval_time=(), eval_version=(), metrics={})]
+  runs = {"fast": fast, "slow": slow, "silent": no_evals}
+  figures = plots.compare_figures(runs, num_points=5)
+  stems = {f"compare_{m}_vs_{a}" for m in ("accuracy", "loss") for a in ("time", "updates")}
+  assert set(figures) == stems
+  ax = figures["compare_accuracy_vs_time"].axes[0]
+  fast_line, slow_line = ax.get_lines()
+  assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fast (2 seeds)", "slow (1 seed)"]
+  # fast: both seeds on [0, 4]: accuracy 0.2 t and (0.2 t up to 3, then 0.6 + 0.1 (t - 3)).
+  np.testing.assert_allclose(fast_line.get_xdata(), [0.0, 1.0, 2.0, 3.0, 4.0])
+  np.testing.assert_allclose(fast_line.get_ydata(), [0.0, 0.2, 0.4, 0.6, 0.75])
+  np.testing.assert_allclose(slow_line.get_xdata(), np.linspace(0, 10, 5))
+  assert_pngs(plots.plot_compare(runs, tmp_path), stems, tmp_path)
+
+
+def test_real_adaptive_k_run_with_bb_step_sizes(tmp_path):
+  workers = 4
+  _, _, data = problem(workers)
+  _, history, _ = simulate(
+    "adaptive_k",
+    workers,
+    events=120,
+    options={"bb_step_size": True, "learning_rate": 0.05},
+    eval_fn=accuracy_fn(data),
+    eval_every=10,
+  )
+  paths = plots.plot_run(history, tmp_path / "run", label="adaptive_k")
+  expected = RUN_METRIC_FILES | {"staleness_hist", "k_over_time", "step_sizes"}
+  assert_pngs(paths, expected, tmp_path / "run")
+  values, counts = plots.staleness_counts(history)
+  assert counts.sum() == (~history.rejected).sum() and len(values) == history.staleness.max() + 1
+  compare = plots.plot_compare({"adaptive_k": [history, history]}, tmp_path / "compare")
+  assert len(compare) == 4
