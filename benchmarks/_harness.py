@@ -169,7 +169,7 @@ class Benchmark:
       kwargs["checkpoint_every"] = None  # only the final one
       started = time.perf_counter()
       result = training.train(
-        exp.simulator, exp.model.params, run_dir, tensorboard=False, make_plots=False, **kwargs
+        exp.simulator(), exp.model.params, run_dir, tensorboard=False, make_plots=False, **kwargs
       )
       self.run_count += 1
       self.reused_count += reuse

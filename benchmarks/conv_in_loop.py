@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from jaxsync._src.models.networks import ShiftConv
+from jaxsync._src.models.layers import ShiftConv
 
 
 def main():

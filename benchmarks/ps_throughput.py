@@ -102,7 +102,7 @@ _WORKER = textwrap.dedent(
   from jaxsync._src.dist import ps_worker
   overrides, worker, address, token = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4])
   exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
-  sim = exp.simulator
+  sim = exp.simulator()
   out = ps_worker.run_worker(exp.strategy, sim.loss_fn, sim.data, exp.model.params, worker=worker,
                              address=address, token=token, reply_timeout=300)
   print(json.dumps(out))
@@ -250,7 +250,7 @@ def simulated_staleness(run: dict, k: int, link: Link, events: int) -> np.ndarra
     # Busy seconds per arrival at the server: at saturation its whole wall time (an upper bound).
     apply_time=min(run["apply"], mean),
   )
-  sim = Simulator(exp.strategy, exp.simulator.loss_fn, exp.simulator.data, time_model)
+  sim = Simulator(exp.strategy, exp.loss_fn, exp.data, time_model)
   state = sim.init(exp.model.params, 0)
   state, records = sim.advance(state, events + 20 * k)
   return np.asarray(records.staleness)[20 * k :]

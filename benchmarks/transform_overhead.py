@@ -87,7 +87,7 @@ def rules():
     (
       "adaptive_k + lr",
       lambda: optax.chain(jaxsync.adaptive_k(max_k=NUM_WORKERS), optax.scale_by_learning_rate(LR)),
-      fresh("step"),
+      fresh("count"),
       11,
       "server",
     ),
@@ -95,7 +95,7 @@ def rules():
     (
       "scale_by_staleness + lr",
       lambda: optax.chain(jaxsync.scale_by_staleness(), optax.scale_by_learning_rate(LR)),
-      fresh("step"),
+      fresh("count"),
       3,
       "server",
     ),

@@ -42,6 +42,7 @@ from jaxsync._src.rules.barzilai_borwein import (
   bb_step_size,
   gradient_noise_ratio,
 )
+from jaxsync._src.rules.contracts import server_version
 from jaxsync._src.rules.elastic import (
   EasgdWorkerState,
   ElasticCenterState,
@@ -79,6 +80,7 @@ __all__ = (
   "on_release",
   "ordered_momentum",
   "scale_by_staleness",
+  "server_version",
   "dist",
   "sim",
   "smega2",

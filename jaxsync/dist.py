@@ -18,9 +18,10 @@ from jaxsync._src.dist.cluster import (
   initialize,
 )
 from jaxsync._src.dist.launch import launch
-from jaxsync._src.dist.param_server import ParameterServer, ServerState, WorkerLostError
+from jaxsync._src.dist.param_server import ParameterServer, WorkerLostError
 from jaxsync._src.dist.ps_worker import RejectedError, ServerGoneError, run_worker
 from jaxsync._src.dist.sync_runtime import ProcessLostError, SyncRuntime, SyncState
+from jaxsync._src.steps.server_step import ServerState
 
 __all__ = [
   "ClusterError",

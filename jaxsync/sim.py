@@ -6,9 +6,10 @@ Build a strategy (:mod:`jaxsync.strategies`), a loss function, per-worker data
 """
 
 from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.runtime.history import History
 from jaxsync._src.sim.events import EventState
 from jaxsync._src.sim.rounds import RoundState
-from jaxsync._src.sim.simulator import History, Simulator, run
+from jaxsync._src.sim.simulator import Simulator, run
 from jaxsync._src.sim.time_model import (
   LINK_PRESETS,
   Link,

@@ -28,7 +28,7 @@ class RuleCase:
       (K elastic workers around a centre).
     quadratic_lr: the learning rate of the quadratic convergence test.
     rosenbrock_lr: the learning rate of the Rosenbrock convergence test.
-    version_field: the state field holding the server version (server rules).
+    versioned: a server rule with a version (read with ``jaxsync.server_version``).
     invalid: ``(factory, kwargs, argument name)`` that must raise ValueError.
   """
 
@@ -37,7 +37,7 @@ class RuleCase:
   driver: str
   quadratic_lr: float
   rosenbrock_lr: float
-  version_field: str | None = None
+  versioned: bool = False
   invalid: tuple = ()
 
 
@@ -56,7 +56,7 @@ CASES = (
     "server",
     quadratic_lr=0.005,
     rosenbrock_lr=0.0001,
-    version_field="count",
+    versioned=True,
     invalid=(
       (jaxsync.ordered_momentum, dict(learning_rate=-0.1, num_workers=4), "learning_rate"),
       (jaxsync.ordered_momentum, dict(learning_rate=0.1, momentum=1.0, num_workers=4), "momentum"),
@@ -80,7 +80,7 @@ CASES = (
     "server",
     quadratic_lr=0.005,
     rosenbrock_lr=0.0001,
-    version_field="count",
+    versioned=True,
   ),
   RuleCase(
     "adaptive_k",
@@ -90,7 +90,7 @@ CASES = (
     "server",
     quadratic_lr=0.005,
     rosenbrock_lr=5e-05,
-    version_field="step",
+    versioned=True,
     invalid=(
       (jaxsync.adaptive_k, dict(momentum=-0.1), "momentum"),
       (jaxsync.adaptive_k, dict(theta=0.0), "theta"),
@@ -106,7 +106,7 @@ CASES = (
     "server",
     quadratic_lr=0.02,
     rosenbrock_lr=0.01,
-    version_field="step",
+    versioned=True,
   ),
   RuleCase(
     "scale_by_staleness",
@@ -114,7 +114,7 @@ CASES = (
     "server",
     quadratic_lr=0.02,
     rosenbrock_lr=0.001,
-    version_field="step",
+    versioned=True,
     invalid=(
       (jaxsync.scale_by_staleness, dict(mode="quadratic"), "mode"),
       (jaxsync.scale_by_staleness, dict(mode="exponential", penalty=-1.0), "penalty"),
@@ -130,7 +130,7 @@ CASES = (
     "server",
     quadratic_lr=0.02,
     rosenbrock_lr=0.0005,
-    version_field="step",
+    versioned=True,
   ),
   RuleCase(
     "smega2",
@@ -138,7 +138,7 @@ CASES = (
     "server",
     quadratic_lr=0.005,
     rosenbrock_lr=0.0001,
-    version_field="count",
+    versioned=True,
     invalid=(
       (jaxsync.smega2, dict(learning_rate=0.0, num_workers=4), "learning_rate"),
       (jaxsync.smega2, dict(learning_rate=0.1, num_workers=-1), "num_workers"),
@@ -211,7 +211,7 @@ def run_server(case: RuleCase, tx, loss: Callable, x0: jax.Array, steps: int):
   grad = jax.grad(loss)
 
   def current_version(state):
-    return optax.tree.get(state, case.version_field)
+    return jaxsync.server_version(state)
 
   def body(carry, t):
     w, state, points, versions = carry
@@ -296,7 +296,7 @@ def extra_args_for(case: RuleCase, state: Any, params: Any) -> dict:
   """Valid extra args for one update of ``case`` on ``params`` (for single-step tests)."""
   if case.driver == "server":
     return {
-      "version": optax.tree.get(state, case.version_field),
+      "version": jaxsync.server_version(state),
       "num_live_workers": jnp.int32(NUM_WORKERS),
     }
   if case.driver == "elastic":

@@ -49,7 +49,7 @@ def _jaxsync(*args, check=True, timeout=300):
 def _final_state(run_dir):
   cfg = config_lib.load(run_dir / "config.yaml")
   exp = experiment.build(cfg)
-  like = exp.simulator.init(exp.model.params, cfg.seed)
+  like = exp.simulator().init(exp.model.params, cfg.seed)
   ckpt = RunCheckpoints(run_dir / "checkpoints")
   state, records, progress = ckpt.restore(like)
   ckpt.close()

@@ -89,7 +89,7 @@ def _final_params(run_dir, state_like):
 def _simulated(overrides, num_events):
   cfg = config_lib.load("configs/quickstart.yaml", [*BASE, *overrides])
   exp = experiment.build(cfg)
-  sim = exp.simulator
+  sim = exp.simulator()
   state, records = sim.advance(sim.init(exp.model.params, cfg.seed), num_events)
   return exp, state, records
 
@@ -118,7 +118,7 @@ def test_bsp_on_two_processes_equals_simulated_bsp_and_stays_identical_across_pr
   params = _final_params(tmp_path / "bsp", state_like)
   for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(params)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-4, atol=2e-5)
-  assert abs(summary["final_accuracy"] - exp.simulator.evaluate(sim_state.params)["accuracy"]) < 0.01
+  assert abs(summary["final_accuracy"] - exp.simulator().evaluate(sim_state.params)["accuracy"]) < 0.01
 
 
 def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_path):
@@ -223,7 +223,7 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
   assert code == 0, log[-3000:]
   summary = _summary(tmp_path / "ormo")
   exp, sim_state, _ = _simulated(overrides, 900)
-  simulated = exp.simulator.evaluate(sim_state.params)["accuracy"]
+  simulated = exp.simulator().evaluate(sim_state.params)["accuracy"]
   assert summary["updates"] == 900
   assert summary["final_accuracy"] > simulated - 0.03, (summary["final_accuracy"], simulated)
   assert summary["mean_staleness"] > 0.5  # three real workers really overlap

@@ -39,7 +39,7 @@ def _experiment(*overrides):
 
 def _start_worker(exp, server, *, reply_timeout: float = 60):
   """Worker 0's real loop in a thread, talking to ``server`` over its socket; returns (thread, results)."""
-  sim, done = exp.simulator, {}
+  sim, done = exp.simulator(), {}
 
   def work():
     done.update(
@@ -82,7 +82,7 @@ def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options)
   """Bit for bit for asp; for rules with more arithmetic, to float rounding (XLA fuses the simulator's
   one compiled event differently from the server's and the worker's separate steps)."""
   exp = _experiment(f"strategy.name={name}", f"strategy.options={options}")
-  sim = exp.simulator
+  sim = exp.simulator()
   sim_state, sim_records = sim.advance(sim.init(exp.model.params, 0), 40)
   server = param_server.ParameterServer(exp.strategy, eval_fn=sim.schedule.eval_fn, eval_every=20)
   state, records, done = _serve_with_worker(exp, server, 40)
@@ -213,6 +213,15 @@ def test_header_round_trip_and_refusals():
   with pytest.raises(wire.MessageError, match="malformed"):
     wire.decode_header(b"JXS1" + b"\0" * 10, token=token)
   assert wire.max_message_bytes(1000, "float32") == 4000
+  # An ERROR carries its reason in a field of its own (the data step is left alone).
+  error = wire.Header(kind=wire.Kind.ERROR, token=token, worker=1, step=11, reason="future_version")
+  got = wire.decode_header(wire.encode(error)[0], token=token)
+  assert (got.reason, got.step) == ("future_version", 11)
+  assert wire.decode_header(frames[0], token=token).reason is None
+  bad_reason = bytearray(wire.encode(error)[0])
+  bad_reason[7] = len(wire.REASONS) + 1  # the reason byte follows magic, kind, dtype and finite
+  with pytest.raises(wire.MessageError, match="reason code"):
+    wire.decode_header(bytes(bad_reason), token=token)
 
 
 def test_the_server_refuses_strategies_it_cannot_serve():

@@ -163,7 +163,7 @@ def test_shift_conv_equals_flax_conv_with_the_same_parameters(
 ):
   from flax import nnx
 
-  from jaxsync._src.models.networks import ShiftConv
+  from jaxsync._src.models.layers import ShiftConv
 
   channels = shape[-1]
   ours = ShiftConv(

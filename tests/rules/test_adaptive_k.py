@@ -41,7 +41,7 @@ def test_tests_that_always_fail_give_bsp_with_momentum():
         np.testing.assert_array_equal(u, 0.0)
         assert not bool(state[0].released)
       w = apply(w, u)
-    assert bool(state[0].released) and int(state[0].last_k) == m and int(state[0].step) == step + 1
+    assert bool(state[0].released) and int(state[0].last_k) == m and int(state[0].count) == step + 1
     v, bsp_state = bsp_update(sum(grads) / m, bsp_state, ref, {})
     ref = apply(ref, v)
     np.testing.assert_allclose(w, ref, rtol=1e-5, atol=1e-6)
@@ -92,7 +92,7 @@ def test_progressive_momentum_merges_stale_gradients_with_their_weight():
   np.testing.assert_array_equal(outs[3], 0.0)
   mc1 = gamma * mc0 + (g4 + g5) / 2 + gamma**1 * g3 / 2
   np.testing.assert_allclose(outs[4], mc1, rtol=1e-5, atol=1e-6)
-  assert int(states[4].stale_count) == 0 and int(states[4].step) == 2
+  assert int(states[4].stale_count) == 0 and int(states[4].count) == 2
 
 
 def test_stale_weight_is_gamma_to_the_staleness():
@@ -124,7 +124,7 @@ def test_gaussian_gradients_release_near_the_predicted_k():
   def run(key):
     def body(state, key):
       g = mu + jax.random.normal(key, (d,))
-      _, state = tx.update(g, state, None, version=state.step)
+      _, state = tx.update(g, state, None, version=state.count)
       return state, (state.released, state.last_k)
 
     _, (released, last_k) = jax.lax.scan(body, tx.init(mu), jax.random.split(key, arrivals))
@@ -217,8 +217,8 @@ def test_statistics_match_a_direct_computation_over_several_releases(endpoint):
   fresh, releases = [], 0
   for _ in range(60):
     g = (mu + rng.normal(scale=0.8, size=4)).astype(np.float32)
-    stale = rng.random() < 0.2 and int(state.step) > 0
-    version = int(state.step) - 1 if stale else int(state.step)
+    stale = rng.random() < 0.2 and int(state.count) > 0
+    version = int(state.count) - 1 if stale else int(state.count)
     _, state = update(g, state, params, {"version": jnp.int32(version)})
     if not stale:
       fresh.append(g)
@@ -249,7 +249,7 @@ def test_lower_endpoint_decision_matches_a_direct_computation():
   fresh, release_ks, interval_decided = [], [], 0
   for _ in range(200):
     g = (3.0 + rng.normal(size=8)).astype(np.float32)
-    _, state = update(g, state, params, {"version": state.step})
+    _, state = update(g, state, params, {"version": state.count})
     fresh.append(g.astype(np.float64))
     f = np.asarray(fresh)
     k = len(f)

@@ -33,7 +33,7 @@ def test_staleness_factor(mode, penalty, factor):
   taus = [0, 0, 0, 3, 3, 0]
   for out, tau in zip(outs, taus):
     np.testing.assert_allclose(out, factor(tau) * g, rtol=1e-6)
-  assert int(state.step) == 6 and int(state.last_staleness) == 0
+  assert int(state.count) == 6 and int(state.last_staleness) == 0
 
 
 def test_one_softsync_with_fresh_gradients_is_bsp():
@@ -49,7 +49,7 @@ def test_one_softsync_with_fresh_gradients_is_bsp():
     np.testing.assert_allclose(
       outs[r * lam + lam - 1], -0.1 * grads[r * lam : (r + 1) * lam].mean(0), rtol=1e-5
     )
-  assert int(state[0].step) == 3
+  assert int(state[0].count) == 3
 
 
 def test_softsync_scales_each_gradient_by_its_own_staleness():
@@ -65,7 +65,7 @@ def test_softsync_scales_each_gradient_by_its_own_staleness():
 def test_future_versions_are_rejected():
   outs, state = run(jaxsync.scale_by_staleness(), [(np.ones(1), 1)], jnp.zeros(1))
   np.testing.assert_array_equal(outs[0], 0.0)
-  assert int(state.invalid_version_count) == 1 and int(state.step) == 0
+  assert int(state.invalid_version_count) == 1 and int(state.count) == 0
 
 
 def test_penalty_is_required_for_exponential_only():

@@ -59,7 +59,7 @@ def _run_one(
   exp = experiment.build(config)
   if group is not None:
     return _run_distributed(exp, run_dir, group, reporter)
-  return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+  return training.train(exp.simulator(), exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
 
 
 def train(
@@ -79,7 +79,7 @@ def train(
   if group is None:
     run_dir = run_directory.create(out, overwrite=overwrite)
     write_config(run_dir, config)
-    return training.train(exp.simulator, exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+    return training.train(exp.simulator(), exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
   check_processes(exp.strategy, group.count)
   if group.is_primary:
     run_dir = run_directory.create(out, overwrite=overwrite)
@@ -110,7 +110,7 @@ def launched_processes(run_dir: pathlib.Path) -> int | None:
 def check_processes(strategy: strategies.Strategy, num_processes: int) -> None:
   """Raises ConfigError unless ``num_processes`` fits the strategy's worker count."""
   k = strategy.num_workers
-  if strategy.engine == "async":
+  if strategy.engine == strategies.Engine.ASYNC:
     if num_processes != k + 1:
       raise config_lib.ConfigError(
         f"cluster.num_workers={k} is invalid for {num_processes} processes: the asynchronous strategy "
@@ -134,8 +134,6 @@ def _run_distributed(
   """One process's part of a multi-process run (async: server or worker; sync: one worker)."""
   import logging
 
-  from jax._src import distributed
-
   from jaxsync._src.dist import cluster, param_server, ps_worker, sync_runtime
 
   handler = logging.StreamHandler()
@@ -143,22 +141,19 @@ def _run_distributed(
   logging.getLogger("jaxsync").addHandler(handler)
   logging.getLogger("jaxsync").setLevel(logging.INFO)
   logging.getLogger("jaxsync").propagate = False  # absl configures the root logger too
-  strategy, sim = exp.strategy, exp.simulator
-  client = distributed.global_state.client
+  strategy = exp.strategy
+  client = cluster.coordination_client()
   client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
-  schedule = sim.schedule
-  evaluation = dict(
-    eval_fn=schedule.eval_fn, eval_every=schedule.every_updates, eval_every_time=schedule.every_time
-  )
+  evaluation = exp.evaluation()
   kwargs = exp.train_kwargs()
-  if strategy.engine == "sync":
+  if strategy.engine == strategies.Engine.SYNC:
     if kwargs.pop("max_time") is not None:
       raise config_lib.ConfigError(
         f"run.max_time={exp.config.run.max_time!r} is invalid for a synchronous multi-process run; expected "
         "null (its processes stop together, after run.gradients)."
       )
     liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
-    runtime = sync_runtime.SyncRuntime(strategy, sim.loss_fn, sim.data, liveness=liveness, **evaluation)
+    runtime = sync_runtime.SyncRuntime(strategy, exp.loss_fn, exp.data, liveness=liveness, **evaluation)
     reporter = reporter if group.is_primary else Reporter()
     result = training.train(
       runtime, exp.model.params, run_dir, reporter=reporter, primary=group.is_primary, **kwargs
@@ -195,7 +190,7 @@ def _run_distributed(
   address = client.blocking_key_value_get(param_server.KEY_ADDRESS, 120_000)
   token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 120_000)
   done = ps_worker.run_worker(
-    strategy, sim.loss_fn, sim.data, exp.model.params, worker=group.index - 1, address=address, token=token
+    strategy, exp.loss_fn, exp.data, exp.model.params, worker=group.index - 1, address=address, token=token
   )
   heartbeat.stop()
   print(

@@ -1,10 +1,12 @@
 """Where configs end: a :class:`Config` turned, eagerly and once, into the library's plain objects.
 
-Everything a run needs (data, model, strategy, time model, simulator) is built
-here before training starts, so a bad value fails in seconds with the config
-key it came from, not minutes into a run. Library errors (``ValueError`` with
-the argument's name) are re-raised as :class:`ConfigError` prefixed with the
-config section they belong to.
+Everything a run needs (data, model, strategy, time model, loss, evaluation)
+is built and checked here before training starts, so a bad value fails in
+seconds with the config key it came from, not minutes into a run. Library
+errors (``ValueError`` with the argument's name) are re-raised as
+:class:`ConfigError` prefixed with the config section they belong to. The
+runtime itself (the simulator, or a multi-process runtime) is built from these
+pieces by whoever runs it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+from collections.abc import Callable
 from typing import Any
 
 from jaxsync._src.app.config import Config, ConfigError
@@ -20,6 +23,7 @@ from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.models import networks as models
 from jaxsync._src.sim.simulator import Simulator
 from jaxsync._src.sim.time_model import TimeModel, compute_time_from_flops
+from jaxsync._src.steps.records import EvalSchedule
 from jaxsync._src.strategies import registry as strategies
 
 
@@ -35,15 +39,40 @@ def _section(name: str):
 
 @dataclasses.dataclass
 class Experiment:
-  """A config's run, built: everything :func:`jaxsync._src.training.train` takes, as plain objects."""
+  """A config's run, built: the plain objects every runtime takes.
+
+  Attributes:
+    config: the config it was built from.
+    dataset: the data, in memory.
+    model: the model and its initial parameters.
+    strategy: the registry strategy.
+    time_model: the simulated cluster's clock (the simulator's only).
+    data: the training data sharded over the workers.
+    loss_fn: ``(params, batch) -> scalar``.
+    eval_fn: ``params -> {"loss", "accuracy"}`` on the test split.
+    eval_every, eval_every_time: the evaluation schedule (one of them).
+    num_events: events in the whole run (arrivals, or rounds).
+  """
 
   config: Config
   dataset: datasets.Dataset
   model: models.Model
   strategy: strategies.Strategy
   time_model: TimeModel
-  simulator: Simulator
+  data: WorkerData
+  loss_fn: Callable[[Any, Any], Any]
+  eval_fn: Callable[[Any], dict[str, Any]]
+  eval_every: int | None
+  eval_every_time: float | None
   num_events: int
+
+  def evaluation(self) -> dict[str, Any]:
+    """The evaluation keyword arguments every runtime takes (``eval_fn``, ``eval_every``, ``eval_every_time``)."""
+    return dict(eval_fn=self.eval_fn, eval_every=self.eval_every, eval_every_time=self.eval_every_time)
+
+  def simulator(self) -> Simulator:
+    """The simulated cluster of this run."""
+    return Simulator(self.strategy, self.loss_fn, self.data, self.time_model, **self.evaluation())
 
   @property
   def label(self) -> str:
@@ -65,7 +94,7 @@ class Experiment:
 
 def gradients_per_event(strategy: strategies.Strategy) -> int:
   """Worker gradients one simulator event costs: 1 for an arrival, ``K x local_steps`` for a round."""
-  if strategy.engine == "async":
+  if strategy.engine == strategies.Engine.ASYNC:
     return 1
   # Every worker computes in a round, also those fastest-k cancels: the budget counts computed gradients.
   return strategy.num_workers * strategy.local_steps
@@ -109,17 +138,20 @@ def build(config: Config) -> Experiment:
     )
   run = config.run
   with _section("run"):
-    simulator = Simulator(
-      strategy,
-      models.classification_loss(model),
-      data,
-      time_model,
-      eval_fn=models.classification_metrics(model, dataset.test["image"], dataset.test["label"]),
-      eval_every=run.eval_every,
-      eval_every_time=run.eval_every_time,
-    )
-  num_events = math.ceil(run.gradients / gradients_per_event(strategy))
-  return Experiment(config, dataset, model, strategy, time_model, simulator, num_events)
+    EvalSchedule.make(lambda params: {}, run.eval_every, run.eval_every_time)  # the schedule's checks
+  return Experiment(
+    config=config,
+    dataset=dataset,
+    model=model,
+    strategy=strategy,
+    time_model=time_model,
+    data=data,
+    loss_fn=models.classification_loss(model),
+    eval_fn=models.classification_metrics(model, dataset.test["image"], dataset.test["label"]),
+    eval_every=run.eval_every,
+    eval_every_time=run.eval_every_time,
+    num_events=math.ceil(run.gradients / gradients_per_event(strategy)),
+  )
 
 
 def for_strategy(config: Config, name: str, seed: int) -> Config:

@@ -140,7 +140,8 @@ def _advertised_host(bind: str, coordinator: str) -> str:
 def detected_cluster() -> tuple[str, int] | None:
   """(name, process count) of the cluster environment JAX detects, when it has more than one process."""
   try:
-    from jax._src import clusters  # the detectors jax.distributed.initialize() itself runs
+    # The detectors jax.distributed.initialize() itself runs; JAX 0.10 exposes no public way to ask them.
+    from jax._src import clusters
 
     for env in clusters.ClusterEnv._cluster_types:
       if env.is_env_present():
@@ -204,9 +205,7 @@ def initialize(
   else:
     bind = bind or os.environ.get(ENV_BIND) or "0.0.0.0"
     jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout(), initialization_timeout=300)
-    from jax._src import distributed
-
-    address = str(distributed.global_state.coordinator_address)
+    address = str(_jax_distributed_state().coordinator_address)
   group = ProcessGroup(
     index=jax.process_index(),
     count=jax.process_count(),
@@ -221,6 +220,31 @@ def initialize(
     f"sockets on {group.bind}, {jax.local_device_count()} local {jax.default_backend()} device(s))"
   )
   return group
+
+
+def _jax_distributed_state():
+  """``jax._src.distributed.global_state``: the one place jaxsync touches JAX's private distributed state.
+
+  JAX 0.10 has no public accessor for the coordination service's client (its
+  key-value store, barriers and ``get_live_nodes``) nor for the coordinator
+  address it detected; ``jax.experimental.multihost_utils`` reads the same
+  object internally.
+  """
+  from jax._src import distributed
+
+  return distributed.global_state
+
+
+def coordination_client():
+  """The ``jax.distributed`` coordination service's client of this process (after :func:`initialize`).
+
+  Its key-value store carries the run's control plane (the server's address,
+  the run token, heartbeats) and its barriers order the processes' exits.
+  """
+  client = _jax_distributed_state().client
+  if client is None:
+    raise ClusterError("the coordination service is not running: call jaxsync's dist.initialize first.")
+  return client
 
 
 HEARTBEAT_PREFIX = "jaxsync/heartbeat/"

@@ -1,9 +1,10 @@
 """The asynchronous parameter server: the registry's server rule and dispatch policy on real arrivals.
 
 Process 0 serves; every other process is one worker (:mod:`ps_worker`). The
-server applies, per arrival, exactly what the simulator applies per event
-(:func:`arrival.server_arrival`, :func:`arrival.dispatch`), in one jitted
-step; only the clock differs (wall seconds instead of simulated ones).
+server applies, per arrival, exactly what the simulator applies per event:
+the pure, jitted :func:`server_step.arrive` decides everything, this module
+only moves messages and watches liveness. The clock differs (wall seconds
+instead of simulated ones).
 
 Planes:
 
@@ -16,35 +17,35 @@ Planes:
 * data, on ZeroMQ (a ROUTER socket bound to the configured interface only):
   :mod:`wire` messages, received without a copy and checked field by field.
 
-:class:`ParameterServer` has the simulator's interface (``init``,
-``advance``, ``history``, ``evaluate``), so :func:`training.train` drives it
-unchanged: metrics, orbax checkpoints, resume, summary and plots. Not
-thread-safe: one host loop owns it.
+:class:`ParameterServer` implements the :class:`Runtime` interface, so
+:func:`training.train` drives it as it drives the simulator: metrics, orbax
+checkpoints, resume, summary and plots. Not thread-safe: one host loop owns it.
 """
 
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import secrets
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 import zmq
 from jax.flatten_util import ravel_pytree
 
-from jaxsync._src.steps import arrival
+from jaxsync._src.core import validation
 from jaxsync._src.dist import wire
 from jaxsync._src.dist.cluster import RunFaultError
-from jaxsync._src.steps.records import EvalSchedule, EventRecord
-from jaxsync._src.sim.simulator import History, assemble_history
+from jaxsync._src.runtime.history import RunTotals
+from jaxsync._src.runtime.interface import RuntimeBase
+from jaxsync._src.steps import server_step
+from jaxsync._src.steps.records import EventRecord
+from jaxsync._src.steps.server_step import ServerState
 from jaxsync._src.strategies.registry import Strategy
-from jaxsync._src.core import validation
-from jaxsync._src.rules import guard
 
 log = logging.getLogger("jaxsync.server")
 
@@ -55,46 +56,6 @@ _WHAT = "ParameterServer"
 
 class WorkerLostError(RunFaultError):
   """Every worker process is gone: the run cannot go on."""
-
-
-class ServerState(NamedTuple):
-  """The server's whole state (what a checkpoint holds).
-
-  Attributes:
-    clock: wall seconds of the last event since the run started (summed over resumes).
-    params: the server parameters.
-    rule_state: the server rule's state.
-    version: server updates so far.
-    pending: accepted arrivals since the last update.
-    steps: gradients each worker sent (its data step: a batch is a function of it).
-    used: gradients of each worker the rule accepted.
-    idle: wall seconds each worker waited in the server's waiting set.
-    pulled_version: the version each worker was last sent.
-    noise_ratio: the noise ratio each worker was last sent (BB).
-    waiting: the server's waiting set ``C``.
-    live: workers not lost.
-    wait_since: when each worker entered the waiting set.
-    inter_messages: full-size messages moved (pushes and replies).
-    next_eval: the next evaluation point.
-    event: arrivals so far.
-  """
-
-  clock: jax.Array
-  params: Any
-  rule_state: Any
-  version: jax.Array
-  pending: jax.Array
-  steps: jax.Array
-  used: jax.Array
-  idle: jax.Array
-  pulled_version: jax.Array
-  noise_ratio: jax.Array
-  waiting: jax.Array
-  live: jax.Array
-  wait_since: jax.Array
-  inter_messages: jax.Array
-  next_eval: jax.Array
-  event: jax.Array
 
 
 def _check_protocol(strategy: Strategy) -> Strategy:
@@ -109,17 +70,18 @@ def _check_protocol(strategy: Strategy) -> Strategy:
   return strategy
 
 
-class ParameterServer:
+class ParameterServer(RuntimeBase):
   """Serves an asynchronous strategy to worker processes over ZeroMQ.
 
-  Every arrival runs ``theta, s = server_rule(m, s, theta; version, live)``
-  and the dispatch policy (:mod:`arrival`), compiled once; replies carry the
+  Every arrival runs the pure :func:`server_step.arrive` (the server rule and
+  the dispatch policy of :mod:`arrival`), compiled once; replies carry the
   parameters (SMEGA2's look-ahead estimate), their version, the worker's next
-  data step and the noise ratio (BB).
+  data step and the noise ratio (BB). This class is the transport around it:
+  the socket, message checks, liveness and the host loop.
 
   Args:
-    strategy: an asynchronous ``"gradient"``-protocol strategy.
-    num_workers: worker processes (``strategy.num_workers``).
+    strategy: an asynchronous ``"gradient"``-protocol strategy; one worker
+      process per ``strategy.num_workers``.
     eval_fn, eval_every, eval_every_time: evaluation, as for the simulator
       (``eval_every_time`` in wall seconds).
     bind: the interface to bind (``127.0.0.1`` by default: loopback only).
@@ -155,9 +117,8 @@ class ParameterServer:
     advertise: str | None = None,
   ):
     self.strategy = _check_protocol(strategy)
+    super().__init__(eval_fn, eval_every, eval_every_time)
     self.num_workers = strategy.num_workers
-    self.schedule = EvalSchedule.make(eval_fn, eval_every, eval_every_time)
-    self._evaluate = jax.jit(self.schedule.evaluate) if eval_fn is not None else None
     self.idle_timeout = validation.check_real(_WHAT, "idle_timeout", idle_timeout, low=0.0, low_open=True)
     self.token = secrets.token_bytes(16)
     self._bind_to, self._port_wanted = bind, port
@@ -201,137 +162,41 @@ class ParameterServer:
       self._client.key_value_set(KEY_ADDRESS, self.address, allow_overwrite=True)
       self._client.key_value_set_bytes(KEY_TOKEN, self.token, allow_overwrite=True)
 
-  # -- the simulator's interface ---------------------------------------------------------------
+  # -- the runtime interface ------------------------------------------------------------------
+
+  clock = "wall"
 
   def _prepare(self, params) -> None:
-    flat, self._unravel = ravel_pytree(params)
+    super()._prepare(params)
+    flat, unravel = ravel_pytree(params)
     self.count, self.dtype = int(flat.size), str(flat.dtype)
     leaf_dtypes = {str(x.dtype) for x in jax.tree.leaves(params)}
     if len(leaf_dtypes) != 1:
       raise validation.invalid(_WHAT, "params dtypes", sorted(leaf_dtypes), "one dtype for every leaf")
     if self._socket is None:
       self._open_socket(wire.max_message_bytes(self.count, self.dtype))
-    self._metric_names = tuple(sorted(self.schedule.metric_shapes(params)))
-    self._arrive = jax.jit(self._arrive_impl, donate_argnums=0)
+    self._step = functools.partial(server_step.arrive, self.strategy, self.schedule, self.metric_names, unravel)
+    self._arrive = jax.jit(self._step, donate_argnums=0)
 
   def init(self, params, seed: int = 0) -> ServerState:
     """The state before the first arrival: every worker will get ``params`` (version 0)."""
     del seed  # the real cluster has no jitter seed
     params = jax.tree.map(jnp.asarray, params)
-    self._prepare(params)
-    self._initial_metrics = self._evaluate(params) if self._evaluate is not None else {}
-    k = self.num_workers
-    zeros = jnp.zeros([k], jnp.int32)
-    state = ServerState(
-      clock=jnp.zeros([], jnp.float32),
-      params=params,
-      rule_state=self.strategy.server_rule.init(params),
-      version=jnp.zeros([], jnp.int32),
-      pending=jnp.zeros([], jnp.int32),
-      steps=zeros,
-      used=zeros,
-      idle=jnp.zeros([k], jnp.float32),
-      pulled_version=zeros,
-      noise_ratio=jnp.zeros([k], jnp.float32),
-      waiting=jnp.zeros([k], jnp.bool_),
-      live=jnp.ones([k], jnp.bool_),
-      wait_since=jnp.zeros([k], jnp.float32),
-      inter_messages=jnp.zeros([], jnp.int32),
-      next_eval=self.schedule.first_due(),
-      event=jnp.zeros([], jnp.int32),
-    )
+    self._start(params)
+    state = server_step.init(self.strategy, params, self.schedule)
     self._state = jax.tree.map(lambda x: jnp.array(x, copy=True), state)
     return self._state
 
-  @property
-  def initial_metrics(self) -> dict[str, float]:
-    """The metrics of the parameters given to :meth:`init`."""
-    return {name: float(v) for name, v in getattr(self, "_initial_metrics", {}).items()}
-
-  def evaluate(self, params) -> dict[str, float]:
-    """``eval_fn(params)`` as floats (``{}`` without one)."""
-    if self._evaluate is None:
-      return {}
-    return {name: float(v) for name, v in self._evaluate(params).items()}
-
-  def history(self, records: list[EventRecord], state: ServerState, *, initial_metrics=None) -> History:
-    """A :class:`History` of the real run (``time`` in wall seconds)."""
-    message = float(self.count * np.dtype(wire._numpy_dtype(self.dtype)).itemsize)
-    return assemble_history(
-      records,
-      self.initial_metrics if initial_metrics is None else initial_metrics,
-      self._metric_names,
+  def totals(self, state: ServerState) -> RunTotals:
+    """Per-worker pushes, accepted pushes and waiting seconds; bytes of every push and reply."""
+    message = float(self.count * np.dtype(wire.numpy_dtype(self.dtype)).itemsize)
+    return RunTotals(
       worker_steps=np.asarray(state.steps),
       worker_used=np.asarray(state.used),
       worker_idle=np.asarray(state.idle),
       bytes_moved=float(state.inter_messages) * message,
       bytes_moved_intra=0.0,
     )
-
-  # -- one arrival, compiled --------------------------------------------------------------------
-
-  def _arrive_impl(self, s: ServerState, k, flat, worker_finite, loss, step_size, now):
-    strategy = self.strategy
-    message = self._unravel(flat)
-    finite = worker_finite & guard.tree_all_finite(message)  # never trust the sender's verdict
-    arrived = arrival.server_arrival(
-      strategy,
-      s.params,
-      s.rule_state,
-      message,
-      version=s.pulled_version[k],
-      pending=s.pending,
-      num_live_workers=jnp.sum(s.live),
-      finite=finite,
-    )
-    released, rejected = arrived.released, ~finite
-    version = s.version + released.astype(jnp.int32)
-    steps = s.steps.at[k].add(1)
-    fresh = s.pulled_version[k] == s.version
-    # A lost worker holds no one back (SSP's slowest clock is among the live).
-    clocks = jnp.where(s.live, steps, jnp.iinfo(jnp.int32).max)
-    send, waiting = arrival.dispatch(strategy, s.waiting & s.live, k, clocks, released, fresh, rejected)
-    onehot = jnp.arange(self.num_workers) == k
-    entered = onehot & waiting
-    wait_since = jnp.where(entered, now, s.wait_since)
-    idle = s.idle + jnp.where(send & ~onehot, now - s.wait_since, 0.0)
-    noise = optax.tree.get(arrived.rule_state, "noise_ratio", None)
-    evaluated, metrics, next_eval = self.schedule.maybe_evaluate(
-      s.next_eval, arrived.params, version, now, self._metric_names
-    )
-    reply, _ = ravel_pytree(arrival.reply_parameters(arrived.params, arrived.rule_state))
-    new = ServerState(
-      clock=now,
-      params=arrived.params,
-      rule_state=arrived.rule_state,
-      version=version,
-      pending=arrived.pending,
-      steps=steps,
-      used=s.used.at[k].add(finite.astype(jnp.int32)),
-      idle=idle,
-      pulled_version=jnp.where(send, version, s.pulled_version),
-      noise_ratio=s.noise_ratio if noise is None else jnp.where(send, noise, s.noise_ratio),
-      waiting=waiting,
-      live=s.live,
-      wait_since=wait_since,
-      inter_messages=s.inter_messages + 1 + jnp.sum(send).astype(jnp.int32),
-      next_eval=next_eval,
-      event=s.event + 1,
-    )
-    record = EventRecord(
-      time=now,
-      worker=k,
-      staleness=s.version - s.pulled_version[k],
-      version=version,
-      released=released,
-      k=arrived.k_used,
-      loss=loss,
-      rejected=rejected,
-      step_size=step_size,
-      evaluated=evaluated,
-      metrics=metrics,
-    )
-    return new, record, send, reply
 
   # -- the host loop ----------------------------------------------------------------------------
 
@@ -368,12 +233,8 @@ class ParameterServer:
     self.rejected_messages[reason] += 1
     who = f"worker {worker}" if worker is not None else "an unknown peer"
     log.warning("rejected a message from %s: %s (%s)", who, reason, detail)
-    # The reason travels in the header's step field: an ERROR carries no payload.
     header = wire.Header(
-      kind=wire.Kind.ERROR,
-      token=self.token,
-      worker=-1 if worker is None else worker,
-      step=wire.REASONS.index(reason),
+      kind=wire.Kind.ERROR, token=self.token, worker=-1 if worker is None else worker, reason=reason
     )
     if reason in ("malformed", "token"):
       return  # not one of this run's processes: no answer to feed a flood
@@ -391,49 +252,32 @@ class ParameterServer:
     if live is None:
       return state
     was = np.asarray(state.live)
-    lost = [k for k in range(self.num_workers) if was[k] and k not in live]
-    for k in lost:
-      event = {"worker": k, "process": k + 1, "wall_time": self._now(), "version": int(state.version)}
+    lost = [w for w in range(self.num_workers) if was[w] and w not in live]
+    for worker in lost:
+      event = {"worker": worker, "process": worker + 1, "wall_time": self._now(), "version": int(state.version)}
       self.lost.append(event)
       log.warning(
         "worker %d (process %d) lost at %.1f s, server version %d; going on with %d worker(s)",
-        k,
-        k + 1,
+        worker,
+        worker + 1,
         event["wall_time"],
         event["version"],
         int(was.sum()) - len(lost),
       )
     if lost:
-      mask = np.ones(self.num_workers, bool)
-      mask[lost] = False
-      state = state._replace(live=state.live & mask, waiting=state.waiting & mask)
+      gone = np.zeros(self.num_workers, bool)
+      gone[lost] = True
+      state = server_step.drop(state, jnp.asarray(gone))
       if not bool(np.asarray(state.live).any()):
         raise WorkerLostError(
-          f"every worker process is lost (last: {', '.join(f'worker {k}' for k in lost)}); "
+          f"every worker process is lost (last: {', '.join(f'worker {w}' for w in lost)}); "
           f"the server stops at version {int(state.version)}. Resume with `jaxsync resume RUN_DIR`."
         )
-    # Every live worker waits for a release only the lost ones could have completed (a buffering rule
-    # that does not shrink its bound with num_live_workers): they recompute on the current parameters.
-    waiting, live_mask = np.asarray(state.waiting), np.asarray(state.live)
-    if waiting.any() and not (live_mask & ~waiting).any():
-      state = self._release_waiting(state)
-    return state
-
-  def _release_waiting(self, state: ServerState) -> ServerState:
-    """Sends the current parameters to every waiting worker, as a release would (the same fields)."""
-    waiting = np.asarray(state.waiting)
-    noise = optax.tree.get(state.rule_state, "noise_ratio", None)
-    now = jnp.float32(self._now())
-    state = state._replace(
-      waiting=jnp.zeros_like(state.waiting),
-      pulled_version=jnp.where(waiting, state.version, state.pulled_version),
-      noise_ratio=state.noise_ratio if noise is None else jnp.where(waiting, noise, state.noise_ratio),
-      idle=state.idle + jnp.where(waiting, now - state.wait_since, 0.0),
-      inter_messages=state.inter_messages + int(waiting.sum()),
-    )
-    log.info("released %d waiting worker(s) that no live worker could release", int(waiting.sum()))
-    reply, _ = ravel_pytree(arrival.reply_parameters(state.params, state.rule_state))
-    self._reply(state, np.nonzero(waiting)[0], reply)
+    if bool(server_step.stuck_on_lost_workers(state)):
+      state, send = server_step.release_waiting(state, jnp.float32(self._now()))
+      workers = np.nonzero(np.asarray(send))[0]
+      log.info("released %d waiting worker(s) that no live worker could release", len(workers))
+      self._reply(state, workers, server_step.reply_payload(state))
     return state
 
   def _live_workers(self) -> set[int] | None:
@@ -449,8 +293,7 @@ class ParameterServer:
     """Serves until ``num_events`` more arrivals (or ``max_time`` wall seconds); returns (state, records)."""
     num_events = validation.check_int(_WHAT, "num_events", num_events)
     state = jax.tree.map(jnp.asarray, state)  # a restored state is NumPy (see checkpoints)
-    if not hasattr(self, "_arrive"):  # a state restored from a checkpoint
-      self._prepare(state.params)
+    self._ensure_prepared(state.params)
     if not self._clock_started:  # wall time counts from the first advance (after compiling and restoring)
       self._clock_offset, self._started, self._clock_started = float(state.clock), time.perf_counter(), True
     rows: list[EventRecord] = []
@@ -476,7 +319,7 @@ class ParameterServer:
         rows.append(row)
     if not rows:
       empty = jax.eval_shape(
-        self._arrive_impl,
+        self._step,
         state,
         jnp.int32(0),
         jnp.zeros([self.count], self.dtype),
@@ -484,7 +327,7 @@ class ParameterServer:
         jnp.float32(0),
         jnp.float32(0),
         jnp.float32(0),
-      )[1]
+      ).record
       self._state = state
       return state, jax.tree.map(lambda x: np.zeros((0, *x.shape), x.dtype), empty)
     self._state = state
@@ -508,9 +351,7 @@ class ParameterServer:
           "worker", f"worker={header.worker} from a connection registered as {worker!r}"
         )
       if header.kind == wire.Kind.BYE:
-        state = state._replace(
-          live=state.live.at[worker].set(False), waiting=state.waiting.at[worker].set(False)
-        )
+        state = server_step.drop(state, jnp.arange(self.num_workers) == worker)
         log.info("worker %d left", worker)
         return state, None
       if header.kind != wire.Kind.PUSH:
@@ -553,13 +394,8 @@ class ParameterServer:
       "worker %d joined at version %d, data step %d", worker, int(state.version), int(state.steps[worker])
     )
     # A (re)joining worker is sent the current parameters; its earlier pull is void.
-    state = state._replace(
-      live=state.live.at[worker].set(True),
-      waiting=state.waiting.at[worker].set(False),
-      pulled_version=state.pulled_version.at[worker].set(state.version),
-    )
-    reply, _ = ravel_pytree(arrival.reply_parameters(state.params, state.rule_state))
-    self._reply(state, [worker], reply)
+    state = server_step.join(state, worker)
+    self._reply(state, [worker], server_step.reply_payload(state))
     return state
 
   def stop(self, *, timeout: float = 30.0) -> None:
@@ -575,11 +411,11 @@ class ParameterServer:
     except (AttributeError, RuntimeError):  # no state yet, or one donated to a step that failed
       live_mask, waiting = np.ones(self.num_workers, bool), np.zeros(self.num_workers, bool)
     told = set()
-    live = {k for k in range(self.num_workers) if live_mask[k] and k in self._identity}
+    live = {w for w in range(self.num_workers) if live_mask[w] and w in self._identity}
     stop = wire.Header(kind=wire.Kind.STOP, token=self.token, worker=0)
-    for k in np.nonzero(waiting)[0]:
-      self._send(int(k), stop)
-      told.add(int(k))
+    for worker in np.nonzero(waiting)[0]:
+      self._send(int(worker), stop)
+      told.add(int(worker))
     deadline = time.perf_counter() + timeout
     poller = zmq.Poller()
     poller.register(self._socket, zmq.POLLIN)

@@ -102,8 +102,7 @@ def run_worker(
       if reply.kind == wire.Kind.STOP:
         break
       if reply.kind == wire.Kind.ERROR:
-        reason = wire.REASONS[reply.step] if 0 <= reply.step < len(wire.REASONS) else "unknown"
-        raise RejectedError(f"worker {worker}: the server rejected its message ({reason}).")
+        raise RejectedError(f"worker {worker}: the server rejected its message ({reply.reason or 'no reason'}).")
       payload = wire.decode_payload(reply, frames[1:], dtype=dtype, count=count)
       began = time.perf_counter()
       flat, rule_state, loss, finite, step_size = compute(

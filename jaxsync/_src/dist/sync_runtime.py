@@ -30,19 +30,18 @@ from typing import Any, NamedTuple
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from jax.experimental import multihost_utils
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-
-from jaxsync._src.dist.cluster import RunFaultError
-from jaxsync._src.steps.records import EvalSchedule, EventRecord
-from jaxsync._src.sim.simulator import History, assemble_history
-from jaxsync._src.strategies.registry import Strategy
-from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.core import validation
-from jaxsync._src.rules import guard
+from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.dist.cluster import RunFaultError
+from jaxsync._src.runtime.history import RunTotals
+from jaxsync._src.runtime.interface import RuntimeBase
+from jaxsync._src.steps import sync_round
+from jaxsync._src.steps.records import stack_workers
+from jaxsync._src.strategies.registry import Communication, Engine, Strategy, WorkerProtocol
 
 log = logging.getLogger("jaxsync.sync")
 _WHAT = "SyncRuntime"
@@ -51,6 +50,12 @@ _AXES = ("groups", "members")
 
 class ProcessLostError(RunFaultError):
   """A process of a synchronous run is gone: the round cannot complete."""
+
+
+def _collective_failed(err: BaseException) -> bool:
+  """Whether an error is a cross-process collective that failed (a peer is gone), not a bug."""
+  text = str(err)
+  return any(word in text for word in ("Gloo", "gloo", "UNAVAILABLE", "Connection reset", "collective"))
 
 
 class SyncState(NamedTuple):
@@ -81,7 +86,7 @@ class SyncState(NamedTuple):
 
 def check_strategy(strategy: Strategy, num_devices: int) -> Strategy:
   """Checks that ``strategy`` runs on this loop with ``num_devices`` workers; raises ValueError."""
-  if strategy.engine != "sync":
+  if strategy.engine != Engine.SYNC:
     raise validation.invalid(_WHAT, "strategy", strategy.name, "a synchronous strategy (engine 'sync')")
   if strategy.gradients_per_round not in (None, strategy.num_workers):
     raise validation.invalid(
@@ -101,7 +106,7 @@ def check_strategy(strategy: Strategy, num_devices: int) -> Strategy:
   return strategy
 
 
-class SyncRuntime:
+class SyncRuntime(RuntimeBase):
   """Runs a synchronous strategy with one worker per device across processes.
 
   Args:
@@ -129,16 +134,16 @@ class SyncRuntime:
     liveness=None,
   ):
     devices = list(jax.devices() if devices is None else devices)
+    super().__init__(eval_fn, eval_every, eval_every_time)
     self.strategy = check_strategy(strategy, len(devices))
     self.loss_fn, self.data = loss_fn, data
-    self.schedule = EvalSchedule.make(eval_fn, eval_every, eval_every_time)
-    groups = strategy.group_size if strategy.communication == "hierarchical" else 1
+    groups = strategy.group_size if strategy.communication == Communication.HIERARCHICAL else 1
     self.mesh = Mesh(np.asarray(devices).reshape(strategy.num_workers // groups, groups), _AXES)
     self._hierarchical = groups > 1
     self._replicated = NamedSharding(self.mesh, P())
     self._per_worker = NamedSharding(self.mesh, P(_AXES))
     self._liveness = liveness
-    self._evaluate = jax.jit(self.schedule.evaluate) if eval_fn is not None else None
+    self._round = jax.jit(self._round_impl)
     self._started = time.perf_counter()
     self._clock_offset: float | None = None
 
@@ -153,100 +158,75 @@ class SyncRuntime:
   def _worker_index(self):
     return jax.lax.axis_index("groups") * self.mesh.shape["members"] + jax.lax.axis_index("members")
 
-  # -- the simulator's interface ----------------------------------------------------------------
+  # -- the runtime interface ------------------------------------------------------------------
 
-  def _prepare(self, params) -> None:
-    self._metric_names = tuple(sorted(self.schedule.metric_shapes(params)))
-    self._round = jax.jit(self._round_impl)
+  clock = "wall"
 
   def init(self, params, seed: int = 0) -> SyncState:
     """The state before the first round: every worker holds ``params``."""
     del seed
     params = jax.tree.map(jnp.asarray, params)
-    self._prepare(params)
-    self._initial_metrics = self._evaluate(params) if self._evaluate is not None else {}
-    k = self.strategy.num_workers
-    local = self.strategy.protocol == "local"
-    stack = lambda tree: jax.tree.map(lambda x: jnp.broadcast_to(x, (k, *x.shape)), tree)  # noqa: E731
+    self._start(params)
+    num_workers = self.strategy.num_workers
+    local = self.strategy.protocol == WorkerProtocol.LOCAL
     state = SyncState(
       clock=jnp.zeros([], jnp.float32),
       params=params,
       rule_state=self.strategy.server_rule.init(params),
       version=jnp.zeros([], jnp.int32),
-      steps=jnp.zeros([k], jnp.int32),
-      worker_params=stack(params) if local else (),
-      worker_state=stack(self.strategy.worker_rule.init(params)) if local else (),
+      steps=jnp.zeros([num_workers], jnp.int32),
+      worker_params=stack_workers(params, num_workers) if local else (),
+      worker_state=stack_workers(self.strategy.worker_rule.init(params), num_workers) if local else (),
       next_eval=self.schedule.first_due(),
       event=jnp.zeros([], jnp.int32),
     )
     return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
 
-  @property
-  def initial_metrics(self) -> dict[str, float]:
-    """The metrics of the parameters given to :meth:`init`."""
-    return {name: float(v) for name, v in getattr(self, "_initial_metrics", {}).items()}
-
-  def evaluate(self, params) -> dict[str, float]:
-    """``eval_fn(params)`` as floats (``{}`` without one)."""
-    if self._evaluate is None:
-      return {}
-    return {name: float(v) for name, v in self._evaluate(params).items()}
-
-  def history(self, records: list[EventRecord], state: SyncState, *, initial_metrics=None) -> History:
-    """A :class:`History` of the run (``time`` in wall seconds; bytes as a ring all-reduce moves them)."""
-    k = self.strategy.num_workers
+  def totals(self, state: SyncState) -> RunTotals:
+    """Gradients per worker, and the bytes a ring all-reduce of one message per round moves."""
+    num_workers = self.strategy.num_workers
     message = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
-    rounds = sum(len(r.time) for r in records)
     steps = np.asarray(state.steps)
-    return assemble_history(
-      records,
-      self.initial_metrics if initial_metrics is None else initial_metrics,
-      self._metric_names,
+    return RunTotals(
       worker_steps=steps,
       worker_used=steps,
-      worker_idle=np.zeros([k]),
-      bytes_moved=2.0 * (k - 1) * rounds * message,  # a ring all-reduce per round
+      worker_idle=np.zeros([num_workers]),
+      bytes_moved=2.0 * (num_workers - 1) * int(state.event) * message,  # a ring all-reduce per round
       bytes_moved_intra=0.0,
     )
 
   # -- one round, compiled ----------------------------------------------------------------------
 
-  def _gradient_round(self, params, rule_state, version, steps):
-    k = self.strategy.num_workers
+  def _gradient_round(self, s: SyncState):
+    num_workers = self.strategy.num_workers
 
     def per_worker(params, steps):
       worker = self._worker_index()
       batch = self.data.batch(worker, steps[worker])
       # Each worker's share of the round's mean loss (the simulator's w_k = 1/K).
-      loss, grads = jax.value_and_grad(lambda p: self.loss_fn(p, batch) / k)(params)
+      loss, grads = jax.value_and_grad(lambda p: self.loss_fn(p, batch) / num_workers)(params)
       return self._sum(grads), self._sum(loss)
 
     grads, loss = jax.shard_map(
       per_worker, mesh=self.mesh, in_specs=(P(), P()), out_specs=(P(), P()), check_vma=False
-    )(params, steps)
-    finite = guard.tree_all_finite(grads)
-    updates, rule_state = self.strategy.server_rule.update(
-      grads, rule_state, params, version=version, num_live_workers=k, grads_finite=finite
+    )(s.params, s.steps)
+    update = sync_round.apply_aggregate(
+      self.strategy, s.params, s.rule_state, grads, version=s.version, num_workers=num_workers
     )
-    return optax.apply_updates(params, updates), rule_state, loss, finite, steps + 1, (), ()
+    return update, loss, s._replace(steps=s.steps + 1)
 
-  def _local_round(self, params, rule_state, steps, worker_params, worker_state):
+  def _local_round(self, s: SyncState):
     strategy = self.strategy
-    k = strategy.num_workers
+    num_workers = strategy.num_workers
 
     def per_worker(params, xs, states, steps):
       worker = self._worker_index()
       x, state = jax.tree.map(lambda a: a[0], (xs, states))
-
-      def local_step(carry, _):
-        x, state, step = carry
-        loss, grads = jax.value_and_grad(self.loss_fn)(x, self.data.batch(worker, step))
-        updates, state = strategy.worker_rule.update(grads, state, x)
-        return (optax.apply_updates(x, updates), state, step + 1), loss
-
-      (x, state, _), losses = jax.lax.scan(local_step, (x, state, steps[worker]), None, strategy.local_steps)
-      mean_model = jax.tree.map(lambda m: m / k, self._sum(x))
-      return mean_model, self._sum(jnp.mean(losses) / k), jax.tree.map(lambda a: a[None], state)
+      x, state, losses = sync_round.local_steps(
+        strategy, self.loss_fn, lambda t: self.data.batch(worker, t), x, state, steps[worker]
+      )
+      mean_model = jax.tree.map(lambda m: m / num_workers, self._sum(x))
+      return mean_model, self._sum(jnp.mean(losses) / num_workers), jax.tree.map(lambda a: a[None], state)
 
     spec = P(_AXES)
     mean_model, loss, worker_state = jax.shard_map(
@@ -255,38 +235,37 @@ class SyncRuntime:
       in_specs=(P(), spec, spec, P()),
       out_specs=(P(), P(), spec),
       check_vma=False,
-    )(params, worker_params, worker_state, steps)
-    pseudo_grads = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), params, mean_model)
-    finite = guard.tree_all_finite(pseudo_grads)
-    updates, rule_state = strategy.server_rule.update(pseudo_grads, rule_state, params, grads_finite=finite)
-    params = optax.apply_updates(params, updates)
-    xs = jax.tree.map(lambda x: jnp.broadcast_to(x, (k, *x.shape)), params)
-    return params, rule_state, loss, finite, steps + strategy.local_steps, xs, worker_state
+    )(s.params, s.worker_params, s.worker_state, s.steps)
+    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
+    return update, loss, s._replace(
+      steps=s.steps + strategy.local_steps,
+      worker_params=stack_workers(update.params, num_workers),
+      worker_state=worker_state,
+    )
 
   def _round_impl(self, s: SyncState, now):
-    if self.strategy.protocol == "local":
-      params, rule_state, loss, finite, steps, xs, ws = self._local_round(
-        s.params, s.rule_state, s.steps, s.worker_params, s.worker_state
-      )
+    if self.strategy.protocol == WorkerProtocol.LOCAL:
+      update, loss, s = self._local_round(s)
     else:
-      params, rule_state, loss, finite, steps, xs, ws = self._gradient_round(
-        s.params, s.rule_state, s.version, s.steps
-      )
-    version = s.version + finite.astype(jnp.int32)
+      update, loss, s = self._gradient_round(s)
+    version = s.version + update.finite.astype(jnp.int32)
     evaluated, metrics, next_eval = self.schedule.maybe_evaluate(
-      s.next_eval, params, version, now, self._metric_names
+      s.next_eval, update.params, version, now, self.metric_names
     )
-    new = SyncState(now, params, rule_state, version, steps, xs, ws, next_eval, s.event + 1)
-    record = EventRecord(
-      time=now,
-      worker=jnp.asarray(-1, jnp.int32),
-      staleness=jnp.asarray(0, jnp.int32),
+    new = s._replace(
+      clock=now,
+      params=update.params,
+      rule_state=update.rule_state,
       version=version,
-      released=finite,
-      k=jnp.where(finite, self.strategy.num_workers, 0).astype(jnp.int32),
-      loss=jnp.asarray(loss, jnp.float32),
-      rejected=~finite,
-      step_size=jnp.asarray(jnp.nan, jnp.float32),
+      next_eval=next_eval,
+      event=s.event + 1,
+    )
+    record = sync_round.round_record(
+      time=now,
+      version=version,
+      finite=update.finite,
+      k=self.strategy.num_workers,
+      loss=loss,
       evaluated=evaluated,
       metrics=metrics,
     )
@@ -297,15 +276,12 @@ class SyncRuntime:
   def _global(self, state: SyncState) -> SyncState:
     """Process-local arrays -> arrays on the mesh (replicated; local models sharded by worker)."""
 
+    local = [i for i, d in enumerate(self.mesh.devices.reshape(-1)) if d.process_index == jax.process_index()]
+
     def put(x, sharding):
       x = np.asarray(x)
       if sharding is self._replicated:
         return jax.make_array_from_process_local_data(sharding, x, x.shape)
-      rows = [d.id for d in self.mesh.devices.reshape(-1)]
-      local = [
-        i for i, d in enumerate(self.mesh.devices.reshape(-1)) if d.process_index == jax.process_index()
-      ]
-      del rows
       return jax.make_array_from_process_local_data(sharding, x[local], x.shape)
 
     fields = state._asdict()
@@ -332,8 +308,7 @@ class SyncRuntime:
       raise validation.invalid(
         _WHAT, "max_time", max_time, "None: the processes of a synchronous run must agree on when to stop"
       )
-    if not hasattr(self, "_round"):  # a state restored from a checkpoint
-      self._prepare(state.params)
+    self._ensure_prepared(state.params)
     if self._clock_offset is None:
       self._clock_offset = float(state.clock)
       self._started = time.perf_counter()
@@ -348,7 +323,11 @@ class SyncRuntime:
         s, row = self._round(s, jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()))
         rows.append(jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), row))
       local = self._local(s)
-    except jax.errors.JaxRuntimeError as err:
+    except (jax.errors.JaxRuntimeError, ValueError) as err:
+      # A collective whose peer died raises JaxRuntimeError from a compiled round, but ValueError
+      # ("UNKNOWN: Gloo all-reduce failed ...") from the clock's broadcast: both mean a lost process.
+      if isinstance(err, ValueError) and not _collective_failed(err):
+        raise
       raise ProcessLostError(self._lost_message(err)) from None
     return local, jax.tree.map(lambda *xs: np.stack(xs), *rows)
 

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 MAGIC = b"JXS1"
-_HEADER = struct.Struct("<4sBBBx16siqqfffQ")
+_HEADER = struct.Struct("<4sBBBB16siqqfffQ")
 HEADER_BYTES = _HEADER.size
 _DTYPES = ("float32", "float64", "bfloat16", "float16")
 
@@ -36,7 +36,7 @@ class Kind(enum.IntEnum):
   PUSH = 2  # worker -> server: a message (gradient) computed on `version`
   PARAMS = 3  # server -> worker: parameters of `version`, continue at data `step`
   STOP = 4  # server -> worker: the run is over
-  ERROR = 5  # server -> worker: your message was rejected (the index of the reason in `step`)
+  ERROR = 5  # server -> worker: your message was rejected (for `reason`)
   BYE = 6  # worker -> server: leaving
 
 
@@ -49,6 +49,7 @@ class MessageError(ValueError):
 
 
 REASONS = ("malformed", "token", "worker", "future_version", "version", "dtype", "shape")
+"""Why a message was rejected; an ERROR header carries one (encoded as its index + 1, 0 for none)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,6 +67,7 @@ class Header:
   finite: bool = True
   dtype: str = "float32"
   count: int = 0
+  reason: str | None = None
 
 
 def encode(header: Header, payload: np.ndarray | None = None) -> list[Any]:
@@ -77,6 +79,7 @@ def encode(header: Header, payload: np.ndarray | None = None) -> list[Any]:
     int(header.kind),
     _DTYPES.index(dtype),
     int(bool(header.finite)),
+    0 if header.reason is None else REASONS.index(header.reason) + 1,
     header.token,
     header.worker,
     header.version,
@@ -91,10 +94,11 @@ def encode(header: Header, payload: np.ndarray | None = None) -> list[Any]:
 
 def max_message_bytes(count: int, dtype: str) -> int:
   """The largest legal frame: a payload of ``count`` elements of ``dtype`` (or the header)."""
-  return max(HEADER_BYTES, count * np.dtype(_numpy_dtype(dtype)).itemsize)
+  return max(HEADER_BYTES, count * np.dtype(numpy_dtype(dtype)).itemsize)
 
 
-def _numpy_dtype(name: str):
+def numpy_dtype(name: str):
+  """The NumPy dtype of a wire dtype name (bfloat16 from ml_dtypes)."""
   if name == "bfloat16":
     import ml_dtypes  # jax's own dependency
 
@@ -107,12 +111,12 @@ def decode_header(frame: Any, *, token: bytes) -> Header:
   raw = bytes(frame.buffer if hasattr(frame, "buffer") else frame)
   if len(raw) != HEADER_BYTES or raw[:4] != MAGIC:
     raise MessageError("malformed", f"a {len(raw)}-byte header frame that is not a jaxsync header")
-  magic, kind, dtype, finite, got_token, worker, version, step, loss, step_size, noise, count = (
+  magic, kind, dtype, finite, reason, got_token, worker, version, step, loss, step_size, noise, count = (
     _HEADER.unpack(raw)
   )
   del magic
-  if kind not in Kind._value2member_map_ or dtype >= len(_DTYPES):
-    raise MessageError("malformed", f"kind={kind}, dtype code={dtype}")
+  if kind not in Kind._value2member_map_ or dtype >= len(_DTYPES) or reason > len(REASONS):
+    raise MessageError("malformed", f"kind={kind}, dtype code={dtype}, reason code={reason}")
   if got_token != token:
     raise MessageError("token", "the message carries another run's token (a stale or foreign process)")
   return Header(
@@ -127,6 +131,7 @@ def decode_header(frame: Any, *, token: bytes) -> Header:
     finite=bool(finite),
     dtype=_DTYPES[dtype],
     count=count,
+    reason=REASONS[reason - 1] if reason else None,
   )
 
 
@@ -147,9 +152,9 @@ def decode_payload(header: Header, frames: list[Any], *, dtype: str, count: int)
   if header.dtype != dtype:
     raise MessageError("dtype", f"payload dtype={header.dtype!r}; expected {dtype!r}")
   buffer = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
-  itemsize = np.dtype(_numpy_dtype(dtype)).itemsize
+  itemsize = np.dtype(numpy_dtype(dtype)).itemsize
   if header.count != count or len(buffer) != count * itemsize:
     raise MessageError(
       "shape", f"payload of {header.count} elements ({len(buffer)} bytes); expected {count} elements"
     )
-  return np.frombuffer(buffer, dtype=_numpy_dtype(dtype))
+  return np.frombuffer(buffer, dtype=numpy_dtype(dtype))

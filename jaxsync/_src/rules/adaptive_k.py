@@ -25,11 +25,11 @@ class AdaptiveKState(NamedTuple):
   """State of :func:`adaptive_k`.
 
   The runtimes read ``released`` (did the last arrival release an aggregate?),
-  ``last_k`` (how many fresh gradients it averaged) and ``step`` (the server
+  ``last_k`` (how many fresh gradients it averaged) and ``count`` (the server
   version ``S``: the parameters sent to workers carry it).
 
   Attributes:
-    step: ``S``, the number of releases so far; the server version.
+    count: ``S``, the number of releases so far; the server version.
     fresh_count: ``k`` of the fresh gradients buffered for step ``S``.
     fresh_mean: running mean of the buffered fresh gradients (Welford); only
       meaningful while ``fresh_count > 0`` (buffers are reset lazily).
@@ -45,11 +45,11 @@ class AdaptiveKState(NamedTuple):
     noise_ratio: ``r = V / (k |g_bar|^2)`` of the last release, the
       noise-to-signal ratio that :func:`bb_step_size` takes from the server.
     nonfinite_count: arrivals rejected for a NaN or Inf gradient.
-    invalid_version_count: arrivals rejected for a version newer than ``step``
+    invalid_version_count: arrivals rejected for a version newer than ``count``
       or negative.
   """
 
-  step: jax.Array
+  count: jax.Array
   fresh_count: jax.Array
   fresh_mean: optax.Updates
   fresh_m2: Any
@@ -129,7 +129,7 @@ def adaptive_k(
   Extra args of ``update``: ``version`` (required, int32 scalar: the server
   step the gradient was computed on) and ``num_live_workers`` (int32 scalar:
   the forced-release bound; required when ``max_k`` is ``None``). Unknown extra
-  args are ignored. NaN/Inf gradients and versions newer than ``step`` are
+  args are ignored. NaN/Inf gradients and versions newer than ``count`` are
   rejected and counted in the state; ``grads_finite`` (bool scalar) replaces
   the NaN/Inf scan when the caller already knows.
 
@@ -180,7 +180,7 @@ def adaptive_k(
 
   def init_fn(params: optax.Params) -> AdaptiveKState:
     return AdaptiveKState(
-      step=jnp.zeros([], jnp.int32),
+      count=jnp.zeros([], jnp.int32),
       fresh_count=jnp.zeros([], jnp.int32),
       fresh_mean=guard.state_zeros(params),
       fresh_m2=guard.state_zeros(params) if per_coordinate_m2 else (),
@@ -211,15 +211,15 @@ def adaptive_k(
         f"{_RULE}: with max_k=None the update needs the extra argument "
         "num_live_workers=... (the forced-release bound); pass it, or set max_k."
       )
-    step = state.step
-    s, version_ok = guard.arrival_version(_RULE, version, step)
+    count = state.count
+    s, version_ok = guard.arrival_version(_RULE, version, count)
     bound = jnp.asarray(max_k if max_k is not None else jnp.iinfo(jnp.int32).max, jnp.int32)
     if num_live_workers is not None:
       bound = jnp.minimum(bound, jnp.asarray(num_live_workers, jnp.int32))
 
     def apply(accept, rejected):
       gamma_ = jnp.asarray(gamma, jnp.float32)
-      fresh = s == step
+      fresh = s == count
       add_fresh = accept & fresh
       add_stale = accept & jnp.logical_not(fresh)
       # Buffers are reset lazily: after a release the counts are zero and the
@@ -241,7 +241,7 @@ def adaptive_k(
 
       mean = jax.tree.map(new_mean, updates, state.fresh_mean)
       # §11b: a stale gradient of step j carries gamma^(S - j) in mc_S.
-      stale_weight = gamma_ ** (step - s).astype(jnp.float32)
+      stale_weight = gamma_ ** (count - s).astype(jnp.float32)
 
       def new_stale(g, acc):
         weighted = (stale_weight * g).astype(acc.dtype)
@@ -297,33 +297,21 @@ def adaptive_k(
       )
       noise_ratio = jnp.where(mean_sq > 0, error / jnp.where(mean_sq > 0, mean_sq, 1.0), jnp.inf)
       stale_count = state.stale_count + add_stale.astype(jnp.int32)
-      scalars = guard.keep_if(
+      selected = guard.replace_if(
         accept,
-        dict(
-          step=jnp.where(release, optax.safe_increment(step), step),
-          fresh_count=jnp.where(release, 0, k),
-          fresh_m2_total=m2_total.astype(jnp.float32),
-          stale_count=jnp.where(release, 0, stale_count),
-          released=release,
-          last_k=jnp.where(release, k, state.last_k),
-          noise_ratio=jnp.where(release, jnp.where(k >= 2, noise_ratio, 0.0), state.noise_ratio).astype(
-            jnp.float32
-          ),
-        ),
-        dict(
-          step=rejected.step,
-          fresh_count=rejected.fresh_count,
-          fresh_m2_total=rejected.fresh_m2_total,
-          stale_count=rejected.stale_count,
-          released=rejected.released,
-          last_k=rejected.last_k,
-          noise_ratio=rejected.noise_ratio,
+        rejected,
+        count=jnp.where(release, optax.safe_increment(count), count),
+        fresh_count=jnp.where(release, 0, k),
+        fresh_m2_total=m2_total.astype(jnp.float32),
+        stale_count=jnp.where(release, 0, stale_count),
+        released=release,
+        last_k=jnp.where(release, k, state.last_k),
+        noise_ratio=jnp.where(release, jnp.where(k >= 2, noise_ratio, 0.0), state.noise_ratio).astype(
+          jnp.float32
         ),
       )
       # The arrays are selected already (each exactly once; see guarded_update).
-      return out, rejected._replace(
-        fresh_mean=mean, fresh_m2=m2, stale_sum=stale_sum, momentum=momentum_, **scalars
-      )
+      return out, selected._replace(fresh_mean=mean, fresh_m2=m2, stale_sum=stale_sum, momentum=momentum_)
 
     # A rejected arrival releases nothing; the flag must say so.
     return guard.guarded_update(

@@ -144,6 +144,7 @@ def bb_step_size(
   armijo_shrink: float = 0.5,
   max_backtracks: int = 10,
   max_scale: float | None = DEFAULT_MAX_SCALE,
+  armijo: bool | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Per-worker adaptive Barzilai-Borwein step size (seed 000, Algorithm 2), worker side.
 
@@ -170,9 +171,11 @@ def bb_step_size(
   uses ``initial_step_size``. With ``smoothing = 1`` (``|B| = N``, the full
   batch) the noise ratio is ignored and the step is the deterministic
   ``1 / nu``: on ``f = (nu/2)|x|^2`` the second update lands on the minimum
-  (if ``1 / nu`` is inside the bound below). If the update gets the extra arg
-  ``value_fn`` (``params -> loss`` on the worker's batch), the step is then backtracked with
-  :func:`armijo_backtracking` (eq. 19) and the accepted step is stored.
+  (if ``1 / nu`` is inside the bound below). With Armijo backtracking on
+  (``armijo=True``, or by default whenever the update gets the extra arg
+  ``value_fn``: ``params -> loss`` on the worker's batch), the step is then
+  backtracked with :func:`armijo_backtracking` (eq. 19) and the accepted step
+  is stored.
 
   Step-size bound (jaxsync's addition, not in the paper or the spec): with
   ``max_scale = c`` the step of eq. (26) is clipped to ``[alpha_0 / c, c alpha_0]``,
@@ -199,7 +202,7 @@ def bb_step_size(
   step is not recoverable; here it runs on the smoothed step.
 
   Extra args of ``update``: ``noise_ratio`` (float scalar ``r``, default 0: no
-  noise correction) and ``value_fn`` (optional callable, enables Armijo). The
+  noise correction) and ``value_fn`` (callable, the batch loss Armijo evaluates). The
   update needs ``params`` (``theta``). Unknown extra args are ignored. A
   NaN/Inf gradient is rejected (zeros out, state unchanged, counted);
   ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
@@ -213,6 +216,9 @@ def bb_step_size(
     max_scale: ``c >= 1``, bounds the BB step to ``[initial_step_size / c,
       c initial_step_size]`` (jaxsync's safeguard, see above); ``1`` keeps the
       step fixed (Armijo aside); ``None``: no bound, the spec's rule.
+    armijo: backtrack each step with Armijo's condition on ``value_fn``;
+      ``None`` (default) backtracks exactly when ``value_fn`` is given, so a
+      runtime that always passes it must say ``False`` to turn it off.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -244,6 +250,8 @@ def bb_step_size(
   )
   validation.check_int(_RULE, "max_backtracks", max_backtracks, low=0)
   max_scale = check_max_scale(_RULE, "max_scale", max_scale)
+  if armijo is not None:
+    armijo = validation.check_bool(_RULE, "armijo", armijo)
   full_batch = beta_s == 1.0
 
   def init_fn(params: optax.Params) -> BBStepSizeState:
@@ -271,6 +279,9 @@ def bb_step_size(
   ) -> tuple[optax.Updates, BBStepSizeState]:
     del extra_args
     params = guard.require_extra_arg(_RULE, "params", params, "the worker's parameters theta")
+    backtrack = value_fn is not None if armijo is None else armijo
+    if backtrack:
+      value_fn = guard.require_extra_arg(_RULE, "value_fn", value_fn, "the batch loss, for armijo=True")
     # |B| = N (smoothing 1) is the full batch: no noise, the deterministic 1/nu.
     r = jnp.asarray(0.0 if full_batch else noise_ratio, jnp.float32)
 
@@ -290,7 +301,7 @@ def bb_step_size(
         bounded = jnp.clip(alpha, initial / max_scale, initial * max_scale)
         clipped = bounded != alpha
         alpha = bounded
-      if value_fn is not None:
+      if backtrack:
         alpha = armijo_backtracking(
           value_fn,
           params,

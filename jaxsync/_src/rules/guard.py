@@ -100,6 +100,15 @@ def keep_if(accept: jax.Array, new: Any, old: Any) -> Any:
   return optax.tree.where(accept, new, optax.tree.cast_like(old, new))
 
 
+def replace_if(accept: jax.Array, state: Any, **fields: Any) -> Any:
+  """``state`` with the named fields set to the given values where the arrival is accepted.
+
+  The rules select their scalar state this way, by name; their array state is
+  selected once, where it is computed (see :func:`guarded_update`).
+  """
+  return state._replace(**keep_if(accept, fields, {name: getattr(state, name) for name in fields}))
+
+
 def guarded_update(
   grads: Any,
   state: Any,

@@ -200,15 +200,10 @@ def ordered_momentum(
         updates,
         new_momentum,
       )
-      scalars = guard.keep_if(
-        accept,
-        (optax.safe_increment(t), group, t - s),
-        (rejected.count, rejected.group, rejected.last_delay),
+      selected = guard.replace_if(
+        accept, rejected, count=optax.safe_increment(t), group=group, last_delay=t - s
       )
-      count, group_, last_delay = scalars
-      return new_updates, rejected._replace(
-        count=count, group=group_, last_delay=last_delay, momentum=new_momentum
-      )
+      return new_updates, selected._replace(momentum=new_momentum)
 
     return guard.guarded_update(updates, state, apply, grads_finite=grads_finite, version_ok=version_ok)
 

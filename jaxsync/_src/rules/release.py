@@ -13,8 +13,8 @@ class OnReleaseState(NamedTuple):
   """State of :func:`on_release`.
 
   Whether the last arrival released an aggregate is the buffer's ``released``
-  field; read it with ``optax.tree.get(state, "released")`` (one field of that
-  name in the whole state, so the runtimes read every rule the same way).
+  field (one field of that name in the whole state, so the runtimes read
+  every rule the same way, with ``contracts.released``).
 
   Attributes:
     buffer: the buffering rule's state (it holds ``released``).
@@ -84,7 +84,8 @@ def on_release(
     (1, True)
 
   References:
-    Design of optax's ``MultiSteps`` (gradient accumulation wrapper); spec §11b.
+    The design of optax's ``MultiSteps`` (gradient accumulation); the progressive momentum of
+    Zhang, Ji, Wang, JPDC 2022, §4.2, which only steps on releases.
   """
   buffer = optax.with_extra_args_support(buffer)
   inner = optax.with_extra_args_support(inner)

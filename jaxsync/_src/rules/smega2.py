@@ -185,24 +185,15 @@ def smega2(
       steps = jax.tree.map(step, updates, momentum_, accumulator)
       count = optax.safe_increment(state.count)
       a, b = scales(guard.learning_rate_at(learning_rate, count), c)
-      scalars = guard.keep_if(
+      selected = guard.replace_if(
         accept,
-        (count, c, a, b),
-        (
-          rejected.count,
-          rejected.cycle_position,
-          rejected.look_ahead_momentum_scale,
-          rejected.look_ahead_accumulator_scale,
-        ),
+        rejected,
+        count=count,
+        cycle_position=c,
+        look_ahead_momentum_scale=a,
+        look_ahead_accumulator_scale=b,
       )
-      return steps, rejected._replace(
-        count=scalars[0],
-        cycle_position=scalars[1],
-        momentum=momentum_,
-        accumulator=accumulator,
-        look_ahead_momentum_scale=scalars[2],
-        look_ahead_accumulator_scale=scalars[3],
-      )
+      return steps, selected._replace(momentum=momentum_, accumulator=accumulator)
 
     return guard.guarded_update(updates, state, apply, grads_finite=grads_finite)
 

@@ -20,7 +20,7 @@ class ScaleByStalenessState(NamedTuple):
   """State of :func:`scale_by_staleness`.
 
   Attributes:
-    step: the number of updates released; the server version.
+    count: the number of updates released; the server version.
     accumulated: ``sum_l s(tau_l) g_l`` over the gradients since the last
       release, meaningful while ``accumulated_count > 0`` (reset lazily);
       ``()`` when every arrival releases (``gradients_per_update=1``).
@@ -28,11 +28,11 @@ class ScaleByStalenessState(NamedTuple):
     released: whether the last arrival released an update.
     last_staleness: ``tau`` of the last accepted arrival.
     nonfinite_count: arrivals rejected for a NaN or Inf gradient.
-    invalid_version_count: arrivals rejected for a version newer than ``step``
+    invalid_version_count: arrivals rejected for a version newer than ``count``
       or negative.
   """
 
-  step: jax.Array
+  count: jax.Array
   accumulated: optax.Updates
   accumulated_count: jax.Array
   released: jax.Array
@@ -49,7 +49,7 @@ def scale_by_staleness(
 ) -> optax.GradientTransformationExtraArgs:
   r"""Scales each arriving gradient down by its staleness; optionally n-softsync.
 
-  With ``tau = step - version`` the staleness of an arrival (how many updates
+  With ``tau = count - version`` the staleness of an arrival (how many updates
   the server applied since the sender pulled), the factor is
 
   .. math::
@@ -77,7 +77,7 @@ def scale_by_staleness(
 
   Extra args of ``update``: ``version`` (required, int32 scalar: the number of
   updates the server had released when it sent the parameters). Unknown extra
-  args are ignored. NaN/Inf gradients and versions newer than ``step`` are
+  args are ignored. NaN/Inf gradients and versions newer than ``count`` are
   rejected and counted in the state; ``grads_finite`` (bool scalar) replaces
   the NaN/Inf scan when the caller already knows.
 
@@ -97,7 +97,7 @@ def scale_by_staleness(
     >>> tx = optax.chain(jaxsync.scale_by_staleness("linear"), optax.scale_by_learning_rate(0.1))
     >>> params = jnp.zeros(2); state = tx.init(params)
     >>> for _ in range(4):  # four fresh arrivals: the server is at version 4
-    ...   u, state = tx.update(jnp.ones(2), state, params, version=state[0].step)
+    ...   u, state = tx.update(jnp.ones(2), state, params, version=state[0].count)
     >>> u, state = tx.update(jnp.ones(2), state, params, version=0)  # tau = 4
     >>> u
     Array([-0.025, -0.025], dtype=float32)
@@ -128,7 +128,7 @@ def scale_by_staleness(
 
   def init_fn(params: optax.Params) -> ScaleByStalenessState:
     return ScaleByStalenessState(
-      step=jnp.zeros([], jnp.int32),
+      count=jnp.zeros([], jnp.int32),
       accumulated=guard.state_zeros(params) if per_update > 1 else (),
       accumulated_count=jnp.zeros([], jnp.int32),
       released=jnp.asarray(False),
@@ -147,24 +147,20 @@ def scale_by_staleness(
     **extra_args: Any,
   ) -> tuple[optax.Updates, ScaleByStalenessState]:
     del params, extra_args
-    s, version_ok = guard.arrival_version(_RULE, version, state.step)
-    tau = state.step - s
+    s, version_ok = guard.arrival_version(_RULE, version, state.count)
+    tau = state.count - s
 
     def apply(accept, rejected):
       scale = factor(tau)
-      scalars_rejected = (
-        rejected.step,
-        rejected.accumulated_count,
-        rejected.released,
-        rejected.last_staleness,
-      )
       if per_update == 1:
         # Every arrival releases: no buffer, the update is the scaled gradient.
         out = guard.tree_scaled(updates, scale)
-        scalars = (optax.safe_increment(state.step), state.accumulated_count, jnp.asarray(True), tau)
-        step, count, released, last = guard.keep_if(accept, scalars, scalars_rejected)
-        return out, rejected._replace(
-          step=step, accumulated_count=count, released=released, last_staleness=last
+        return out, guard.replace_if(
+          accept,
+          rejected,
+          count=optax.safe_increment(state.count),
+          released=jnp.asarray(True),
+          last_staleness=tau,
         )
       count = state.accumulated_count + 1
       release = count >= per_update
@@ -180,16 +176,15 @@ def scale_by_staleness(
         updates,
         summed,
       )
-      scalars = (
-        jnp.where(release, optax.safe_increment(state.step), state.step),
-        jnp.where(release, 0, count),
-        release,
-        tau,
+      selected = guard.replace_if(
+        accept,
+        rejected,
+        count=jnp.where(release, optax.safe_increment(state.count), state.count),
+        accumulated_count=jnp.where(release, 0, count),
+        released=release,
+        last_staleness=tau,
       )
-      step, count, released, last = guard.keep_if(accept, scalars, scalars_rejected)
-      return out, rejected._replace(
-        step=step, accumulated=summed, accumulated_count=count, released=released, last_staleness=last
-      )
+      return out, selected._replace(accumulated=summed)
 
     return guard.guarded_update(
       updates,

@@ -14,13 +14,12 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.rules import guard
 from jaxsync._src.sim.time_model import TimeModel
+from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import EvalSchedule, EventRecord, stack_workers
-from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.strategies.registry import Communication, Strategy, WorkerProtocol
 
 
 class RoundState(NamedTuple):
@@ -64,19 +63,19 @@ def init(
 ) -> RoundState:
   """The state at time 0: every worker holds ``params``."""
   del time_model
-  k_workers = strategy.num_workers
-  local = strategy.protocol == "local"
+  num_workers = strategy.num_workers
+  local = strategy.protocol == WorkerProtocol.LOCAL
 
   return RoundState(
     clock=jnp.zeros([], jnp.float32),
-    idle=jnp.zeros([k_workers], jnp.float32),
-    steps=jnp.zeros([k_workers], jnp.int32),
-    used=jnp.zeros([k_workers], jnp.int32),
+    idle=jnp.zeros([num_workers], jnp.float32),
+    steps=jnp.zeros([num_workers], jnp.int32),
+    used=jnp.zeros([num_workers], jnp.int32),
     params=params,
     rule_state=strategy.server_rule.init(params),
     version=jnp.zeros([], jnp.int32),
-    worker_params=stack_workers(params, k_workers) if local else (),
-    worker_state=stack_workers(strategy.worker_rule.init(params), k_workers) if local else (),
+    worker_params=stack_workers(params, num_workers) if local else (),
+    worker_state=stack_workers(strategy.worker_rule.init(params), num_workers) if local else (),
     inter_messages=jnp.zeros([], jnp.int32),
     intra_messages=jnp.zeros([], jnp.int32),
     next_eval=schedule.first_due(),
@@ -87,13 +86,13 @@ def init(
 
 def communication_time(strategy: Strategy, time_model: TimeModel, pushes: int) -> float:
   """Seconds of one round's exchange (the formulas of :class:`TimeModel`)."""
-  k_workers = strategy.num_workers
+  num_workers = strategy.num_workers
   comm = strategy.communication
-  if comm == "ring":
-    return time_model.ring_allreduce_time(k_workers)
-  if comm == "hierarchical":
-    return time_model.hierarchical_allreduce_time(k_workers, strategy.group_size)
-  return time_model.parameter_server_round_time(k_workers, pushes)
+  if comm == Communication.RING:
+    return time_model.ring_allreduce_time(num_workers)
+  if comm == Communication.HIERARCHICAL:
+    return time_model.hierarchical_allreduce_time(num_workers, strategy.group_size)
+  return time_model.parameter_server_round_time(num_workers, pushes)
 
 
 def messages_per_round(strategy: Strategy, pushes: int) -> tuple[int, int]:
@@ -103,13 +102,13 @@ def messages_per_round(strategy: Strategy, pushes: int) -> tuple[int, int]:
   ``2(P-1)`` in all; the hierarchical form runs that ring over the ``P/G``
   leaders and a reduce plus a broadcast inside each group.
   """
-  k_workers = strategy.num_workers
-  if strategy.communication == "parameter_server":
-    return pushes + k_workers, 0
-  if strategy.communication == "hierarchical":
+  num_workers = strategy.num_workers
+  if strategy.communication == Communication.PARAMETER_SERVER:
+    return pushes + num_workers, 0
+  if strategy.communication == Communication.HIERARCHICAL:
     g = strategy.group_size
-    return 2 * (k_workers // g - 1), 2 * (g - 1) * (k_workers // g)
-  return 2 * (k_workers - 1), 0
+    return 2 * (num_workers // g - 1), 2 * (g - 1) * (num_workers // g)
+  return 2 * (num_workers - 1), 0
 
 
 def next_event_time(s: RoundState) -> jax.Array:
@@ -127,20 +126,19 @@ def step(
   s: RoundState,
 ) -> tuple[RoundState, EventRecord]:
   """One round: every worker computes, the server aggregates, everyone gets the result."""
-  k_workers = strategy.num_workers
-  workers = jnp.arange(k_workers, dtype=jnp.int32)
-  if strategy.protocol == "local":
+  if strategy.protocol == WorkerProtocol.LOCAL:
     return _local_round(strategy, loss_fn, data, time_model, schedule, metric_names, s)
-
+  num_workers = strategy.num_workers
+  workers = jnp.arange(num_workers, dtype=jnp.int32)
   keep = strategy.gradients_per_round
   durations = time_model.sample_compute(s.key, workers, s.steps)
-  if keep < k_workers:
+  if keep < num_workers:
     # Fastest-k (spec §9): the k earliest finishers are kept, the rest cancelled.
     rank = jnp.argsort(jnp.argsort(durations, stable=True), stable=True)
     kept = rank < keep
     round_compute = jnp.sort(durations)[keep - 1]
   else:
-    kept = jnp.ones([k_workers], jnp.bool_)
+    kept = jnp.ones([num_workers], jnp.bool_)
     round_compute = jnp.max(durations)
   weights = kept.astype(jnp.float32) / keep
   # A cancelled worker's gradient must not touch the round even when it is
@@ -154,11 +152,9 @@ def step(
     return jnp.sum(weights * losses)
 
   loss, grads = jax.value_and_grad(weighted_loss)(s.params)
-  finite = guard.tree_all_finite(grads)
-  updates, rule_state = strategy.server_rule.update(
-    grads, s.rule_state, s.params, version=s.version, num_live_workers=k_workers, grads_finite=finite
+  update = sync_round.apply_aggregate(
+    strategy, s.params, s.rule_state, grads, version=s.version, num_workers=num_workers
   )
-  params = optax.apply_updates(s.params, updates)
   end = s.clock + round_compute + communication_time(strategy, time_model, keep)
   busy = jnp.minimum(durations, round_compute)  # dropped workers are cancelled at the cut
   return _finish_round(
@@ -166,13 +162,11 @@ def step(
     schedule,
     metric_names,
     s,
-    params=params,
-    rule_state=rule_state,
+    update,
     end=end,
     busy=busy,
     started=1,
-    kept=kept & finite,
-    finite=finite,
+    kept=kept & update.finite,
     loss=loss,
     keep=keep,
     worker_params=s.worker_params,
@@ -181,44 +175,32 @@ def step(
 
 
 def _local_round(strategy, loss_fn, data, time_model, schedule, metric_names, s: RoundState):
-  """``local_steps`` vmapped local steps, then the outer step on ``theta - mean_k x_k``."""
-  k_workers = strategy.num_workers
-  workers = jnp.arange(k_workers, dtype=jnp.int32)
-  worker_rule = strategy.worker_rule
+  """``local_steps`` local steps on each of the ``K`` models (vmapped), then the outer step."""
+  num_workers = strategy.num_workers
+  workers = jnp.arange(num_workers, dtype=jnp.int32)
 
-  def local_step(carry, _):
-    xs, states, steps, busy = carry
-    durations = time_model.sample_compute(s.key, workers, steps)
-    batches = jax.vmap(data.batch)(workers, steps)
-    losses, grads = jax.vmap(jax.value_and_grad(loss_fn))(xs, batches)
-    updates, states = jax.vmap(worker_rule.update)(grads, states, xs)
-    xs = jax.vmap(optax.apply_updates)(xs, updates)
-    return (xs, states, steps + 1, busy + durations), jnp.mean(losses)
+  def one_worker(worker, x, state, step):
+    return sync_round.local_steps(strategy, loss_fn, lambda t: data.batch(worker, t), x, state, step)
 
-  carry = (s.worker_params, s.worker_state, s.steps, jnp.zeros([k_workers], jnp.float32))
-  (xs, states, _, busy), losses = jax.lax.scan(local_step, carry, None, length=strategy.local_steps)
+  xs, states, losses = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, s.steps)
+  offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
+  busy = jnp.sum(jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets), axis=0)
   mean_model = jax.tree.map(lambda x: jnp.mean(x, axis=0), xs)
-  pseudo_grads = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), s.params, mean_model)
-  finite = guard.tree_all_finite(pseudo_grads)
-  updates, rule_state = strategy.server_rule.update(pseudo_grads, s.rule_state, s.params, grads_finite=finite)
-  params = optax.apply_updates(s.params, updates)
-  xs = stack_workers(params, k_workers)
-  end = s.clock + jnp.max(busy) + communication_time(strategy, time_model, k_workers)
+  update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
+  end = s.clock + jnp.max(busy) + communication_time(strategy, time_model, num_workers)
   return _finish_round(
     strategy,
     schedule,
     metric_names,
     s,
-    params=params,
-    rule_state=rule_state,
+    update,
     end=end,
     busy=busy,
     started=strategy.local_steps,
-    kept=jnp.full([k_workers], finite),
-    finite=finite,
-    loss=jnp.mean(losses),
-    keep=k_workers,
-    worker_params=xs,
+    kept=jnp.full([num_workers], update.finite),
+    loss=jnp.mean(jnp.mean(losses, axis=0)),  # over the workers, then over the local steps
+    keep=num_workers,
+    worker_params=stack_workers(update.params, num_workers),
     worker_state=states,
   )
 
@@ -228,29 +210,29 @@ def _finish_round(
   schedule,
   metric_names,
   s: RoundState,
+  update: sync_round.RoundUpdate,
   *,
-  params,
-  rule_state,
   end,
   busy,
   started,
   kept,
-  finite,
   loss,
   keep,
   worker_params,
   worker_state,
 ) -> tuple[RoundState, EventRecord]:
-  version = s.version + finite.astype(jnp.int32)
+  version = s.version + update.finite.astype(jnp.int32)
   inter, intra = messages_per_round(strategy, keep)
-  evaluated, metrics, next_eval = schedule.maybe_evaluate(s.next_eval, params, version, end, metric_names)
+  evaluated, metrics, next_eval = schedule.maybe_evaluate(
+    s.next_eval, update.params, version, end, metric_names
+  )
   new = RoundState(
     clock=end,
     idle=s.idle + (end - s.clock - busy),
     steps=s.steps + started,
     used=s.used + kept.astype(jnp.int32) * started,
-    params=params,
-    rule_state=rule_state,
+    params=update.params,
+    rule_state=update.rule_state,
     version=version,
     worker_params=worker_params,
     worker_state=worker_state,
@@ -260,16 +242,12 @@ def _finish_round(
     event=s.event + 1,
     key=s.key,
   )
-  record = EventRecord(
+  record = sync_round.round_record(
     time=end,
-    worker=jnp.asarray(-1, jnp.int32),
-    staleness=jnp.asarray(0, jnp.int32),
     version=version,
-    released=finite,
-    k=jnp.where(finite, keep, 0).astype(jnp.int32),
-    loss=jnp.asarray(loss, jnp.float32),
-    rejected=~finite,
-    step_size=jnp.asarray(jnp.nan, jnp.float32),
+    finite=update.finite,
+    k=keep,
+    loss=loss,
     evaluated=evaluated,
     metrics=metrics,
   )

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -13,128 +12,18 @@ import optax
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.runtime.history import History, RunTotals
+from jaxsync._src.runtime.interface import RuntimeBase
 from jaxsync._src.sim import events as sim_events
 from jaxsync._src.sim import rounds as sim_rounds
 from jaxsync._src.sim.time_model import TimeModel
-from jaxsync._src.steps.records import EvalSchedule, EventRecord
+from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.strategies.registry import Strategy
 
 _WHAT = "simulator"
 
 
-@dataclasses.dataclass
-class History:
-  """Everything a run recorded, as NumPy arrays (one row per event unless noted).
-
-  An *event* is one arrival at the server (asynchronous strategies) or one
-  synchronous round. ``bytes_moved`` and the per-worker arrays describe the
-  whole run.
-
-  Attributes:
-    time, worker, staleness, version, released, k, loss, rejected, step_size:
-      see :class:`jaxsync.sim.EventRecord`.
-    eval_time, eval_version, eval_event: when each evaluation was taken
-      (the first row is the initial model).
-    eval_metrics: ``{name: [num_evals]}``, e.g. loss and accuracy.
-    worker_steps: ``[K]`` gradients each worker computed.
-    worker_used: ``[K]`` gradients of each worker the server applied.
-    worker_idle: ``[K]`` seconds each worker waited.
-    bytes_moved: bytes over the inter-machine network.
-    bytes_moved_intra: bytes inside nodes (InHAD).
-    rejected_count: arrivals rejected as non-finite.
-  """
-
-  time: np.ndarray
-  worker: np.ndarray
-  staleness: np.ndarray
-  version: np.ndarray
-  released: np.ndarray
-  k: np.ndarray
-  loss: np.ndarray
-  rejected: np.ndarray
-  step_size: np.ndarray
-  eval_time: np.ndarray
-  eval_version: np.ndarray
-  eval_event: np.ndarray
-  eval_metrics: dict[str, np.ndarray]
-  worker_steps: np.ndarray
-  worker_used: np.ndarray
-  worker_idle: np.ndarray
-  bytes_moved: float
-  bytes_moved_intra: float
-  rejected_count: int
-
-  @property
-  def updates(self) -> int:
-    """Server updates applied."""
-    return int(self.version[-1]) if len(self.version) else 0
-
-  @property
-  def simulated_time(self) -> float:
-    """Simulated seconds at the last event."""
-    return float(self.time[-1]) if len(self.time) else 0.0
-
-  def mean_staleness(self) -> float:
-    """Mean staleness over accepted arrivals."""
-    ok = ~self.rejected
-    return float(np.mean(self.staleness[ok])) if ok.any() else 0.0
-
-  def time_to(self, metric: str, target: float, *, higher_is_better: bool = True) -> tuple[float, int] | None:
-    """(simulated seconds, server updates) of the first evaluation reaching ``target``, else None."""
-    values = self.eval_metrics[metric]
-    hit = values >= target if higher_is_better else values <= target
-    if not hit.any():
-      return None
-    i = int(np.argmax(hit))
-    return float(self.eval_time[i]), int(self.eval_version[i])
-
-
-def assemble_history(
-  records: list[EventRecord],
-  initial_metrics: dict[str, float],
-  metric_names: tuple[str, ...],
-  *,
-  worker_steps: np.ndarray,
-  worker_used: np.ndarray,
-  worker_idle: np.ndarray,
-  bytes_moved: float,
-  bytes_moved_intra: float,
-) -> History:
-  """A :class:`History` from the records of one or more chunks (every runtime's, simulated or real).
-
-  The first evaluation row is ``initial_metrics`` (the model before any
-  event); the others are the events whose record says ``evaluated``.
-  """
-  rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
-  evaluated = rec.evaluated
-  first = {name: np.asarray([float(initial_metrics.get(name, np.nan))]) for name in metric_names}
-  eval_metrics = {name: np.concatenate([first[name], rec.metrics[name][evaluated]]) for name in metric_names}
-  events = np.nonzero(evaluated)[0]
-  has_evals = bool(metric_names)
-  return History(
-    time=rec.time,
-    worker=rec.worker,
-    staleness=rec.staleness,
-    version=rec.version,
-    released=rec.released,
-    k=rec.k,
-    loss=rec.loss,
-    rejected=rec.rejected,
-    step_size=rec.step_size,
-    eval_time=np.concatenate([[0.0], rec.time[events]]) if has_evals else np.zeros([0]),
-    eval_version=np.concatenate([[0], rec.version[events]]) if has_evals else np.zeros([0], int),
-    eval_event=np.concatenate([[0], events + 1]) if has_evals else np.zeros([0], int),
-    eval_metrics=eval_metrics,
-    worker_steps=worker_steps,
-    worker_used=worker_used,
-    worker_idle=worker_idle,
-    bytes_moved=bytes_moved,
-    bytes_moved_intra=bytes_moved_intra,
-    rejected_count=int(rec.rejected.sum()),
-  )
-
-
-class Simulator:
+class Simulator(RuntimeBase):
   r"""K simulated workers and a server (or an all-reduce group), compiled end to end.
 
   The run is one compiled ``lax.while_loop`` over events. An asynchronous strategy's event is
@@ -197,26 +86,23 @@ class Simulator:
     ):
       if value != k:
         raise validation.invalid(_WHAT, name, value, f"the strategy's num_workers={k}")
+    super().__init__(eval_fn, eval_every, eval_every_time)
     self.strategy = strategy
     self.loss_fn = loss_fn
     self.data = data
     self.time_model = time_model
-    self.schedule = EvalSchedule.make(eval_fn, eval_every, eval_every_time)
     self._engine = sim_rounds if strategy.engine == "sync" else sim_events
     self._advance = jax.jit(self._advance_impl, static_argnames="num_events", donate_argnums=0)
-    self._evaluate = jax.jit(self.schedule.evaluate) if eval_fn is not None else None
 
   def _prepare(self, params: optax.Params) -> None:
-    # What the compiled step needs from the parameters' shapes (idempotent, no compute).
-    self._metric_names = tuple(sorted(self.schedule.metric_shapes(params)))
+    super()._prepare(params)
     self._time_model = self.time_model.with_message_bytes(params)
 
   def init(self, params: optax.Params, seed: int = 0):
     """The simulation state at time 0 with every worker holding ``params``."""
     seed = validation.check_int(_WHAT, "seed", seed, low=0)
     params = jax.tree.map(jnp.asarray, params)
-    self._prepare(params)
-    self._initial_metrics = self._evaluate(params) if self._evaluate is not None else {}
+    self._start(params)
     state = self._engine.init(
       self.strategy, params, self._time_model, self.schedule, jax.random.key_data(jax.random.key(seed))
     )
@@ -224,20 +110,9 @@ class Simulator:
     # between fields, and the caller keeps its params).
     return jax.tree.map(lambda x: x.copy(), state)
 
-  def evaluate(self, params: optax.Params) -> dict[str, float]:
-    """``eval_fn(params)`` as Python floats (``{}`` without an ``eval_fn``); compiled once."""
-    if self._evaluate is None:
-      return {}
-    return {name: float(value) for name, value in self._evaluate(params).items()}
-
-  @property
-  def initial_metrics(self) -> dict[str, float]:
-    """The metrics of the parameters given to the last :meth:`init` (``{}`` before one)."""
-    return {name: float(value) for name, value in getattr(self, "_initial_metrics", {}).items()}
-
   def _step(self, state):
     return self._engine.step(
-      self.strategy, self.loss_fn, self.data, self._time_model, self.schedule, self._metric_names, state
+      self.strategy, self.loss_fn, self.data, self._time_model, self.schedule, self.metric_names, state
     )
 
   def _advance_impl(self, state, max_time, num_events: int):
@@ -273,33 +148,22 @@ class Simulator:
       if max_time is None
       else validation.check_real(_WHAT, "max_time", max_time, low=0.0, low_open=True)
     )
-    if not hasattr(self, "_time_model"):  # a state restored from a checkpoint
-      self._prepare(state.params)
+    self._ensure_prepared(state.params)
     state, records, count = self._advance(state, jnp.asarray(limit, jnp.float32), num_events=num_events)
     count = int(count)
     if count < num_events:
       records = jax.tree.map(lambda x: x[:count], records)
     return state, records
 
-  def history(
-    self, records: list[EventRecord], state, *, initial_metrics: dict[str, float] | None = None
-  ) -> History:
-    """Assembles a :class:`History` from the records of one or more :meth:`advance` calls.
-
-    ``initial_metrics`` gives the first evaluation row for a state restored
-    from a checkpoint (default: those of the last :meth:`init`).
-    """
-    initial = self.initial_metrics if initial_metrics is None else initial_metrics
+  def totals(self, state) -> RunTotals:
+    """Per-worker gradients, applied gradients and idle seconds, and the bytes moved, of ``state``."""
     message = float(self._time_model.message_bytes)
-    return assemble_history(
-      records,
-      initial,
-      self._metric_names,
+    return RunTotals(
       worker_steps=np.asarray(state.steps),
       worker_used=np.asarray(state.used),
       worker_idle=np.asarray(state.idle),
       bytes_moved=float(state.inter_messages) * message,
-      bytes_moved_intra=float(getattr(state, "intra_messages", 0)) * message,
+      bytes_moved_intra=float(state.intra_messages) * message,
     )
 
   def run(

@@ -1,10 +1,17 @@
 """One asynchronous arrival, cut where a real cluster cuts it: the worker's side and the server's side.
 
 Both runtimes run exactly these functions: the simulator's event step
-(``sim_events``, both sides in one compiled step) and the multi-process
-parameter server (``param_server``: :func:`worker_message` in each worker
-process, :func:`server_arrival` and :func:`dispatch` in the server process).
-That is what makes a one-worker real run equal the simulated one.
+(``sim.events``, both sides in one compiled step) and the multi-process
+parameter server (:mod:`server_step` in the server process,
+:func:`worker_message` in each worker process). That is what makes a
+one-worker real run equal the simulated one.
+
+Two protocols (``Strategy.protocol``): a *gradient* worker sends its gradient
+through its worker rule and the server rule applies it
+(:func:`worker_message`, :func:`server_arrival`); an *elastic* worker keeps a
+model of its own, steps it against the centre it read, and on exchange steps
+the centre rule takes the worker's model (:func:`elastic_worker_step`,
+:func:`elastic_center_arrival`).
 """
 
 from __future__ import annotations
@@ -15,9 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxsync._src.rules import guard
-from jaxsync._src.rules.look_ahead import look_ahead
-from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.rules import contracts, guard
+from jaxsync._src.strategies.registry import Dispatch, Strategy
 
 
 class WorkerMessage(NamedTuple):
@@ -38,32 +44,40 @@ class WorkerMessage(NamedTuple):
   step_size: jax.Array
 
 
+def _recorded_step_size(worker_state: Any) -> jax.Array:
+  size = contracts.step_size(worker_state)
+  return jnp.asarray(jnp.nan if size is None else size, jnp.float32)
+
+
 def worker_message(strategy: Strategy, loss_fn, x, worker_state, batch, noise_ratio) -> WorkerMessage:
   """The worker's side of an arrival (``"gradient"`` protocol): gradient at the look-ahead point, worker rule.
 
   ``g = grad L(look_ahead(x), batch)``; ``m, s' = worker_rule(g, s, x)`` (``m = g`` without a rule).
+  The worker rule gets the extra args ``noise_ratio`` (the server's, for BB)
+  and ``value_fn`` (the batch loss, for Armijo backtracking); a rule that does
+  not use them ignores them.
   """
-  point = look_ahead(x, worker_state) if worker_state is not None else x
+  point = contracts.reply_params(x, worker_state) if worker_state is not None else x
   loss, grads = jax.value_and_grad(loss_fn)(point, batch)
   # The worker checks its gradient (off the server's path in a real cluster);
   # its rule then rejects a bad one, and so does the server.
   finite = guard.tree_all_finite(grads)
-  step_size = jnp.asarray(jnp.nan, jnp.float32)
   message, new_state = grads, worker_state
   if strategy.worker_rule is not None:
-    extra = {"grads_finite": finite}
-    if strategy.uses_noise_ratio:
-      extra["noise_ratio"] = noise_ratio
-    if strategy.armijo:
-      extra["value_fn"] = lambda p: loss_fn(p, batch)
-    message, new_state = strategy.worker_rule.update(grads, worker_state, x, **extra)
+    message, new_state = strategy.worker_rule.update(
+      grads,
+      worker_state,
+      x,
+      grads_finite=finite,
+      noise_ratio=noise_ratio,
+      value_fn=lambda p: loss_fn(p, batch),
+    )
     # A finite gradient can still make a non-finite message (a momentum or a
     # BB step that overflows): the server must not trust the gradient's flag.
     finite = finite & guard.tree_all_finite(message)
-    size = optax.tree.get(new_state, "step_size", None)
-    if size is not None:
-      step_size = jnp.asarray(size, jnp.float32)
-  return WorkerMessage(jnp.asarray(loss, jnp.float32), message, new_state, finite, step_size)
+  return WorkerMessage(
+    jnp.asarray(loss, jnp.float32), message, new_state, finite, _recorded_step_size(new_state)
+  )
 
 
 class ServerArrival(NamedTuple):
@@ -74,7 +88,8 @@ class ServerArrival(NamedTuple):
     rule_state: the server rule's new state.
     released: the arrival changed the parameters (accepted and, for a
       buffering rule, released).
-    k_used: gradients combined in the update (0 when nothing was released).
+    k_used: gradients (or worker models) combined in the update; 0 when
+      nothing was released.
     pending: accepted arrivals since the last update, after this one.
   """
 
@@ -103,26 +118,84 @@ def server_arrival(
     grads_finite=finite,
   )
   params = optax.apply_updates(params, updates)
-  flag = optax.tree.get(new_rule_state, "released", None)
+  flag = contracts.released(new_rule_state)
   released = finite if flag is None else jnp.logical_and(flag, finite)
   pending = pending + finite.astype(jnp.int32)
-  last_k = optax.tree.get(new_rule_state, "last_k", None)
-  k_used = jnp.where(released, pending if last_k is None else last_k, 0).astype(jnp.int32)
+  combined = contracts.gradients_in(new_rule_state)
+  k_used = jnp.where(released, pending if combined is None else combined, 0).astype(jnp.int32)
   return ServerArrival(params, new_rule_state, released, k_used, jnp.where(released, 0, pending))
 
 
-def reply_parameters(params, rule_state):
-  """What the server sends a worker: the parameters, or SMEGA2's look-ahead estimate of them."""
-  return look_ahead(params, rule_state)
+class ElasticStep(NamedTuple):
+  """An elastic worker's local step (its side of an EASGD / EA-wild arrival).
+
+  Attributes:
+    loss: the batch loss at the point the gradient was taken.
+    model: the worker's model after its step (and its share of an exchange).
+    worker_state: the worker rule's new state.
+    exchanged: this step made an elastic exchange (the centre must take
+      :attr:`sent`, the worker's pre-exchange model).
+    sent: the worker's model before the step: what the centre takes.
+    finite: no NaN/Inf in the gradient.
+  """
+
+  loss: jax.Array
+  model: Any
+  worker_state: Any
+  exchanged: jax.Array
+  sent: Any
+  finite: jax.Array
 
 
-def dispatch(strategy: Strategy, waiting, k, steps, released, fresh, rejected):
-  """Who gets the current parameters after worker ``k``'s arrival, and who keeps waiting.
+def elastic_worker_step(strategy: Strategy, loss_fn, x, worker_state, batch, center_read) -> ElasticStep:
+  """An elastic worker's step against the centre it read (``"elastic"`` protocol, spec §12-§13).
+
+  ``g = grad L(look_ahead(x), batch)``; ``u, s' = worker_rule(g, s, x; center=center_read)``;
+  ``x' = x + u``. On exchange steps ``u`` includes ``-alpha (x - center_read)``
+  and the centre must take ``x`` (:func:`elastic_center_arrival`).
+  """
+  loss, grads = jax.value_and_grad(loss_fn)(contracts.reply_params(x, worker_state), batch)
+  finite = guard.tree_all_finite(grads)
+  local, new_state = strategy.worker_rule.update(
+    grads, worker_state, x, center=center_read, grads_finite=finite
+  )
+  return ElasticStep(
+    loss=jnp.asarray(loss, jnp.float32),
+    model=optax.apply_updates(x, local),
+    worker_state=new_state,
+    exchanged=contracts.exchanged(new_state),
+    sent=x,
+    finite=finite,
+  )
+
+
+def elastic_center_arrival(
+  strategy: Strategy, center, rule_state, worker_model, *, exchanged, center_read
+) -> tuple[Any, Any]:
+  """The centre's side of an elastic exchange: ``w_center += alpha (x - w_ref)`` when ``exchanged``.
+
+  ``w_ref`` is the current centre for a locked exchange (EASGD) and the
+  worker's lock-free read ``center_read`` for EA-wild. Off exchange steps the
+  centre and its rule state are unchanged.
+
+  Returns:
+    ``(center, rule_state)``.
+  """
+  update, new_rule_state = strategy.server_rule.update(
+    worker_model, rule_state, center, center_read=center_read if strategy.lock_free else None
+  )
+  update = guard.keep_if(exchanged, update, optax.tree.zeros_like(update))
+  new_rule_state = guard.keep_if(exchanged, new_rule_state, rule_state)
+  return optax.apply_updates(center, update), new_rule_state
+
+
+def dispatch(strategy: Strategy, waiting, worker, steps, released, fresh, rejected):
+  """Who gets the current parameters after ``worker``'s arrival, and who keeps waiting.
 
   Args:
     strategy: gives the policy (``Strategy.dispatch``) and SSP's bound.
     waiting: ``bool[K]``, the server's waiting set ``C`` before the arrival.
-    k: the arriving worker.
+    worker: the arriving worker.
     steps: ``int[K]``, gradients each worker computed, this one included (SSP's clocks).
     released, fresh, rejected: the arrival released an update / was computed
       on the current version / was rejected as non-finite.
@@ -130,19 +203,19 @@ def dispatch(strategy: Strategy, waiting, k, steps, released, fresh, rejected):
   Returns:
     ``(send, waiting)``: ``bool[K]`` masks.
   """
-  onehot = jnp.arange(waiting.shape[0]) == k
+  sender = jnp.arange(waiting.shape[0]) == worker
   policy = strategy.dispatch
-  if policy == "immediate":
-    return onehot, waiting
-  if policy == "ssp":
-    waiting = waiting | onehot
+  if policy == Dispatch.IMMEDIATE:
+    return sender, waiting
+  if policy == Dispatch.SSP:
+    waiting = waiting | sender
     # Spec §8: send to every waiting worker within s clocks of the slowest.
     send = waiting & (steps - jnp.min(steps) <= strategy.staleness_bound)
-  elif policy == "on_release":
-    waiting = waiting | (onehot & ~rejected)
-    send = (waiting & released) | (onehot & rejected)
-  else:  # on_release_fresh: stale (and rejected) arrivals get parameters at once (spec §11d).
-    joins = onehot & fresh & ~rejected
+  elif policy == Dispatch.ON_RELEASE:
+    waiting = waiting | (sender & ~rejected)
+    send = (waiting & released) | (sender & rejected)
+  else:  # ON_RELEASE_FRESH: stale (and rejected) arrivals get parameters at once (spec §11d).
+    joins = sender & fresh & ~rejected
     waiting = waiting | joins
-    send = (waiting & released) | (onehot & ~joins)
+    send = (waiting & released) | (sender & ~joins)
   return send, waiting & ~send

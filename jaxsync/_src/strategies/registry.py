@@ -11,6 +11,7 @@ sends). Both runtimes, the simulator and the multi-process runtime, take a
 from __future__ import annotations
 
 import dataclasses
+import enum
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -26,10 +27,46 @@ from jaxsync._src.rules.release import on_release
 from jaxsync._src.rules.smega2 import smega2 as smega2_rule
 from jaxsync._src.rules.staleness import scale_by_staleness
 
-ENGINES = ("sync", "async")
-PROTOCOLS = ("gradient", "elastic", "local")
-DISPATCH_POLICIES = ("immediate", "ssp", "on_release", "on_release_fresh")
-COMMUNICATIONS = ("parameter_server", "ring", "hierarchical", "shared_memory", "node_local")
+
+class Engine(enum.StrEnum):
+  """How a strategy's events run: rounds behind a barrier, or one arrival at a time."""
+
+  SYNC = "sync"
+  ASYNC = "async"
+
+
+class WorkerProtocol(enum.StrEnum):
+  """What a worker sends: a gradient, its own model to an elastic centre, or local models to average."""
+
+  GRADIENT = "gradient"
+  ELASTIC = "elastic"
+  LOCAL = "local"
+
+
+class Dispatch(enum.StrEnum):
+  """Who gets the parameters after an asynchronous arrival (docs/algorithms.md)."""
+
+  IMMEDIATE = "immediate"  # the sender, at once
+  SSP = "ssp"  # waiting senders within the staleness bound of the slowest
+  ON_RELEASE = "on_release"  # the waiting senders, when the server rule releases an update
+  ON_RELEASE_FRESH = "on_release_fresh"  # stale senders at once, fresh ones on release (adaptive-k)
+
+
+class Communication(enum.StrEnum):
+  """The cost model of an exchange (see ``TimeModel``)."""
+
+  PARAMETER_SERVER = "parameter_server"
+  RING = "ring"
+  HIERARCHICAL = "hierarchical"
+  SHARED_MEMORY = "shared_memory"  # no network (Hogwild!)
+  NODE_LOCAL = "node_local"  # workers push to their node, the server pulls node sums (InHAD)
+
+
+def _enum(what: str, name: str, value: Any, kind: type[enum.StrEnum]) -> enum.StrEnum:
+  validation.check_choice(
+    what, name, str(value) if isinstance(value, kind) else value, [m.value for m in kind]
+  )
+  return kind(value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,35 +76,30 @@ class Strategy:
   Attributes:
     name: the registry name.
     num_workers: ``K``, the workers the rules were built for.
-    engine: ``"sync"`` (rounds behind a barrier) or ``"async"`` (one arrival
-      at a time).
-    protocol: what a worker sends: ``"gradient"`` (the server rule takes the
-      message as a gradient), ``"elastic"`` (the worker keeps its own model and
-      sends it to an elastic centre) or ``"local"`` (workers take local steps
-      and the server averages models every ``local_steps``).
+    engine: :class:`Engine`: rounds behind a barrier (``"sync"``) or one
+      arrival at a time (``"async"``).
+    protocol: :class:`WorkerProtocol`, what a worker sends: ``"gradient"``
+      (the server rule takes the message as a gradient), ``"elastic"`` (the
+      worker keeps its own model and exchanges it with an elastic centre) or
+      ``"local"`` (workers take ``local_steps`` local steps, then the server
+      averages their models).
     server_rule: applied per arrival (async) or to the round's aggregate
       (sync). Extra args it may read: ``version``, ``num_live_workers``,
       ``grads_finite``, ``center_read``.
     worker_rule: applied by the worker to its gradient before sending (or to
       its own model, for ``"elastic"`` and ``"local"``); ``None`` sends the
-      raw gradient.
-    dispatch: after an async arrival, who gets parameters:
-      ``"immediate"`` (the sender), ``"ssp"`` (senders within
-      ``staleness_bound`` clocks of the slowest), ``"on_release"`` (the
-      waiting senders, when the server rule releases an update) or
-      ``"on_release_fresh"`` (stale senders at once, fresh senders on release:
-      adaptive-k, spec §11d).
-    communication: the cost model of an exchange (see ``TimeModel``):
-      ``"parameter_server"``, ``"ring"``, ``"hierarchical"``,
-      ``"shared_memory"`` (no network) or ``"node_local"`` (InHAD).
-    staleness_bound: SSP's ``s``.
+      raw gradient. Extra args it may read: ``noise_ratio``, ``value_fn``,
+      ``center``, ``grads_finite``.
+    dispatch: :class:`Dispatch`, who gets parameters after an async arrival.
+    communication: :class:`Communication`, the cost model of an exchange.
+    staleness_bound: SSP's ``s`` (``dispatch="ssp"`` only).
     gradients_per_round: sync only: how many of the ``K`` gradients of a round
       are aggregated (the fastest ones); ``K`` for BSP.
     local_steps: ``"local"`` protocol: steps between model averages.
-    group_size: workers per group (hierarchical all-reduce), per node (InHAD),
-      or per synchronous group (EA-wild; the engine schedules a group as one worker).
-    uses_noise_ratio: the worker rule reads the server's noise ratio (BB).
-    armijo: the worker rule backtracks on its batch loss (BB with Armijo).
+    group_size: workers per synchronous group: the lower level of a
+      hierarchical all-reduce, or an EA-wild group that all-reduces its
+      gradient and exchanges as one (the engine schedules it as one worker).
+    node_size: workers per node that push to their node's aggregator (InHAD).
     lock_free: elastic: the centre increment is computed against the centre
       the worker read when it started its step (EA-wild), not the current one.
     options: the resolved options the strategy was made with.
@@ -75,27 +107,29 @@ class Strategy:
 
   name: str
   num_workers: int
-  engine: str
-  protocol: str
+  engine: Engine
+  protocol: WorkerProtocol
   server_rule: optax.GradientTransformationExtraArgs
   worker_rule: optax.GradientTransformationExtraArgs | None
-  dispatch: str = "immediate"
-  communication: str = "parameter_server"
+  dispatch: Dispatch = Dispatch.IMMEDIATE
+  communication: Communication = Communication.PARAMETER_SERVER
   staleness_bound: int | None = None
   gradients_per_round: int | None = None
   local_steps: int = 1
   group_size: int = 1
-  uses_noise_ratio: bool = False
-  armijo: bool = False
+  node_size: int = 1
   lock_free: bool = False
   options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
   def __post_init__(self):
     what = f"Strategy {self.name!r}"
-    validation.check_choice(what, "engine", self.engine, ENGINES)
-    validation.check_choice(what, "protocol", self.protocol, PROTOCOLS)
-    validation.check_choice(what, "dispatch", self.dispatch, DISPATCH_POLICIES)
-    validation.check_choice(what, "communication", self.communication, COMMUNICATIONS)
+    for name, kind in (
+      ("engine", Engine),
+      ("protocol", WorkerProtocol),
+      ("dispatch", Dispatch),
+      ("communication", Communication),
+    ):
+      object.__setattr__(self, name, _enum(what, name, getattr(self, name), kind))
 
 
 def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
@@ -205,7 +239,7 @@ def make(name: str, num_workers: int, **options: Any) -> Strategy:
   Example:
     >>> import jaxsync
     >>> s = jaxsync.strategies.make("ormo", num_workers=8, learning_rate=0.05)
-    >>> s.engine, s.dispatch, s.options["momentum"]
+    >>> str(s.engine), str(s.dispatch), s.options["momentum"]
     ('async', 'immediate', 0.9)
   """
   factory = _lookup(name)
@@ -230,7 +264,7 @@ def make(name: str, num_workers: int, **options: Any) -> Strategy:
 def _bsp(
   num_workers, *, learning_rate=0.01, momentum=0.9, communication="parameter_server", group_size=None
 ) -> Strategy:
-  """Bulk-synchronous SGD with momentum: a barrier, the mean of K gradients (spec §1)."""
+  """Bulk-synchronous SGD with momentum: a barrier, the mean of K gradients (the papers' synchronous baseline)."""
   name = "bsp"
   communication = validation.check_choice(
     name, "communication", communication, ("parameter_server", "ring", "hierarchical")
@@ -256,13 +290,13 @@ def _bsp(
 
 @_register("allreduce")
 def _allreduce(num_workers, *, learning_rate=0.01, momentum=0.9) -> Strategy:
-  """BSP over a ring all-reduce instead of a parameter server (spec §14)."""
+  """BSP over a ring all-reduce instead of a parameter server (Horovod-style; Wongpanich et al., HPCAsia 2020)."""
   return _bsp(num_workers, learning_rate=learning_rate, momentum=momentum, communication="ring")
 
 
 @_register("hierarchical_allreduce")
 def _hierarchical_allreduce(num_workers, *, learning_rate=0.01, momentum=0.9, group_size=None) -> Strategy:
-  """BSP over a two-level all-reduce: groups of ``group_size`` (default 4), then leaders (spec §14)."""
+  """BSP over a two-level all-reduce: groups of ``group_size`` (default 4), then leaders (HPCAsia 2020)."""
   return _bsp(
     num_workers,
     learning_rate=learning_rate,
@@ -274,7 +308,7 @@ def _hierarchical_allreduce(num_workers, *, learning_rate=0.01, momentum=0.9, gr
 
 @_register("fastest_k", "drop_worker")
 def _fastest_k(num_workers, *, learning_rate=0.01, momentum=0.9, k=None, drop_rate=0.5) -> Strategy:
-  """Synchronous rounds that aggregate the k fastest gradients and drop the rest (spec §9)."""
+  """Synchronous rounds that aggregate the k fastest gradients and drop the rest (Dutta et al., AISTATS 2018)."""
   name = "fastest_k"
   rate = validation.check_real(name, "drop_rate", drop_rate, low=0.0, high=1.0, high_open=True)
   if k is None:
@@ -337,7 +371,7 @@ def _async(name, num_workers, server_rule, worker_rule=None, *, protocol="gradie
 
 @_register("asp")
 def _asp(num_workers, *, learning_rate=0.01) -> Strategy:
-  """Asynchronous SGD through a parameter server: apply each arrival, reply at once (spec §2)."""
+  """Asynchronous SGD through a parameter server: apply each arrival, reply at once (Dean et al., NeurIPS 2012)."""
   return _async("asp", num_workers, _sgd(_check_lr("asp", learning_rate)))
 
 
@@ -351,14 +385,14 @@ def _hogwild(num_workers, *, learning_rate=0.01) -> Strategy:
 
 @_register("naive_asgdm")
 def _naive_asgdm(num_workers, *, learning_rate=0.1, momentum=0.9) -> Strategy:
-  """ASGD with server momentum applied straight to stale gradients (the OrMo baseline, spec §3)."""
+  """ASGD with server momentum applied straight to stale gradients (the OrMo paper's baseline, NeurIPS 2024)."""
   name = "naive_asgdm"
   return _async(name, num_workers, _sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum)))
 
 
 @_register("shifted_momentum")
 def _shifted_momentum(num_workers, *, learning_rate=0.1, momentum=0.9) -> Strategy:
-  """Shifted momentum: each worker keeps a local momentum and sends it (spec §4)."""
+  """Shifted momentum: each worker keeps a local momentum and sends it (Giladi et al., ICLR 2020)."""
   name = "shifted_momentum"
   worker = reject_nonfinite(optax.trace(decay=_check_momentum(name, momentum)))
   return _async(name, num_workers, _sgd(_check_lr(name, learning_rate)), worker)
@@ -368,7 +402,7 @@ def _shifted_momentum(num_workers, *, learning_rate=0.1, momentum=0.9) -> Strate
 def _smega2(
   num_workers, *, learning_rate=0.1, momentum=0.9, dampening=0.0, look_ahead="advanced"
 ) -> Strategy:
-  """SMEGA²: one shared momentum updated per cycle of K arrivals, look-ahead replies (spec §5)."""
+  """SMEGA²: one shared momentum updated per cycle of K arrivals, look-ahead replies (Cohen et al., ICPP 2022)."""
   rule = smega2_rule(
     learning_rate, momentum, num_workers=num_workers, dampening=dampening, look_ahead=look_ahead
   )
@@ -377,13 +411,13 @@ def _smega2(
 
 @_register("ormo")
 def _ormo(num_workers, *, learning_rate=0.1, momentum=0.9) -> Strategy:
-  """OrMo: ordered momentum, stale gradients placed by their iteration group (spec §6)."""
+  """OrMo: ordered momentum, stale gradients placed by their iteration group (Shi et al., NeurIPS 2024)."""
   return _async("ormo", num_workers, ordered_momentum(learning_rate, momentum, num_workers=num_workers))
 
 
 @_register("ormo_da")
 def _ormo_da(num_workers, *, learning_rate=0.1, momentum=0.9, delay_measure="iterations") -> Strategy:
-  """OrMo-DA: OrMo with a delay-adaptive learning rate (spec §7)."""
+  """OrMo-DA: OrMo with a delay-adaptive learning rate (Shi et al., NeurIPS 2024)."""
   rule = ordered_momentum(
     learning_rate, momentum, num_workers=num_workers, delay_adaptive=True, delay_measure=delay_measure
   )
@@ -392,7 +426,7 @@ def _ormo_da(num_workers, *, learning_rate=0.1, momentum=0.9, delay_measure="ite
 
 @_register("ssp")
 def _ssp(num_workers, *, learning_rate=0.01, momentum=0.0, staleness_bound=3) -> Strategy:
-  """Stale synchronous parallel: no worker runs more than ``staleness_bound`` clocks ahead (spec §8)."""
+  """Stale synchronous parallel: no worker runs more than ``staleness_bound`` clocks ahead (Ho et al., NeurIPS 2013)."""
   name = "ssp"
   bound = validation.check_int(name, "staleness_bound", staleness_bound, low=0)
   rule = _sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum))
@@ -408,7 +442,7 @@ def _buffered_sgd(per_update: int, learning_rate: float, momentum: float):
 
 @_register("k_async")
 def _k_async(num_workers, *, learning_rate=0.01, momentum=0.0, k=None) -> Strategy:
-  """K-async SGD: update on any k arrivals (stale or not), reply to those k (spec §9)."""
+  """K-async SGD: update on any k arrivals (stale or not), reply to those k (Dutta et al., AISTATS 2018)."""
   name = "k_async"
   k = validation.check_int(name, "k", max(1, num_workers // 2) if k is None else k)
   if k > num_workers:
@@ -421,7 +455,7 @@ def _k_async(num_workers, *, learning_rate=0.01, momentum=0.0, k=None) -> Strate
 def _staleness_aware_asp(
   num_workers, *, learning_rate=0.01, mode="linear", penalty=None, gradients_per_update=1
 ) -> Strategy:
-  """ASGD with a learning rate divided by staleness (or its exponential penalty), n-softsync (spec §10)."""
+  """ASGD with a learning rate divided by staleness (or its exponential penalty), n-softsync (Zhang et al., IJCAI 2016)."""
   name = "staleness_aware_asp"
   rule = optax.chain(
     scale_by_staleness(mode, penalty=penalty, gradients_per_update=gradients_per_update),
@@ -445,7 +479,7 @@ def _adaptive_k(
   bb_max_scale=barzilai_borwein.DEFAULT_MAX_SCALE,
   armijo=False,
 ) -> Strategy:
-  """Seed 000: adaptive-k release, progressive momentum, optional per-worker BB step sizes (spec §11).
+  """Adaptive-k release, progressive momentum, optional per-worker BB step sizes (Zhang, Ji, Wang, JPDC 2022).
 
   ``bb_max_scale`` (jaxsync's safeguard, not the paper's) bounds each worker's BB
   step to ``[learning_rate / bb_max_scale, learning_rate * bb_max_scale]``;
@@ -467,7 +501,7 @@ def _adaptive_k(
   )
   if use_bb:
     # Workers send alpha_i g_i (spec §11c); the server applies rate 1 (§11b).
-    worker = barzilai_borwein.bb_step_size(lr, smoothing=bb_smoothing, max_scale=max_scale)
+    worker = barzilai_borwein.bb_step_size(lr, smoothing=bb_smoothing, max_scale=max_scale, armijo=use_armijo)
     rule = optax.chain(server, optax.scale(-1.0))
   else:
     worker = None
@@ -478,8 +512,6 @@ def _adaptive_k(
     rule,
     worker,
     dispatch="on_release_fresh",
-    uses_noise_ratio=use_bb,
-    armijo=use_armijo,
   )
 
 
@@ -493,7 +525,7 @@ def _inhad(
   pull_threshold=None,
   wait_for_pull=False,
 ) -> Strategy:
-  """InHAD: node-local gradient sums, pulled by the server when their counts reach a threshold (spec §15).
+  """InHAD: node-local gradient sums, pulled by the server when their counts reach a threshold (J. Supercomputing 2021).
 
   ``local_workers`` per node (default ``min(4, K)``, dividing ``K``); the
   server pulls every node's sum when the nodes' iteration numbers add up to
@@ -519,7 +551,7 @@ def _inhad(
     rule,
     dispatch="on_release" if lockstep else "immediate",
     communication="node_local",
-    group_size=local,
+    node_size=local,
   )
 
 
@@ -534,7 +566,7 @@ def _elastic(name, num_workers, worker, center) -> Strategy:
 
 @_register("easgd")
 def _easgd(num_workers, *, learning_rate=0.1, moving_rate=None, period=10) -> Strategy:
-  """Asynchronous EASGD: local SGD, an elastic exchange with a locked centre every ``period`` steps (spec §12)."""
+  """Asynchronous EASGD: local SGD, an elastic exchange with a locked centre every ``period`` steps (Zhang et al., NeurIPS 2015)."""
   alpha = _moving_rate("easgd", moving_rate, num_workers)
   worker = easgd_worker(_check_lr("easgd", learning_rate), moving_rate=alpha, period=period)
   return _elastic("easgd", num_workers, worker, easgd_center(alpha))
@@ -542,7 +574,7 @@ def _easgd(num_workers, *, learning_rate=0.1, moving_rate=None, period=10) -> St
 
 @_register("eamsgd")
 def _eamsgd(num_workers, *, learning_rate=0.01, momentum=0.99, moving_rate=None, period=10) -> Strategy:
-  """EAMSGD: EASGD with local Nesterov momentum (spec §12)."""
+  """EAMSGD: EASGD with local Nesterov momentum (Zhang, Choromanska, LeCun, NeurIPS 2015)."""
   alpha = _moving_rate("eamsgd", moving_rate, num_workers)
   worker = easgd_worker(
     _check_lr("eamsgd", learning_rate), moving_rate=alpha, period=period, momentum=momentum
@@ -552,7 +584,7 @@ def _eamsgd(num_workers, *, learning_rate=0.01, momentum=0.99, moving_rate=None,
 
 @_register("ea_wild")
 def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None, group_size=1) -> Strategy:
-  """EA-wild: an elastic exchange every step against a lock-free, possibly stale read of the centre (spec §13).
+  """EA-wild: an elastic exchange every step against a lock-free, possibly stale read of the centre (HPCAsia 2020).
 
   With ``group_size`` G > 1 the workers form K/G groups: inside a group the
   gradients are all-reduced synchronously (the group steps on the mean of its

@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from jaxsync._src.sim.simulator import History
+from jaxsync._src.runtime.history import History
 
 _AXES = {"time": "simulated seconds", "updates": "server updates"}
 _COMPARED_METRICS = ("accuracy", "loss")

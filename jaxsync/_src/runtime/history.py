@@ -1,0 +1,136 @@
+"""What a run recorded, whatever ran it: the :class:`History` every runtime returns."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import NamedTuple
+
+import jax
+import numpy as np
+
+from jaxsync._src.steps.records import EventRecord
+
+
+class RunTotals(NamedTuple):
+  """Per-worker and per-run totals a runtime reads off its final state (what the records do not hold).
+
+  Attributes:
+    worker_steps: ``[K]`` gradients each worker computed.
+    worker_used: ``[K]`` gradients of each worker the server applied.
+    worker_idle: ``[K]`` seconds each worker waited.
+    bytes_moved: bytes over the inter-machine network.
+    bytes_moved_intra: bytes inside nodes or groups.
+  """
+
+  worker_steps: np.ndarray
+  worker_used: np.ndarray
+  worker_idle: np.ndarray
+  bytes_moved: float
+  bytes_moved_intra: float
+
+
+@dataclasses.dataclass
+class History:
+  """Everything a run recorded, as NumPy arrays (one row per event unless noted).
+
+  An *event* is one arrival at the server (asynchronous strategies) or one
+  synchronous round. ``bytes_moved`` and the per-worker arrays describe the
+  whole run.
+
+  Attributes:
+    time, worker, staleness, version, released, k, loss, rejected, step_size:
+      see :class:`jaxsync.sim.EventRecord`.
+    eval_time, eval_version, eval_event: when each evaluation was taken
+      (the first row is the initial model).
+    eval_metrics: ``{name: [num_evals]}``, e.g. loss and accuracy.
+    worker_steps: ``[K]`` gradients each worker computed.
+    worker_used: ``[K]`` gradients of each worker the server applied.
+    worker_idle: ``[K]`` seconds each worker waited.
+    bytes_moved: bytes over the inter-machine network.
+    bytes_moved_intra: bytes inside nodes (InHAD).
+    rejected_count: arrivals rejected as non-finite.
+  """
+
+  time: np.ndarray
+  worker: np.ndarray
+  staleness: np.ndarray
+  version: np.ndarray
+  released: np.ndarray
+  k: np.ndarray
+  loss: np.ndarray
+  rejected: np.ndarray
+  step_size: np.ndarray
+  eval_time: np.ndarray
+  eval_version: np.ndarray
+  eval_event: np.ndarray
+  eval_metrics: dict[str, np.ndarray]
+  worker_steps: np.ndarray
+  worker_used: np.ndarray
+  worker_idle: np.ndarray
+  bytes_moved: float
+  bytes_moved_intra: float
+  rejected_count: int
+
+  @property
+  def updates(self) -> int:
+    """Server updates applied."""
+    return int(self.version[-1]) if len(self.version) else 0
+
+  @property
+  def simulated_time(self) -> float:
+    """Simulated seconds at the last event."""
+    return float(self.time[-1]) if len(self.time) else 0.0
+
+  def mean_staleness(self) -> float:
+    """Mean staleness over accepted arrivals."""
+    ok = ~self.rejected
+    return float(np.mean(self.staleness[ok])) if ok.any() else 0.0
+
+  def time_to(self, metric: str, target: float, *, higher_is_better: bool = True) -> tuple[float, int] | None:
+    """(simulated seconds, server updates) of the first evaluation reaching ``target``, else None."""
+    values = self.eval_metrics[metric]
+    hit = values >= target if higher_is_better else values <= target
+    if not hit.any():
+      return None
+    i = int(np.argmax(hit))
+    return float(self.eval_time[i]), int(self.eval_version[i])
+
+
+def assemble_history(
+  records: list[EventRecord],
+  initial_metrics: dict[str, float],
+  metric_names: tuple[str, ...],
+  totals: RunTotals,
+) -> History:
+  """A :class:`History` from the records of one or more chunks (every runtime's, simulated or real).
+
+  The first evaluation row is ``initial_metrics`` (the model before any
+  event); the others are the events whose record says ``evaluated``.
+  """
+  rec = jax.tree.map(lambda *xs: np.concatenate([np.asarray(x) for x in xs]), *records)
+  evaluated = rec.evaluated
+  first = {name: np.asarray([float(initial_metrics.get(name, np.nan))]) for name in metric_names}
+  eval_metrics = {name: np.concatenate([first[name], rec.metrics[name][evaluated]]) for name in metric_names}
+  events = np.nonzero(evaluated)[0]
+  has_evals = bool(metric_names)
+  return History(
+    time=rec.time,
+    worker=rec.worker,
+    staleness=rec.staleness,
+    version=rec.version,
+    released=rec.released,
+    k=rec.k,
+    loss=rec.loss,
+    rejected=rec.rejected,
+    step_size=rec.step_size,
+    eval_time=np.concatenate([[0.0], rec.time[events]]) if has_evals else np.zeros([0]),
+    eval_version=np.concatenate([[0], rec.version[events]]) if has_evals else np.zeros([0], int),
+    eval_event=np.concatenate([[0], events + 1]) if has_evals else np.zeros([0], int),
+    eval_metrics=eval_metrics,
+    worker_steps=np.asarray(totals.worker_steps),
+    worker_used=np.asarray(totals.worker_used),
+    worker_idle=np.asarray(totals.worker_idle),
+    bytes_moved=float(totals.bytes_moved),
+    bytes_moved_intra=float(totals.bytes_moved_intra),
+    rejected_count=int(rec.rejected.sum()),
+  )

@@ -1,0 +1,90 @@
+"""The parameter server's pure step, without a socket: it decides what the simulator decides."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.flatten_util import ravel_pytree
+
+import jaxsync
+from jaxsync._src.steps import arrival, server_step
+from jaxsync._src.steps.records import EvalSchedule
+
+from sim_cases import loss_fn, problem
+
+
+def _server(strategy, params):
+  schedule = EvalSchedule.make(None, None, None)
+  _, unravel = ravel_pytree(params)
+  step = jax.jit(functools.partial(server_step.arrive, strategy, schedule, (), unravel))
+  return server_step.init(strategy, params, schedule), step, unravel
+
+
+@pytest.mark.parametrize("name", ["asp", "ormo", "smega2"])
+def test_one_worker_driven_through_the_pure_step_equals_the_simulator(name):
+  loss, params, data = problem(1)
+  strategy = jaxsync.strategies.make(name, 1, learning_rate=0.1)
+  state, step, unravel = _server(strategy, params)
+  message = jax.jit(
+    lambda flat, t: arrival.worker_message(strategy, loss_fn, unravel(flat), None, data.batch(0, t), 0.0)
+  )
+  reply = server_step.reply_payload(state)
+  for t in range(30):
+    sent = message(reply, t)
+    out = step(
+      state,
+      jnp.int32(0),
+      ravel_pytree(sent.message)[0],
+      sent.finite,
+      sent.loss,
+      sent.step_size,
+      jnp.float32(t),
+    )
+    assert bool(out.send[0]) and int(out.record.version) == t + 1
+    state, reply = out.state, out.reply
+  simulated, _ = jaxsync.sim.run(
+    strategy, loss, params, data, jaxsync.sim.TimeModel(num_workers=1), num_events=30
+  )
+  for a, b in zip(jax.tree.leaves(simulated), jax.tree.leaves(state.params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-5, atol=1e-6)
+  assert int(state.version) == 30 and int(state.steps[0]) == 30
+
+
+def test_a_nonfinite_message_is_rejected_even_when_the_sender_calls_it_finite():
+  _, params, _ = problem(2)
+  strategy = jaxsync.strategies.make("asp", 2)
+  state, step, _ = _server(strategy, params)
+  flat = ravel_pytree(params)[0].at[0].set(jnp.nan)
+  out = step(
+    state, jnp.int32(1), flat, jnp.bool_(True), jnp.float32(1.0), jnp.float32(jnp.nan), jnp.float32(0)
+  )
+  assert bool(out.record.rejected) and int(out.state.version) == 0
+  np.testing.assert_array_equal(np.asarray(out.state.params["w"]), np.asarray(params["w"]))
+  assert int(out.state.used[1]) == 0 and int(out.state.steps[1]) == 1
+
+
+def test_waiting_workers_are_released_when_only_lost_ones_could_release_them():
+  """k_async with k = K = 2: worker 0 waits for worker 1, which is lost; the server sends worker 0 the
+  current parameters instead of waiting forever."""
+  _, params, _ = problem(2)
+  strategy = jaxsync.strategies.make("k_async", 2, k=2)
+  state, step, _ = _server(strategy, params)
+  grad = ravel_pytree(jax.tree.map(jnp.ones_like, params))[0]
+  out = step(
+    state, jnp.int32(0), grad, jnp.bool_(True), jnp.float32(1.0), jnp.float32(jnp.nan), jnp.float32(2.0)
+  )
+  assert not bool(out.send.any()) and bool(out.state.waiting[0])
+  assert not bool(server_step.stuck_on_lost_workers(out.state))  # worker 1 may still arrive
+  lost = server_step.drop(out.state, jnp.asarray([False, True]))
+  assert bool(server_step.stuck_on_lost_workers(lost))
+  released, send = server_step.release_waiting(lost, jnp.float32(5.0))
+  np.testing.assert_array_equal(np.asarray(send), [True, False])
+  assert not bool(released.waiting.any())
+  assert int(released.pulled_version[0]) == int(released.version) == 0  # nothing was applied
+  assert float(released.idle[0]) == pytest.approx(3.0)  # waited from 2 s to 5 s
+  rejoined = server_step.join(released, 1)
+  assert bool(rejoined.live[1]) and int(rejoined.pulled_version[1]) == int(rejoined.version)
