@@ -4,6 +4,7 @@ import doctest
 import importlib
 import inspect
 import pkgutil
+import re
 
 import pytest
 
@@ -31,12 +32,27 @@ def test_every_public_name_has_a_docstring(name):
   assert doc and len(doc.splitlines()[0]) > 10, name
 
 
+def _section(doc: str, title: str) -> str:
+  """The text of a Google-style docstring section (up to the next section title)."""
+  after = doc.split(f"\n{title}:\n", 1)
+  if len(after) < 2:
+    return ""
+  return re.split(r"\n[A-Z][A-Za-z ]+:\n", after[1], maxsplit=1)[0]
+
+
 @pytest.mark.parametrize("name", FUNCTIONS)
 def test_functions_are_documented_in_the_optax_style(name):
-  doc = inspect.getdoc(getattr(jaxsync, name))
-  for section in ("Args:", "Returns:", "Example:", "References:"):
-    assert section in doc, f"{name} lacks {section}"
-  assert ">>>" in doc, f"{name} has no runnable example"
+  fn = getattr(jaxsync, name)
+  doc = inspect.getdoc(fn)
+  for section in ("Args", "Returns", "Example", "References"):
+    assert _section(doc, section).strip(), f"{name} lacks a {section} section"
+  assert ">>>" in _section(doc, "Example"), f"{name} has no runnable example"
+  args = _section(doc, "Args")
+  for parameter in inspect.signature(fn).parameters.values():
+    if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+      continue
+    assert re.search(rf"^\s*{parameter.name}\b.*:", args, re.M), f"{name} does not document {parameter.name}"
+  assert re.search(r"\b(19|20)\d\d\b", _section(doc, "References")), f"{name} cites no year"
 
 
 @pytest.mark.parametrize("name", CLASSES)
