@@ -57,6 +57,37 @@ def test_bad_configs_name_the_key_the_value_and_what_is_valid(tmp_path, raw, ove
     assert word in str(err.value), (word, str(err.value))
 
 
+@pytest.mark.parametrize(
+  ("text", "value"),
+  [("1e-3", 1e-3), ("1E-3", 1e-3), (".5", 0.5), ("1_000", 1000.0), ("2.5e2", 250.0), ("1e+0", 1.0)],
+)
+def test_numbers_are_read_as_people_write_them_in_every_place(tmp_path, text, value):
+  # YAML 1.1 (PyYAML's default) reads 1e-3 as a string; configs and --set read it as a number.
+  path = tmp_path / "c.yaml"
+  path.write_text(
+    f"strategy: {{name: asp, options: {{learning_rate: {text}}}}}\ncluster: {{compute_time: {text}}}\n"
+  )
+  from_file = config.load(path)
+  assert from_file.strategy.options["learning_rate"] == value and from_file.cluster.compute_time == value
+  from_set = config.load(path, [f"strategy.options.learning_rate={text}", f"run.max_time={text}"])
+  assert from_set.strategy.options["learning_rate"] == value
+  assert from_set.run.max_time == value and isinstance(from_set.run.max_time, float)
+
+
+def test_integer_keys_take_integral_numbers_in_any_form(tmp_path):
+  path = tmp_path / "c.yaml"
+  path.write_text("run: {gradients: 1_000}\n")
+  assert config.load(path).run.gradients == 1000
+  assert config.load(path, ["run.gradients=2e3"]).run.gradients == 2000
+  with pytest.raises(config.ConfigError, match="run.gradients=2.5"):
+    config.load(path, ["run.gradients=2.5"])
+  # A strategy built from a config with 1e-3 trains with that learning rate (the string never reaches it).
+  import jaxsync
+
+  cfg = config.load(path, ["strategy.name=ormo", "strategy.options.learning_rate=1e-3"])
+  assert jaxsync.strategies.make("ormo", 4, **cfg.strategy.options).options["learning_rate"] == 1e-3
+
+
 def test_missing_or_malformed_files(tmp_path):
   with pytest.raises(config.ConfigError, match="does not exist"):
     config.load(tmp_path / "nope.yaml")

@@ -9,11 +9,34 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 import types
 import typing
 from typing import Any
 
 import yaml
+
+
+class _Loader(yaml.SafeLoader):
+  """PyYAML's safe loader, reading numbers the way people write them.
+
+  PyYAML follows YAML 1.1, where ``1e-3`` and ``1.0e3`` (an exponent without
+  a dot, or without a sign) are strings; YAML 1.2 and every programming
+  language read them as numbers, and so does this loader: ``1e-3``, ``1E-3``,
+  ``1.5e3``, ``.5`` and ``1_000`` are numbers in configs and ``--set`` values.
+  """
+
+
+_Loader.add_implicit_resolver(
+  "tag:yaml.org,2002:float",
+  re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
+  list("-+0123456789."),
+)
+
+
+def load_yaml(text: str) -> Any:
+  """YAML text as plain data, numbers read as in YAML 1.2 (see :class:`_Loader`)."""
+  return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
 
 
 class ConfigError(ValueError):
@@ -230,6 +253,8 @@ def _coerce(path: str, hint: Any, value: Any) -> Any:
       raise ConfigError(f"{path}={value!r} is invalid; expected a number.")
     return float(value)
   if hint is int:
+    if isinstance(value, float) and value.is_integer():  # 1e4 gradients, written as a float
+      value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
       raise ConfigError(f"{path}={value!r} is invalid; expected an integer.")
     return value
@@ -293,7 +318,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
   if not all(parts):
     raise ConfigError(f"override {text!r} is invalid; expected key.path=value.")
   try:
-    parsed = yaml.safe_load(value) if value.strip() else None
+    parsed = load_yaml(value) if value.strip() else None
   except yaml.YAMLError as err:
     raise ConfigError(f"override {text!r}: the value is not valid YAML ({_one_line(err)}).") from None
   return parts, parsed
@@ -301,7 +326,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
 
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
   """A copy of ``raw`` with each ``a.b=value`` set (``strategy.options.x=...`` may add an option)."""
-  out = yaml.safe_load(yaml.safe_dump(raw)) or {}
+  out = load_yaml(yaml.safe_dump(raw)) or {}
   for text in overrides:
     parts, value = parse_override(text)
     node = out
@@ -324,7 +349,7 @@ def load(path: str | pathlib.Path, overrides: list[str] = ()) -> Config:
       f"config file {str(path)!r} does not exist; expected a YAML file such as configs/quickstart.yaml."
     )
   try:
-    raw = yaml.safe_load(path.read_text())
+    raw = load_yaml(path.read_text())
   except yaml.YAMLError as err:
     raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_one_line(err)}") from None
   if raw is not None and not isinstance(raw, dict):

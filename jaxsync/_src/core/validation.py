@@ -4,6 +4,11 @@ Every factory, constructor and config check in jaxsync raises
 ``ValueError(f"{what}: {name}={value!r} is invalid; expected {expected}.")``
 before anything is compiled or run. Traced values are never checked here: a
 rule rejects a bad arrival in its state instead (:mod:`jaxsync._src.rules.guard`).
+
+A rule's numeric hyperparameters (learning rates, momenta, ...) may also be
+scalar arrays, as ``optax.inject_hyperparams`` passes them (concrete arrays at
+``init``, tracers inside a jitted ``update``): the checks marked
+``array_ok=True`` let those through unchecked and validate Python numbers only.
 """
 
 from __future__ import annotations
@@ -13,6 +18,8 @@ import numbers
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+import numpy as np
 import optax
 
 
@@ -22,6 +29,15 @@ def _is_real(value: Any) -> bool:
 
 def _is_int(value: Any) -> bool:
   return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _passes_as_array(rule: str, name: str, value: Any, array_ok: bool) -> bool:
+  """Whether ``value`` is a scalar array (or tracer) to accept unchecked; a non-scalar one is an error."""
+  if not array_ok or not isinstance(value, (jax.Array, np.ndarray)):
+    return False
+  if np.ndim(value) != 0:
+    raise invalid(rule, name, f"<array of shape {np.shape(value)}>", "a scalar")
+  return True
 
 
 def invalid(rule: str, name: str, value: Any, expected: str) -> ValueError:
@@ -38,8 +54,14 @@ def check_real(
   high: float | None = None,
   low_open: bool = False,
   high_open: bool = False,
+  array_ok: bool = False,
 ) -> float:
-  """Checks that ``value`` is a finite real number inside the given interval."""
+  """Checks that ``value`` is a finite real number inside the given interval.
+
+  With ``array_ok`` a scalar array (an injected hyperparameter) is returned unchecked.
+  """
+  if _passes_as_array(rule, name, value, array_ok):
+    return value
   left = "(" if low_open else "["
   right = ")" if high_open else "]"
   lo = "-inf" if low is None else repr(low)
@@ -55,11 +77,29 @@ def check_real(
   return value
 
 
-def check_int(rule: str, name: str, value: Any, *, low: int = 1) -> int:
-  """Checks that ``value`` is an integer (not a bool) of at least ``low``."""
+def check_int(rule: str, name: str, value: Any, *, low: int = 1, array_ok: bool = False) -> int:
+  """Checks that ``value`` is an integer (not a bool) of at least ``low``.
+
+  With ``array_ok`` a scalar array (an injected hyperparameter) is returned unchecked.
+  """
+  if _passes_as_array(rule, name, value, array_ok):
+    return value
   if not _is_int(value) or int(value) < low:
     raise invalid(rule, name, value, f"an integer >= {low}")
   return int(value)
+
+
+def check_static_int(rule: str, name: str, value: Any, *, low: int = 1) -> int:
+  """An integer that decides a rule's structure (a buffer's existence, a table's size): never an array."""
+  if isinstance(value, (jax.Array, np.ndarray)):
+    raise invalid(
+      rule,
+      name,
+      value,
+      f"a Python integer >= {low}: it decides the rule's structure (with optax.inject_hyperparams, list "
+      f"{name!r} in static_args)",
+    )
+  return check_int(rule, name, value, low=low)
 
 
 def check_choice(rule: str, name: str, value: Any, options: Sequence[str]) -> str:
@@ -70,14 +110,15 @@ def check_choice(rule: str, name: str, value: Any, options: Sequence[str]) -> st
 
 
 def check_bool(rule: str, name: str, value: Any) -> bool:
+  """Checks that ``value`` is True or False."""
   if not isinstance(value, bool):
     raise invalid(rule, name, value, "True or False")
   return value
 
 
 def check_learning_rate(rule: str, value: Any) -> optax.ScalarOrSchedule:
-  """A learning rate is a positive finite number or a schedule ``count -> rate``."""
-  if callable(value):
+  """A learning rate is a positive finite number, a schedule ``count -> rate``, or a scalar array (injected)."""
+  if callable(value) or _passes_as_array(rule, "learning_rate", value, True):
     return value
   if not _is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:
     raise invalid(

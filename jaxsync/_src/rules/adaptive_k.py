@@ -165,14 +165,25 @@ def adaptive_k(
     Goldstein, "Big Batch SGD: Automated Inference using Adaptive Batch Sizes",
     AISTATS 2017; spec §11a, §11b, §11d.
   """
-  gamma = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True)
-  theta = validation.check_real(_RULE, "theta", theta, low=0.0, high=1.0, low_open=True)
-  confidence = validation.check_real(
-    _RULE, "confidence", confidence, low=0.0, high=1.0, low_open=True, high_open=True
-  )
+  gamma = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
+  theta = validation.check_real(_RULE, "theta", theta, low=0.0, high=1.0, low_open=True, array_ok=True)
   ci_endpoint = validation.check_choice(_RULE, "ci_endpoint", ci_endpoint, CI_ENDPOINTS)
-  if max_k is not None:
-    max_k = validation.check_int(_RULE, "max_k", max_k, low=1)
+  # The lower endpoint's Student-t table is computed on the host, sized by max_k: both must be Python numbers.
+  host_table = ci_endpoint == "lower"
+  if host_table and isinstance(confidence, (jax.Array, np.ndarray)):
+    raise validation.invalid(
+      _RULE,
+      "confidence",
+      confidence,
+      "a Python number with ci_endpoint='lower' (its t quantiles are tabulated)",
+    )
+  confidence = validation.check_real(
+    _RULE, "confidence", confidence, low=0.0, high=1.0, low_open=True, high_open=True, array_ok=True
+  )
+  if max_k is not None and host_table:
+    max_k = validation.check_static_int(_RULE, "max_k", max_k)
+  elif max_k is not None:
+    max_k = validation.check_int(_RULE, "max_k", max_k, array_ok=True)
   # Per-coordinate variances are needed by Test 2 with the lower endpoint only.
   per_coordinate_m2 = ci_endpoint == "lower"
   if per_coordinate_m2:  # only the lower endpoint evaluates the t-interval

@@ -22,7 +22,7 @@ def check_max_scale(rule: str, name: str, value: Any) -> float | None:
   if value is None:
     return None
   try:
-    return validation.check_real(rule, name, value, low=1.0)
+    return validation.check_real(rule, name, value, low=1.0, array_ok=True)
   except ValueError:
     raise validation.invalid(
       rule, name, value, "None (no bound) or a finite real number in [1.0, inf)"
@@ -80,9 +80,13 @@ def armijo_backtracking(
     eq. (19); spec §11c.
   """
   rule = "armijo_backtracking"
-  slope = validation.check_real(rule, "slope", slope, low=0.0, high=1.0, low_open=True, high_open=True)
-  shrink = validation.check_real(rule, "shrink", shrink, low=0.0, high=1.0, low_open=True, high_open=True)
-  max_backtracks = validation.check_int(rule, "max_backtracks", max_backtracks, low=0)
+  slope = validation.check_real(
+    rule, "slope", slope, low=0.0, high=1.0, low_open=True, high_open=True, array_ok=True
+  )
+  shrink = validation.check_real(
+    rule, "shrink", shrink, low=0.0, high=1.0, low_open=True, high_open=True, array_ok=True
+  )
+  max_backtracks = validation.check_int(rule, "max_backtracks", max_backtracks, low=0, array_ok=True)
 
   base = jnp.asarray(value_fn(params) if value is None else value, jnp.float32)
   grad_sq = guard.tree_sq_norm(grads)
@@ -241,18 +245,20 @@ def bb_step_size(
     Anal. 1988; De, Yadav, Jacobs, Goldstein, "Big Batch SGD", AISTATS 2017,
     §4; Zhang, Ji, Wang, JPDC 2022 (seed 000) §4.3; spec §11c.
   """
-  initial = validation.check_real(_RULE, "initial_step_size", initial_step_size, low=0.0, low_open=True)
-  beta_s = validation.check_real(_RULE, "smoothing", smoothing, low=0.0, high=1.0, low_open=True)
-  # Validate the Armijo constants now, not at the first update.
-  validation.check_real(_RULE, "armijo_slope", armijo_slope, low=0.0, high=1.0, low_open=True, high_open=True)
-  validation.check_real(
-    _RULE, "armijo_shrink", armijo_shrink, low=0.0, high=1.0, low_open=True, high_open=True
+  initial = validation.check_real(
+    _RULE, "initial_step_size", initial_step_size, low=0.0, low_open=True, array_ok=True
   )
-  validation.check_int(_RULE, "max_backtracks", max_backtracks, low=0)
+  beta_s = validation.check_real(
+    _RULE, "smoothing", smoothing, low=0.0, high=1.0, low_open=True, array_ok=True
+  )
+  # Validate the Armijo constants now, not at the first update.
+  unit = dict(low=0.0, high=1.0, low_open=True, high_open=True, array_ok=True)
+  validation.check_real(_RULE, "armijo_slope", armijo_slope, **unit)
+  validation.check_real(_RULE, "armijo_shrink", armijo_shrink, **unit)
+  validation.check_int(_RULE, "max_backtracks", max_backtracks, low=0, array_ok=True)
   max_scale = check_max_scale(_RULE, "max_scale", max_scale)
   if armijo is not None:
     armijo = validation.check_bool(_RULE, "armijo", armijo)
-  full_batch = beta_s == 1.0
 
   def init_fn(params: optax.Params) -> BBStepSizeState:
     return BBStepSizeState(
@@ -283,7 +289,7 @@ def bb_step_size(
     if backtrack:
       value_fn = guard.require_extra_arg(_RULE, "value_fn", value_fn, "the batch loss, for armijo=True")
     # |B| = N (smoothing 1) is the full batch: no noise, the deterministic 1/nu.
-    r = jnp.asarray(0.0 if full_batch else noise_ratio, jnp.float32)
+    r = jnp.where(jnp.asarray(beta_s) == 1.0, 0.0, jnp.asarray(noise_ratio, jnp.float32))
 
     def apply(accept, rejected):
       move = jax.tree.map(lambda p, q: p - q, params, state.prev_params)

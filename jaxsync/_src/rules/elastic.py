@@ -106,14 +106,16 @@ def easgd_worker(
   """
   rule = "easgd_worker"
   learning_rate = validation.check_learning_rate(rule, learning_rate)
-  alpha = validation.check_real(rule, "moving_rate", moving_rate, low=0.0, high=1.0)
-  period = validation.check_int(rule, "period", period)
-  delta = validation.check_real(rule, "momentum", momentum, low=0.0, high=1.0, high_open=True)
+  alpha = validation.check_real(rule, "moving_rate", moving_rate, low=0.0, high=1.0, array_ok=True)
+  period = validation.check_int(rule, "period", period, array_ok=True)
+  delta = validation.check_real(rule, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
+  # EASGD (momentum 0) keeps no velocity; an injected momentum (an array) may become non-zero: keep one.
+  has_velocity = not isinstance(delta, float) or delta > 0
 
   def init_fn(params: optax.Params) -> EasgdWorkerState:
     return EasgdWorkerState(
       count=jnp.zeros([], jnp.int32),
-      velocity=guard.state_zeros(params) if delta > 0 else (),
+      velocity=guard.state_zeros(params) if has_velocity else (),
       momentum=jnp.asarray(delta, jnp.float32),
       exchanged=jnp.asarray(False),
       nonfinite_count=jnp.zeros([], jnp.int32),
@@ -139,7 +141,7 @@ def easgd_worker(
       pull = jax.tree.map(
         lambda d: jnp.where(exchange, d, jnp.zeros_like(d)), elastic_difference(params, center, alpha)
       )
-      if delta > 0:
+      if has_velocity:
         velocity = jax.tree.map(
           lambda v, g: (delta * v - rate * g.astype(v.dtype)).astype(v.dtype),
           state.velocity,
@@ -179,7 +181,7 @@ class ElasticCenterState(NamedTuple):
 
 
 def _elastic_center(rule: str, moving_rate: float, lock_free: bool) -> optax.GradientTransformationExtraArgs:
-  alpha = validation.check_real(rule, "moving_rate", moving_rate, low=0.0, high=1.0)
+  alpha = validation.check_real(rule, "moving_rate", moving_rate, low=0.0, high=1.0, array_ok=True)
 
   def init_fn(params: optax.Params) -> ElasticCenterState:
     del params

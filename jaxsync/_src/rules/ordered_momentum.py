@@ -127,8 +127,8 @@ def ordered_momentum(
     (arXiv:2407.19234), Algorithm 2; spec §6 (OrMo) and §7 (OrMo-DA).
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
-  beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True)
-  num_workers = validation.check_int(_RULE, "num_workers", num_workers)
+  beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
+  num_workers = validation.check_int(_RULE, "num_workers", num_workers, array_ok=True)
   delay_adaptive = validation.check_bool(_RULE, "delay_adaptive", delay_adaptive)
   delay_measure = validation.check_choice(_RULE, "delay_measure", delay_measure, DELAY_MEASURES)
 

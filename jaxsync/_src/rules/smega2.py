@@ -121,9 +121,11 @@ def smega2(
     ``rafi-cohen/SMEGA2``; spec §5.
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
-  beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True)
-  n = validation.check_int(_RULE, "num_workers", num_workers)
-  dampening = validation.check_real(_RULE, "dampening", dampening, low=0.0, high=1.0, high_open=True)
+  beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
+  n = validation.check_int(_RULE, "num_workers", num_workers, array_ok=True)
+  dampening = validation.check_real(
+    _RULE, "dampening", dampening, low=0.0, high=1.0, high_open=True, array_ok=True
+  )
   look_ahead = validation.check_choice(_RULE, "look_ahead", look_ahead, LOOK_AHEADS)
 
   def scales(rate: jax.Array, c: jax.Array) -> tuple[jax.Array, jax.Array]:

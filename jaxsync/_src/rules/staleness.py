@@ -113,10 +113,10 @@ def scale_by_staleness(
       raise validation.invalid(
         _RULE, "penalty", penalty, "a finite number > 0 (kappa) with mode='exponential'"
       )
-    penalty = validation.check_real(_RULE, "penalty", penalty, low=0.0, low_open=True)
+    penalty = validation.check_real(_RULE, "penalty", penalty, low=0.0, low_open=True, array_ok=True)
   elif penalty is not None:
     raise validation.invalid(_RULE, "penalty", penalty, f"None with mode={mode!r}")
-  per_update = validation.check_int(_RULE, "gradients_per_update", gradients_per_update, low=1)
+  per_update = validation.check_static_int(_RULE, "gradients_per_update", gradients_per_update, low=1)
 
   def factor(tau: jax.Array) -> jax.Array:
     tau_f = tau.astype(jnp.float32)

@@ -1,0 +1,126 @@
+"""Every public rule under ``optax.inject_hyperparams``: arrays and tracers accepted, the same updates."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jaxsync
+
+X0 = jnp.array([1.0, -2.0, 0.5])
+CURVATURE = jnp.array([1.0, 3.0, 0.5])
+
+# (factory, keyword arguments, static_args, how the rule is driven)
+CASES = {
+  "ordered_momentum": (
+    jaxsync.ordered_momentum,
+    dict(learning_rate=0.05, momentum=0.9, num_workers=4),
+    (),
+    "server",
+  ),
+  "ordered_momentum_da": (
+    jaxsync.ordered_momentum,
+    dict(learning_rate=0.05, momentum=0.9, num_workers=4, delay_adaptive=True),
+    (),
+    "server",
+  ),
+  "smega2": (
+    jaxsync.smega2,
+    dict(learning_rate=0.05, momentum=0.9, num_workers=4, dampening=0.1),
+    (),
+    "server",
+  ),
+  "adaptive_k": (jaxsync.adaptive_k, dict(momentum=0.9, theta=0.5, confidence=0.9, max_k=3), (), "server"),
+  "adaptive_k_lower": (
+    jaxsync.adaptive_k,
+    dict(momentum=0.9, theta=0.5, confidence=0.9, max_k=3, ci_endpoint="lower"),
+    ("confidence", "max_k"),
+    "server",
+  ),
+  "scale_by_staleness": (
+    jaxsync.scale_by_staleness,
+    dict(mode="exponential", penalty=0.3, gradients_per_update=2),
+    ("gradients_per_update",),
+    "server",
+  ),
+  "bb_step_size": (
+    jaxsync.bb_step_size,
+    dict(initial_step_size=0.05, smoothing=0.5, max_scale=3.0, armijo_slope=0.2, max_backtracks=5),
+    (),
+    "worker",
+  ),
+  "easgd_worker": (
+    jaxsync.easgd_worker,
+    dict(learning_rate=0.1, moving_rate=0.2, period=2, momentum=0.5),
+    (),
+    "elastic_worker",
+  ),
+  "easgd_center": (jaxsync.easgd_center, dict(moving_rate=0.2), (), "center"),
+  "ea_wild_center": (jaxsync.ea_wild_center, dict(moving_rate=0.2), (), "center"),
+}
+
+
+def _extra(kind, state, x):
+  if kind == "server":
+    return {
+      "version": jaxsync.server_version(state) - (jaxsync.server_version(state) > 0),
+      "num_live_workers": 4,
+    }
+  if kind == "worker":
+    return {"noise_ratio": jnp.float32(0.1), "value_fn": lambda p: 0.5 * jnp.sum(CURVATURE * p * p)}
+  if kind == "elastic_worker":
+    return {"center": jnp.zeros_like(x)}
+  return {"center_read": 0.5 * x}
+
+
+def _run(tx, kind, steps=8):
+  """``steps`` jitted updates on a quadratic; returns the updates and the final state."""
+
+  @jax.jit
+  def step(x, state):
+    grads = CURVATURE * x if kind != "center" else x + 1.0  # a centre takes a worker's model
+    updates, state = tx.update(grads, state, x, **_extra(kind, state, x))
+    return optax.apply_updates(x, updates), state, updates
+
+  x, state, out = X0, tx.init(X0), []
+  for _ in range(steps):
+    x, state, updates = step(x, state)
+    out.append(np.asarray(updates))
+  return np.stack(out), state
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_injected_hyperparameters_give_the_plain_rules_updates(name):
+  factory, kwargs, static, kind = CASES[name]
+  plain, _ = _run(factory(**kwargs), kind)
+  injected_tx = optax.inject_hyperparams(factory, static_args=static)(**kwargs)
+  injected, state = _run(injected_tx, kind)
+  np.testing.assert_allclose(injected, plain, rtol=1e-5, atol=1e-7)
+  assert np.abs(plain).sum() > 0  # the rule did move
+  for key in set(kwargs) - set(static) - {"mode", "ci_endpoint", "delay_adaptive"}:
+    assert key in state.hyperparams, key  # injected, i.e. traced inside the jitted update
+
+
+def test_an_injected_learning_rate_can_be_changed_between_updates():
+  tx = optax.inject_hyperparams(jaxsync.ordered_momentum)(learning_rate=0.05, momentum=0.0, num_workers=1)
+  state = tx.init(X0)
+  u1, state = tx.update(jnp.ones(3), state, X0, version=0)
+  state.hyperparams["learning_rate"] = jnp.asarray(0.5)
+  u2, state = tx.update(jnp.ones(3), state, X0, version=1)
+  np.testing.assert_allclose(u1, -0.05)
+  np.testing.assert_allclose(u2, -0.5)
+
+
+def test_arrays_pass_unchecked_but_python_numbers_and_shapes_are_still_checked():
+  jaxsync.ordered_momentum(jnp.asarray(0.05), momentum=jnp.asarray(0.9), num_workers=jnp.asarray(4))
+  with pytest.raises(ValueError, match="momentum=1.5"):
+    jaxsync.ordered_momentum(0.05, momentum=1.5, num_workers=4)
+  with pytest.raises(ValueError, match=r"momentum='<array of shape \(2,\)>' is invalid; expected a scalar"):
+    jaxsync.ordered_momentum(0.05, momentum=jnp.zeros(2), num_workers=4)
+  with pytest.raises(ValueError, match="gradients_per_update=.*static_args"):
+    optax.inject_hyperparams(jaxsync.scale_by_staleness)(gradients_per_update=2).init(X0)
+  with pytest.raises(ValueError, match="confidence=.*ci_endpoint='lower'"):
+    jaxsync.adaptive_k(confidence=jnp.asarray(0.9), ci_endpoint="lower")
