@@ -7,9 +7,10 @@
   jaxsync strategies
 
 Exit codes: 0 on success, 2 for a bad command line, config, data path or run
-directory (one line on stderr, no traceback; ``--traceback`` shows it), 3 when
-a multi-process run loses a process it cannot go on without (one line naming
-it), 1 for anything else, 130 when interrupted.
+directory (one line on stderr, no traceback; ``--traceback`` anywhere on the
+line shows it, with the same exit code), 3 when a multi-process run loses a
+process it cannot go on without (one line naming it), 1 for anything else,
+130 when interrupted (the line says how to continue the run).
 """
 
 from __future__ import annotations
@@ -18,11 +19,12 @@ import argparse
 import os
 import pathlib
 import sys
+import traceback
 
 from jaxsync._src.app import commands
 from jaxsync._src.app.config import ConfigError
 from jaxsync._src.dist.cluster import RunFaultError
-from jaxsync._src.train import progress
+from jaxsync._src.train import progress, run_directory
 from jaxsync._src.train.checkpoints import CheckpointError
 from jaxsync._src.train.run_directory import RunDirectoryError
 from jaxsync._src.train.training import EmptyRunError
@@ -31,13 +33,28 @@ USER_ERRORS = (ConfigError, RunDirectoryError, CheckpointError, EmptyRunError)
 
 
 def _parser() -> argparse.ArgumentParser:
+  from jaxsync import __version__
+
+  # --traceback is accepted before and after the command (SUPPRESS: a subcommand's default does not
+  # overwrite a value given before it).
+  common = argparse.ArgumentParser(add_help=False)
+  common.add_argument(
+    "--traceback", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks of errors"
+  )
   parser = argparse.ArgumentParser(
     prog="jaxsync",
     description="Synchronization strategies for data-parallel training, on a simulated cluster or real processes.",
     epilog="Run `jaxsync COMMAND --help` for a command's options.",
+    parents=[common],
   )
-  parser.add_argument("--traceback", action="store_true", help="show Python tracebacks of errors")
+  parser.add_argument("--version", action="version", version=f"jaxsync {__version__}")
   sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+  add_parser = sub.add_parser
+
+  def with_common(name, **kwargs):
+    return add_parser(name, parents=[common], **kwargs)
+
+  sub.add_parser = with_common
 
   def run_options(p, *, config: bool):
     if config:
@@ -121,14 +138,15 @@ def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
   acc = summary.get("final_accuracy")
   tt = summary.get("time_to_target")
   target = summary.get("target") or {}
+  clock = summary.get("clock", "simulated")  # simulated seconds, or wall seconds of a real run
   reached = (
-    f"{target.get('metric')} {target.get('value')} at {tt:.1f} simulated s"
+    f"{target.get('metric')} {target.get('value')} at {tt:.1f} {clock} s"
     if tt is not None
     else "target not reached"
   )
   print(
     f"{summary.get('label', '')}: accuracy {acc:.3f} after {summary['updates']} updates, "
-    f"{summary['simulated_time']:.1f} simulated s ({reached}); run directory {run_dir}"
+    f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); run directory {run_dir}"
   )
 
 
@@ -154,6 +172,12 @@ def _group(args: argparse.Namespace):
     raise ConfigError(str(err)) from None
 
 
+def _in_a_launched_or_cluster_run(args: argparse.Namespace) -> bool:
+  from jaxsync._src.dist import cluster
+
+  return bool(getattr(args, "coordinator", None) or os.environ.get(cluster.ENV_COORDINATOR))
+
+
 def _dispatch(args: argparse.Namespace) -> int:
   from jaxsync._src.app import config as config_lib
 
@@ -163,10 +187,13 @@ def _dispatch(args: argparse.Namespace) -> int:
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
     out = args.out or commands.default_out(cfg.name)
+    run_directory.check_available(out, overwrite=args.overwrite)
+    args.run_dir_in_use = out
     run_args = ["train", str(args.config), "--out", str(out), "--progress", args.progress]
     run_args += [f"--set={o}" for o in args.overrides] + (["--overwrite"] if args.overwrite else [])
     return _launch(args, run_args)
   if args.command == "resume":
+    args.run_dir_in_use = args.run_dir
     processes = commands.launched_processes(args.run_dir)
     from jaxsync._src.dist import cluster
 
@@ -177,13 +204,18 @@ def _dispatch(args: argparse.Namespace) -> int:
       # A multi-process run directory, resumed from a shell: start its processes again, locally.
       args.num_processes, args.bind = processes, "127.0.0.1"
       return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress])
+  cfg = out = None
+  if args.command in ("train", "compare"):
+    cfg = config_lib.load(args.config, args.overrides)
+    out = args.out or commands.default_out(cfg.name if args.command == "train" else f"{cfg.name}-compare")
+    if not _in_a_launched_or_cluster_run(args):  # there, process 0 checks (or the launcher did)
+      run_directory.check_available(out, overwrite=args.overwrite)  # in a second, before the set-up
+    args.run_dir_in_use = out
   reporter = progress.make(args.progress)
   group = _group(args) if args.command in ("train", "resume") else None  # compare: the simulator only
   if args.command == "resume":
     result = commands.resume(args.run_dir, reporter=reporter, group=group)
   else:
-    cfg = config_lib.load(args.config, args.overrides)
-    out = args.out or commands.default_out(cfg.name if args.command == "train" else f"{cfg.name}-compare")
     if args.command == "train":
       result = commands.train(cfg, out, overwrite=args.overwrite, reporter=reporter, group=group)
     else:
@@ -205,15 +237,19 @@ def _dispatch(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
   """Runs the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
   args = _parser().parse_args(argv)
-  show = args.traceback or os.environ.get("JAXSYNC_TRACEBACK")
+  show = getattr(args, "traceback", False) or os.environ.get("JAXSYNC_TRACEBACK")
   try:
     code = _dispatch(args)
   except KeyboardInterrupt:
-    print("jaxsync: interrupted; continue the run with `jaxsync resume RUN_DIR`.", file=sys.stderr)
+    run_dir = getattr(args, "run_dir_in_use", None)
+    if run_dir is not None and pathlib.Path(run_dir, "config.yaml").is_file():
+      print(f"jaxsync: interrupted; continue the run with `jaxsync resume {run_dir}`.", file=sys.stderr)
+    else:
+      print("jaxsync: interrupted before the run started; nothing was written.", file=sys.stderr)
     return 130
   except RunFaultError as err:  # a lost process, server or worker: one line naming it, exit 3
     if show:
-      raise
+      traceback.print_exc()
     print(f"jaxsync: error: {err}", file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
@@ -222,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
     os._exit(3)
   except USER_ERRORS as err:  # configs, data paths, run directories, checkpoints: one line, exit 2
     if show:
-      raise
+      traceback.print_exc()
     print(f"jaxsync: error: {err}", file=sys.stderr)
     return 2
   return code  # anything else is a bug: Python prints its traceback and the exit code is 1

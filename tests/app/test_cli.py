@@ -204,6 +204,11 @@ def test_corrupt_and_incompatible_checkpoints_get_a_clear_error(tmp_path, capsys
       path.write_bytes(b"\0" * path.stat().st_size)
   code, _, err = _run(capsys, "resume", out)
   assert code == 2 and "is corrupt" in err and "Traceback" not in err
+  # From a shell: one line and exit 2, nothing after it (no asyncio leftovers of the failed restore).
+  proc = _jaxsync("resume", out, check=False)
+  assert proc.returncode == 2, proc.stderr
+  assert proc.stderr.startswith("jaxsync: error: checkpoint") and proc.stderr.count("\n") == 1, proc.stderr
+  assert len(proc.stderr) < 600  # the cause in one readable line, not tensorstore's whole spec
   code, _, err = _run(capsys, "resume", tmp_path / "nowhere")
   assert code == 2 and "config.yaml" in err
 
@@ -309,3 +314,97 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_from_scratch_on_resum
   assert _run(capsys, "resume", killed, "--progress", "quiet")[0] == 0
   assert (killed / "metrics.jsonl").read_text() == (whole / "metrics.jsonl").read_text()
   assert not (killed / "tensorboard" / "events.out.tfevents.stale").exists()
+
+
+def test_the_final_line_names_the_runs_clock(capsys, tmp_path):
+  summary = {
+    "label": "bsp K=2 seed=0",
+    "final_accuracy": 0.9,
+    "updates": 60,
+    "clock": "wall",
+    "wall_time": 12.5,
+  }
+  summary.update(target={"metric": "accuracy", "value": 0.8}, time_to_target=7.25)
+  cli._print_summary(summary, tmp_path)
+  line = capsys.readouterr().out
+  assert "60 updates, 12.5 wall s (accuracy 0.8 at 7.2 wall s)" in line and "simulated" not in line
+
+
+def test_traceback_goes_anywhere_on_the_line_and_keeps_the_exit_code(capsys, tmp_path):
+  for argv in (
+    ["--traceback", "resume", tmp_path / "nowhere"],
+    ["resume", tmp_path / "nowhere", "--traceback"],
+  ):
+    code, _, err = _run(capsys, *argv)
+    assert code == 2 and "Traceback (most recent call last)" in err and "config.yaml" in err
+  code, _, err = _run(capsys, "resume", tmp_path / "nowhere")
+  assert code == 2 and "Traceback" not in err
+
+
+def test_version(capsys):
+  import jaxsync
+
+  with pytest.raises(SystemExit) as exit_:
+    cli.main(["--version"])
+  assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"jaxsync {jaxsync.__version__}"
+
+
+def test_an_existing_out_is_refused_before_anything_is_built(capsys, tmp_path, monkeypatch):
+  taken = tmp_path / "taken"
+  taken.mkdir()
+  (taken / "notes.txt").write_text("mine")
+
+  def no_build(config):
+    raise AssertionError("the run was built before --out was checked")
+
+  monkeypatch.setattr(experiment, "build", no_build)
+  for command in ("train", "compare"):
+    code, _, err = _run(capsys, command, QUICKSTART, "--out", taken, "--progress", "quiet")
+    assert code == 2 and "already exists" in err
+  assert (taken / "notes.txt").read_text() == "mine"
+
+
+def test_ctrl_c_names_the_run_directory_to_resume_and_ends_the_bar_line(tmp_path):
+  out = tmp_path / "r"
+  proc = subprocess.Popen(
+    [
+      sys.executable,
+      "-m",
+      "jaxsync.cli",
+      "train",
+      QUICKSTART,
+      *FAST,
+      "--set",
+      "run.gradients=1000000",
+      "--out",
+      out,
+    ],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    text=True,
+    cwd=ROOT,
+  )
+  deadline = time.monotonic() + 240
+  while not (out / "metrics.jsonl").exists() or len((out / "metrics.jsonl").read_text().splitlines()) < 3:
+    assert proc.poll() is None and time.monotonic() < deadline
+    time.sleep(0.1)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130
+  assert err.endswith(f"\njaxsync: interrupted; continue the run with `jaxsync resume {out}`.\n"), err[-500:]
+
+
+def test_the_bar_says_it_is_compiling_until_the_first_chunk():
+  import io
+
+  from jaxsync._src.train import progress
+
+  bar = progress.BarReporter(io.StringIO())
+  bar.phase("quickstart: loading data, building the model and strategy")
+  bar.start("ormo K=8", 100, 0)
+  assert bar._progress.tasks[0].fields["status"] == "compiling "
+  bar.update({"event": 10, "updates": 10, "simulated_time": 1.0, "loss": 0.5})
+  fields = bar._progress.tasks[0].fields
+  assert fields["status"] == "" and fields["clock"] == "sim" and fields["time"] == "1.0s"
+  bar.close()
+  assert bar._progress is None

@@ -103,6 +103,11 @@ def test_bsp_on_two_processes_equals_simulated_bsp_and_stays_identical_across_pr
   exp, sim_state, _ = _simulated(overrides, 60)
   summary = _summary(tmp_path / "bsp")
   assert summary["updates"] == 60 and summary["gradients"] == 120
+  # A real run's time is wall seconds, and says so everywhere: summary, metrics, the final line.
+  assert summary["clock"] == "wall" and summary["wall_time"] > 0 and "simulated_time" not in summary
+  rows = [json.loads(line) for line in (tmp_path / "bsp" / "metrics.jsonl").read_text().splitlines()]
+  assert all("wall_time" in row and "simulated_time" not in row for row in rows)
+  assert "simulated" not in log
   # One all-reduce of per-worker gradients against one batched gradient: equal up to float rounding.
   state_like = sync_runtime.SyncState(
     clock=np.float32(0),

@@ -175,10 +175,11 @@ def test_plot_compare_one_mean_line_per_strategy(tmp_path):
   ax = figures["compare_accuracy_vs_time"].axes[0]
   fast_line, slow_line = ax.get_lines()
   assert [t.get_text() for t in ax.get_legend().get_texts()] == ["fast (2 seeds)", "slow (1 seed)"]
-  # fast: both seeds on [0, 4]: accuracy 0.2 t and (0.2 t up to 3, then 0.6 + 0.1 (t - 3)).
-  np.testing.assert_allclose(fast_line.get_xdata(), [0.0, 1.0, 2.0, 3.0, 4.0])
-  np.testing.assert_allclose(fast_line.get_ydata(), [0.0, 0.2, 0.4, 0.6, 0.75])
-  np.testing.assert_allclose(slow_line.get_xdata(), np.linspace(0, 10, 5))
+  # fast: both seeds on [0, 4]: accuracy 0.2 t and (0.2 t up to 3, then 0.6 + 0.1 (t - 3)), drawn at the
+  # seeds' own evaluation times (few points: markers, no fine grid).
+  np.testing.assert_allclose(fast_line.get_xdata(), [0.0, 2.0, 3.0, 4.0])
+  np.testing.assert_allclose(fast_line.get_ydata(), [0.0, 0.4, 0.6, 0.75])
+  np.testing.assert_allclose(slow_line.get_xdata(), [0.0, 5.0, 10.0])
   assert_pngs(plots.plot_compare(runs, tmp_path), stems, tmp_path)
 
 
@@ -200,3 +201,43 @@ def test_real_adaptive_k_run_with_bb_step_sizes(tmp_path):
   assert counts.sum() == (~history.rejected).sum() and len(values) == history.staleness.max() + 1
   compare = plots.plot_compare({"adaptive_k": [history, history]}, tmp_path / "compare")
   assert len(compare) == 4
+
+
+def test_loss_is_drawn_on_a_log_scale_and_accuracy_on_a_linear_one():
+  figures = plots.run_figures(make_history(), label="r")
+  assert figures["loss_vs_time"].axes[0].get_yscale() == "log"
+  assert figures["loss_vs_updates"].axes[0].get_yscale() == "log"
+  assert figures["accuracy_vs_time"].axes[0].get_yscale() == "linear"
+  # A loss that reaches 0 (or is negative) stays linear: a log axis could not show it.
+  zero = make_history(metrics={"accuracy": [0.3, 0.6, 0.8], "loss": [1.0, 0.5, 0.0]})
+  assert plots.run_figures(zero, label="r")["loss_vs_time"].axes[0].get_yscale() == "linear"
+
+
+def test_a_strategy_with_few_evaluations_is_drawn_at_its_points_with_markers():
+  few = [make_history(), make_history()]  # 3 evaluations each
+  many = make_history(
+    eval_time=np.linspace(0, 5, 40),
+    eval_version=np.arange(40),
+    metrics={"accuracy": np.linspace(0.1, 0.9, 40), "loss": np.linspace(2.0, 0.2, 40)},
+  )
+  figures = plots.compare_figures({"bsp": few, "asp": [many]}, num_points=200)
+  lines = {
+    line.get_label().split(" (")[0]: line for line in figures["compare_accuracy_vs_time"].axes[0].get_lines()
+  }
+  np.testing.assert_allclose(lines["bsp"].get_xdata(), [0.0, 2.0, 4.0])  # its own evaluations, not 200 points
+  assert lines["bsp"].get_marker() == "o"
+  assert len(lines["asp"].get_xdata()) == 200 and lines["asp"].get_marker() in ("None", None, "")
+  assert figures["compare_loss_vs_time"].axes[0].get_yscale() == "log"
+
+
+def test_the_time_axis_names_the_runs_clock():
+  wall = make_history()
+  wall.clock = "wall"
+  assert plots.run_figures(wall, label="r")["accuracy_vs_time"].axes[0].get_xlabel() == "wall seconds"
+  assert (
+    plots.run_figures(make_history(), label="r")["accuracy_vs_time"].axes[0].get_xlabel()
+    == "simulated seconds"
+  )
+  assert wall.elapsed == 6.0 and wall.time_key == "wall_time"
+  with pytest.raises(ValueError, match="wall-clock run has no simulated time"):
+    _ = wall.simulated_time

@@ -53,10 +53,19 @@ def _read_config(run_dir: pathlib.Path) -> config_lib.Config:
   return config_lib.load(path)
 
 
+def _build(config: config_lib.Config, reporter: Reporter) -> experiment.Experiment:
+  reporter.phase(f"{config.name}: loading data, building the model and strategy")
+  try:
+    return experiment.build(config)
+  except BaseException:
+    reporter.close()
+    raise
+
+
 def _run_one(
   config: config_lib.Config, run_dir: pathlib.Path, reporter: Reporter, group: ProcessGroup | None = None
 ) -> training.RunResult | None:
-  exp = experiment.build(config)
+  exp = _build(config, reporter)
   if group is not None:
     return _run_distributed(exp, run_dir, group, reporter)
   return training.train(exp.simulator(), exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
@@ -75,7 +84,7 @@ def train(
   With a process ``group`` every process of a multi-process run calls this;
   process 0 creates ``out`` and returns the result, a worker returns None.
   """
-  exp = experiment.build(config)  # every config error surfaces before anything is written
+  exp = _build(config, reporter)  # every config error surfaces before anything is written
   if group is None:
     run_dir = run_directory.create(out, overwrite=overwrite)
     write_config(run_dir, config)

@@ -49,6 +49,8 @@ class History:
     bytes_moved: bytes over the inter-machine network.
     bytes_moved_intra: bytes inside nodes (InHAD).
     rejected_count: arrivals rejected as non-finite.
+    clock: what ``time`` measures: ``"simulated"`` seconds (the simulator's
+      time model) or ``"wall"`` seconds (a real multi-process run).
   """
 
   time: np.ndarray
@@ -70,6 +72,7 @@ class History:
   bytes_moved: float
   bytes_moved_intra: float
   rejected_count: int
+  clock: str = "simulated"
 
   @property
   def updates(self) -> int:
@@ -77,9 +80,21 @@ class History:
     return int(self.version[-1]) if len(self.version) else 0
 
   @property
-  def simulated_time(self) -> float:
-    """Simulated seconds at the last event."""
+  def elapsed(self) -> float:
+    """Seconds of the run's :attr:`clock` at the last event."""
     return float(self.time[-1]) if len(self.time) else 0.0
+
+  @property
+  def simulated_time(self) -> float:
+    """Simulated seconds at the last event (a simulated run's :attr:`elapsed`)."""
+    if self.clock != "simulated":
+      raise ValueError(f"History: a {self.clock}-clock run has no simulated time; read elapsed instead.")
+    return self.elapsed
+
+  @property
+  def time_key(self) -> str:
+    """How rows and summaries name this run's time: ``"simulated_time"`` or ``"wall_time"``."""
+    return f"{self.clock}_time"
 
   def mean_staleness(self) -> float:
     """Mean staleness over accepted arrivals."""
@@ -87,7 +102,7 @@ class History:
     return float(np.mean(self.staleness[ok])) if ok.any() else 0.0
 
   def time_to(self, metric: str, target: float, *, higher_is_better: bool = True) -> tuple[float, int] | None:
-    """(simulated seconds, server updates) of the first evaluation reaching ``target``, else None."""
+    """(seconds of the run's clock, server updates) of the first evaluation reaching ``target``, else None."""
     values = self.eval_metrics[metric]
     hit = values >= target if higher_is_better else values <= target
     if not hit.any():
@@ -101,6 +116,8 @@ def assemble_history(
   initial_metrics: dict[str, float],
   metric_names: tuple[str, ...],
   totals: RunTotals,
+  *,
+  clock: str = "simulated",
 ) -> History:
   """A :class:`History` from the records of one or more chunks (every runtime's, simulated or real).
 
@@ -133,4 +150,5 @@ def assemble_history(
     bytes_moved=float(totals.bytes_moved),
     bytes_moved_intra=float(totals.bytes_moved_intra),
     rejected_count=int(rec.rejected.sum()),
+    clock=clock,
   )

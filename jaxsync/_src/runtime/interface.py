@@ -124,4 +124,4 @@ class RuntimeBase:
     from a checkpoint (default: those of the last ``init``).
     """
     initial = self.initial_metrics if initial_metrics is None else initial_metrics
-    return assemble_history(records, initial, self.metric_names, self.totals(state))
+    return assemble_history(records, initial, self.metric_names, self.totals(state), clock=self.clock)

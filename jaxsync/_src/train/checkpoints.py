@@ -13,8 +13,12 @@ checkpoint intact. Not safe for concurrent writers: one run owns its directory.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import pathlib
+import signal
+import sys
+import threading
 from typing import Any
 
 import jax
@@ -53,6 +57,7 @@ class RunCheckpoints:
   """
 
   def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2, read_only: bool = False):
+    _ignore_operations_left_in_flight()
     self.directory = pathlib.Path(directory).absolute()
     # In a multi-process run only process 0 saves (the server's state, or the
     # replicated state of a synchronous run); no manager waits for the others.
@@ -78,22 +83,26 @@ class RunCheckpoints:
     return self._manager.latest_step()
 
   def save(self, events: int, state: Any, records: EventRecord, progress: dict[str, Any]) -> None:
-    """Saves the state, the records of the first ``events`` events and ``progress`` (JSON)."""
+    """Saves the state, the records of the first ``events`` events and ``progress`` (JSON).
+
+    Synchronous and atomic; Ctrl-C meanwhile takes effect when the save is complete.
+    """
     progress = {**progress, "events": int(events), "fingerprint": fingerprint(state)}
-    if int(events) in self._manager.all_steps():  # the same events again, now marked finished
-      self._manager.delete(int(events))
     if jax.process_count() > 1:  # orbax refuses host-local jax.Arrays in a multi-process run
       state = jax.tree.map(np.asarray, state)
-    self._manager.save(
-      int(events),
-      args=ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        records=ocp.args.StandardSave(jax.tree.map(np.asarray, records._asdict())),
-        progress=ocp.args.JsonSave(progress),
-      ),
-      force=True,
-    )
-    self._manager.wait_until_finished()
+    with _interrupts_deferred():
+      if int(events) in self._manager.all_steps():  # the same events again, now marked finished
+        self._manager.delete(int(events))
+      self._manager.save(
+        int(events),
+        args=ocp.args.Composite(
+          state=ocp.args.StandardSave(state),
+          records=ocp.args.StandardSave(jax.tree.map(np.asarray, records._asdict())),
+          progress=ocp.args.JsonSave(progress),
+        ),
+        force=True,
+      )
+      self._manager.wait_until_finished()
 
   def restore(self, like_state: Any, step: int | None = None) -> tuple[Any, EventRecord, dict[str, Any]]:
     """(state, records, progress) of checkpoint ``step`` (default: the latest).
@@ -147,6 +156,68 @@ class RunCheckpoints:
     self._manager.close()
 
 
-def _first_line(err: BaseException) -> str:
-  text = str(err).strip().splitlines()
-  return f"{type(err).__name__}: {text[0] if text else ''}"
+def _first_line(err: BaseException, limit: int = 300) -> str:
+  """The error's type and first line, without tensorstore's spec dump, at most ``limit`` characters."""
+  lines = str(err).strip().splitlines()
+  text = lines[0].split(" [tensorstore_spec=")[0] if lines else ""
+  if len(text) > limit:
+    text = text[: limit - 3] + "..."
+  return f"{type(err).__name__}: {text}"
+
+
+@contextlib.contextmanager
+def _interrupts_deferred():
+  """Ctrl-C during a save is honoured once the save is complete, not in the middle of it.
+
+  Interrupted mid-save, orbax's threads go on writing into an interpreter that
+  is shutting down (the previous checkpoint stays intact, but they print
+  tracebacks); a save takes a fraction of a second, so it is let finish.
+  """
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  caught = []
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+  if caught:
+    raise KeyboardInterrupt
+
+
+# What orbax's and tensorstore's threads raise when an operation they were serving outlived it: a
+# restore that failed on one array while others were still being read, or a save interrupted by
+# Ctrl-C. Their completions reach an asyncio loop or executor already shut down; nothing is lost.
+_LEFTOVER_ERRORS = ("Event loop is closed", "cannot schedule new futures after shutdown")
+
+
+def _is_leftover(error: BaseException | None) -> bool:
+  return isinstance(error, RuntimeError) and str(error) in _LEFTOVER_ERRORS
+
+
+def _ignore_operations_left_in_flight() -> None:
+  """Silences the errors of checkpoint operations that outlived their call (see ``_LEFTOVER_ERRORS``).
+
+  Python reports them through ``sys.unraisablehook`` (a callback in a
+  tensorstore thread) or ``threading.excepthook`` (an executor thread): a
+  dozen tracebacks after a one-line error or an interruption. Those and only
+  those are dropped; everything else is reported as before.
+  """
+  previous_unraisable = sys.unraisablehook
+  if getattr(previous_unraisable, "_jaxsync_drops_leftovers", False):
+    return
+
+  def unraisable_hook(unraisable):
+    if not _is_leftover(unraisable.exc_value):
+      previous_unraisable(unraisable)
+
+  previous_thread = threading.excepthook
+
+  def thread_hook(args):
+    if not _is_leftover(args.exc_value):
+      previous_thread(args)
+
+  unraisable_hook._jaxsync_drops_leftovers = True
+  sys.unraisablehook = unraisable_hook
+  threading.excepthook = thread_hook

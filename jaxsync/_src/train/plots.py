@@ -11,9 +11,25 @@ from matplotlib.ticker import MaxNLocator
 
 from jaxsync._src.runtime.history import History
 
-_AXES = {"time": "simulated seconds", "updates": "server updates"}
+_AXES = ("time", "updates")
 _COMPARED_METRICS = ("accuracy", "loss")
 _FIGSIZE = (6.4, 4.0)
+# A curve with at most this many evaluations is drawn point by point, with markers: interpolated onto
+# a fine grid it would be a few straight segments that look like measured data.
+_FEW_POINTS = 25
+
+
+def axis_label(axis: str, clock: str = "simulated") -> str:
+  """The x label of ``axis``: the run's clock in seconds, or server updates."""
+  return f"{clock} seconds" if axis == "time" else "server updates"
+
+
+def _log_scale_if_positive(ax, *series) -> None:
+  """Losses span decades and flatten near zero on a linear scale: log scale when every value is positive."""
+  values = np.concatenate([np.asarray(s, np.float64).ravel() for s in series if len(s)] or [np.zeros(0)])
+  values = values[np.isfinite(values)]
+  if len(values) and (values > 0).all():
+    ax.set_yscale("log")
 
 
 def moving_average(values: np.ndarray, window: int) -> np.ndarray:
@@ -35,7 +51,11 @@ def moving_average(values: np.ndarray, window: int) -> np.ndarray:
 
 
 def mean_curve(
-  xs_list: Sequence[np.ndarray], ys_list: Sequence[np.ndarray], num_points: int = 200
+  xs_list: Sequence[np.ndarray],
+  ys_list: Sequence[np.ndarray],
+  num_points: int = 200,
+  *,
+  at_points: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   """Mean and standard deviation of several curves, each linearly interpolated onto a common grid.
 
@@ -43,9 +63,11 @@ def mean_curve(
     xs_list: each curve's nondecreasing x values (repeated x keep their last y).
     ys_list: each curve's y values, as long as its x values.
     num_points: grid size; the grid spans the x range that every curve covers.
+    at_points: use the curves' own x values in that range as the grid
+      instead (for curves of a few evaluations each).
 
   Returns:
-    ``(grid, mean, std)``, each ``[num_points]``.
+    ``(grid, mean, std)``, each ``[num_points]`` (or as long as the grid of ``at_points``).
   """
   if not xs_list or len(xs_list) != len(ys_list):
     raise ValueError(
@@ -58,7 +80,10 @@ def mean_curve(
   high = min(x[-1] for x, _ in curves)
   if high < low:
     raise ValueError(f"mean_curve: the curves share no x range (starts up to {low}, ends from {high}).")
-  grid = np.linspace(low, high, num_points)
+  if at_points:
+    grid = np.unique(np.concatenate([x[(x >= low) & (x <= high)] for x, _ in curves]))
+  else:
+    grid = np.linspace(low, high, num_points)
   stacked = np.stack([np.interp(grid, x, y) for x, y in curves])
   return grid, stacked.mean(axis=0), stacked.std(axis=0)
 
@@ -88,7 +113,7 @@ def training_loss(history: History, axis: str) -> tuple[np.ndarray, np.ndarray]:
 
   Args:
     history: a run's history.
-    axis: ``"time"`` (simulated seconds) or ``"updates"`` (server version after the event).
+    axis: ``"time"`` (seconds of the run's clock) or ``"updates"`` (server version after the event).
 
   Returns:
     ``(x, loss)``.
@@ -162,14 +187,16 @@ def run_figures(history: History, *, label: str) -> dict[str, Figure]:
   """
   figures = {}
   for metric in sorted(m for m in history.eval_metrics if _has_metric(history, m)):
-    for axis, xlabel in _AXES.items():
-      figure, ax = _new_axes(f"{label}: {metric}", xlabel, metric)
+    for axis in _AXES:
+      figure, ax = _new_axes(f"{label}: {metric}", axis_label(axis, history.clock), metric)
+      curve = _eval_curve(history, metric, axis)
       if metric == "loss":
         x, loss = training_loss(history, axis)
+        smooth = moving_average(loss, max(1, len(loss) // 50)) if len(loss) else loss
         if len(loss):
-          smooth = moving_average(loss, max(1, len(loss) // 50))
           ax.plot(x, smooth, color="tab:gray", alpha=0.5, linewidth=1, label="training batch (smoothed)")
-      ax.plot(*_eval_curve(history, metric, axis), marker=".", color="tab:blue", label="evaluation")
+        _log_scale_if_positive(ax, smooth, curve[1])
+      ax.plot(*curve, marker=".", color="tab:blue", label="evaluation")
       ax.legend()
       figures[f"{metric}_vs_{axis}"] = figure
 
@@ -183,13 +210,13 @@ def run_figures(history: History, *, label: str) -> dict[str, Figure]:
     figures["staleness_hist"] = figure
 
   if k_varies(history):
-    figure, ax = _new_axes(f"{label}: gradients per update", _AXES["time"], "k")
+    figure, ax = _new_axes(f"{label}: gradients per update", axis_label("time", history.clock), "k")
     ax.plot(*k_series(history), drawstyle="steps-post", color="tab:blue")
     ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     figures["k_over_time"] = figure
 
   if step_sizes_vary(history):
-    figure, ax = _new_axes(f"{label}: per-worker step sizes", _AXES["time"], "step size")
+    figure, ax = _new_axes(f"{label}: per-worker step sizes", axis_label("time", history.clock), "step size")
     for worker, (time, size) in step_size_series(history).items():
       ax.plot(time, size, linewidth=1, label=f"worker {worker}")
     if all((size > 0).all() for _, size in step_size_series(history).values()):
@@ -211,10 +238,13 @@ def compare_figures(runs: dict[str, list[History]], num_points: int = 200) -> di
     ``{stem: Figure}``, one per metric and x axis that at least one strategy recorded.
   """
   figures = {}
+  clock = next((h.clock for hs in runs.values() for h in hs), "simulated")
   for metric in _COMPARED_METRICS:
-    for axis, xlabel in _AXES.items():
-      figure, ax = _new_axes(f"{metric} (mean over seeds, ±1 std)", xlabel, metric)
+    for axis in _AXES:
+      figure, ax = _new_axes(f"{metric} (mean over seeds, ±1 std)", axis_label(axis, clock), metric)
       if draw_compare(ax, runs, metric, axis, num_points):
+        if metric == "loss":
+          _log_scale_if_positive(ax, *[line.get_ydata() for line in ax.get_lines()])
         ax.legend()
         figures[f"compare_{metric}_vs_{axis}"] = figure
   return figures
@@ -227,8 +257,9 @@ def draw_compare(ax, runs: dict[str, list[History]], metric: str, axis: str, num
     ax: a matplotlib Axes.
     runs: ``{strategy: [history per seed]}``.
     metric: an evaluation metric, e.g. ``"accuracy"``.
-    axis: ``"time"`` (simulated seconds) or ``"updates"``.
-    num_points: points of each mean curve.
+    axis: ``"time"`` (seconds of the runs' clock) or ``"updates"``.
+    num_points: points of each mean curve; a strategy whose seeds have at
+      most 25 evaluations is drawn at their own points instead, with markers.
 
   Returns:
     How many curves were drawn (strategies that recorded ``metric``).
@@ -238,8 +269,15 @@ def draw_compare(ax, runs: dict[str, list[History]], metric: str, axis: str, num
     curves = [_eval_curve(h, metric, axis) for h in histories if _has_metric(h, metric)]
     if not curves:
       continue
-    grid, mean, std = mean_curve([x for x, _ in curves], [y for _, y in curves], num_points)
-    (line,) = ax.plot(grid, mean, label=f"{name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})")
+    few = max(len(x) for x, _ in curves) <= _FEW_POINTS
+    grid, mean, std = mean_curve([x for x, _ in curves], [y for _, y in curves], num_points, at_points=few)
+    (line,) = ax.plot(
+      grid,
+      mean,
+      marker="o" if few else None,
+      markersize=4,
+      label=f"{name} ({len(curves)} seed{'s' if len(curves) > 1 else ''})",
+    )
     ax.fill_between(grid, mean - std, mean + std, color=line.get_color(), alpha=0.2, linewidth=0)
     drawn += 1
   return drawn

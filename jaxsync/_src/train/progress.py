@@ -14,14 +14,20 @@ MODES = ("bar", "jsonl", "quiet")
 class Reporter:
   """Silent reporter (``quiet``); the base of the others. Called on the host between compiled chunks."""
 
+  def phase(self, text: str) -> None:
+    """What the run is doing before (or between) its chunks: building, compiling."""
+
   def start(self, label: str, total_events: int, done_events: int) -> None:
     """A run (or its resumed remainder) begins; ``done_events`` of ``total_events`` are behind it."""
 
   def update(self, snapshot: dict[str, Any]) -> None:
-    """After a chunk: ``event``, ``updates``, ``simulated_time``, ``loss`` and the last eval metrics."""
+    """After a chunk: ``event``, ``updates``, ``simulated_time`` (or ``wall_time``), ``loss``, the last eval metrics."""
 
   def finish(self, summary: dict[str, Any]) -> None:
     """The run ended with ``summary`` (what ``summary.json`` holds)."""
+
+  def close(self) -> None:
+    """The run stopped early (an error, Ctrl-C): leave the terminal clean."""
 
 
 class JsonLinesReporter(Reporter):
@@ -46,23 +52,46 @@ class JsonLinesReporter(Reporter):
 
 
 class BarReporter(Reporter):
-  """A live rich progress bar (on stderr): strategy, events, simulated time, updates, loss, accuracy, time left."""
+  """A live rich progress bar (on stderr): strategy, events, time, updates, loss, accuracy, time left.
+
+  Before the first chunk has run it says what is going on: a spinner while the
+  run is built and its evaluation compiled, then ``compiling`` in the bar
+  until the first chunk (whose compilation is most of its time) is done.
+  """
 
   def __init__(self, stream: TextIO | None = None):
     from rich.console import Console  # imported here: only the bar needs rich
 
     self.console = Console(file=stream or sys.stderr)
     self._progress = None
+    self._spinner = None
+
+  def phase(self, text):
+    if self._progress is not None:
+      self._progress.update(self._task, status=text)
+      return
+    if self._spinner is None:
+      self._spinner = self.console.status(text)
+      self._spinner.start()
+    else:
+      self._spinner.update(text)
+
+  def _stop_spinner(self):
+    if self._spinner is not None:
+      self._spinner.stop()
+      self._spinner = None
 
   def start(self, label, total_events, done_events):
     from rich import progress as rp
 
+    self._stop_spinner()
     self._progress = rp.Progress(
       rp.TextColumn("[bold]{task.description}"),
       rp.BarColumn(),
       rp.MofNCompleteColumn(),
       rp.TextColumn(
-        "sim {task.fields[sim]} upd {task.fields[updates]} loss {task.fields[loss]} acc {task.fields[acc]}"
+        "{task.fields[status]}{task.fields[clock]} {task.fields[time]} upd {task.fields[updates]} "
+        "loss {task.fields[loss]} acc {task.fields[acc]}"
       ),
       rp.TimeRemainingColumn(),
       console=self.console,
@@ -70,7 +99,15 @@ class BarReporter(Reporter):
     )
     self._progress.start()
     self._task = self._progress.add_task(
-      label, total=total_events, completed=done_events, sim="0.0s", updates=0, loss="-", acc="-"
+      label,
+      total=total_events,
+      completed=done_events,
+      status="compiling ",
+      clock="",
+      time="",
+      updates=0,
+      loss="-",
+      acc="-",
     )
 
   def update(self, snapshot):
@@ -78,15 +115,22 @@ class BarReporter(Reporter):
     self._progress.update(
       self._task,
       completed=snapshot["event"],
-      sim=f"{snapshot['simulated_time']:.1f}s",
+      status="",
+      clock="sim" if "simulated_time" in snapshot else "wall",
+      time=f"{snapshot.get('simulated_time', snapshot.get('wall_time', 0.0)):.1f}s",
       updates=snapshot["updates"],
       loss=_short(snapshot.get("loss"), "{:.3g}"),
       acc=_short(acc, "{:.3f}"),
     )
 
   def finish(self, summary):
+    self.close()
+
+  def close(self):
+    self._stop_spinner()
     if self._progress is not None:
-      self._progress.stop()
+      self._progress.stop()  # ends the bar's line: what follows starts on a new one
+      self._progress = None
 
 
 def _short(value: Any, form: str) -> str:

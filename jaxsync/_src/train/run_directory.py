@@ -24,12 +24,10 @@ class RunDirectoryError(ValueError):
   """A run directory that exists when it should not, or lacks what it should hold."""
 
 
-def create(path: str | pathlib.Path, *, overwrite: bool = False) -> pathlib.Path:
-  """Creates the run directory ``path``; an existing non-empty one is an error unless ``overwrite``.
+def check_available(path: str | pathlib.Path, *, overwrite: bool = False) -> bool:
+  """Raises :class:`RunDirectoryError` unless :func:`create` may use ``path``; True if it would replace it.
 
-  With ``overwrite=True`` an existing directory is deleted first, and only if
-  it looks like a run directory (holds ``config.yaml``), so a typo cannot wipe
-  an unrelated folder.
+  Cheap, so a command checks it before minutes of set-up rather than after.
   """
   path = pathlib.Path(path)
   if path.exists() and (not path.is_dir() or any(path.iterdir())):
@@ -45,6 +43,19 @@ def create(path: str | pathlib.Path, *, overwrite: bool = False) -> pathlib.Path
         f"--overwrite refused: {str(path)!r} does not look like a jaxsync run directory "
         "(config.yaml with metrics.jsonl, checkpoints/ or compare.json)."
       )
+    return True
+  return False
+
+
+def create(path: str | pathlib.Path, *, overwrite: bool = False) -> pathlib.Path:
+  """Creates the run directory ``path``; an existing non-empty one is an error unless ``overwrite``.
+
+  With ``overwrite=True`` an existing directory is deleted first, and only if
+  it looks like a run directory (holds ``config.yaml``), so a typo cannot wipe
+  an unrelated folder.
+  """
+  path = pathlib.Path(path)
+  if check_available(path, overwrite=overwrite):
     shutil.rmtree(path)
   try:
     path.mkdir(parents=True, exist_ok=True)

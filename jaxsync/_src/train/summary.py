@@ -21,7 +21,8 @@ def summarize(
     "events": len(history.time),
     "updates": history.updates,
     "gradients": int(history.worker_steps.sum()),
-    "simulated_time": history.simulated_time,
+    history.time_key: history.elapsed,
+    "clock": history.clock,
     "stopped_by": stopped_by,
   }
   summary.update({f"final_{name}": value for name, value in final_metrics.items()})

@@ -33,10 +33,10 @@ from jaxsync._src.train import plots, run_directory
 from jaxsync._src.train.checkpoints import RunCheckpoints
 from jaxsync._src.train.progress import Reporter
 from jaxsync._src.train.summary import summarize
-from jaxsync._src.train.writers import RunWriters, eval_rows, train_row
+from jaxsync._src.train.writers import RunWriters, eval_rows, time_key, train_row
 
 _WHAT = "train"
-_ROW_KEYS = ("kind", "event", "updates", "simulated_time")
+_ROW_KEYS = ("kind", "event", "updates", "simulated_time", "wall_time")
 
 
 class EmptyRunError(ValueError):
@@ -64,11 +64,11 @@ class _Progress(NamedTuple):
   stopped_by: str | None
 
 
-def _first_row(initial_metrics: dict[str, float]) -> list[dict[str, Any]]:
+def _first_row(initial_metrics: dict[str, float], clock: str) -> list[dict[str, Any]]:
   """The evaluation of the initial model (none without metrics)."""
   if not initial_metrics:
     return []
-  return [{"kind": "eval", "event": 0, "updates": 0, "simulated_time": 0.0, **initial_metrics}]
+  return [{"kind": "eval", "event": 0, "updates": 0, time_key(clock): 0.0, **initial_metrics}]
 
 
 def _restore_or_start(runtime: Runtime, params, seed: int, checkpoints: RunCheckpoints) -> _Progress:
@@ -108,7 +108,7 @@ def _run_chunks(
     rec = jax.tree.map(np.asarray, rec)
     ran = len(rec.time)
     if ran:
-      rows = eval_rows(rec, done) + [train_row(rec, done)]
+      rows = eval_rows(rec, done, runtime.clock) + [train_row(rec, done, runtime.clock)]
       write(rows)
       records.append(rec)
       done += ran
@@ -123,8 +123,7 @@ def _run_chunks(
       stopped_by = "events"
     if not records:
       raise EmptyRunError(
-        f"train: max_time={max_time!r} is invalid; expected a simulated time after the first event "
-        "(no event ran)."
+        f"train: max_time={max_time!r} is invalid; expected a time after the first event (no event ran)."
       )
     if stopped_by is not None or (checkpoint_every and done // checkpoint_every > before // checkpoint_every):
       # A chunk that ran nothing (max_time hit on a chunk boundary) re-saves the same step as finished.
@@ -154,7 +153,7 @@ def _finish(
     "kind": "final",
     "event": run.done,
     "updates": history.updates,
-    "simulated_time": history.simulated_time,
+    history.time_key: history.elapsed,
     **final_metrics,
   }
   writers.reopen(keep_until_event=run.done)
@@ -239,10 +238,16 @@ def train(
   start_wall = time.perf_counter()
 
   checkpoints = RunCheckpoints(run_dir / "checkpoints", read_only=not primary)
-  run = _restore_or_start(runtime, params, seed, checkpoints)
+  reporter.phase(f"{label}: compiling the evaluation" if label else "compiling the evaluation")
+  try:
+    run = _restore_or_start(runtime, params, seed, checkpoints)
+  except BaseException:
+    checkpoints.close()
+    reporter.close()
+    raise
   writers = RunWriters(run_dir, resume_from=run.done or None, primary=primary, tensorboard=tensorboard)
   if not run.done:
-    writers.write(_first_row(run.initial_metrics))
+    writers.write(_first_row(run.initial_metrics, runtime.clock))
 
   def wall_seconds() -> float:
     return run.wall_before + time.perf_counter() - start_wall
@@ -274,6 +279,7 @@ def train(
   except BaseException:
     writers.close()
     checkpoints.close()
+    reporter.close()
     raise
   result = _finish(
     runtime,

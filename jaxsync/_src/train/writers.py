@@ -19,18 +19,28 @@ from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.train import run_directory
 
 
-def eval_rows(rec: EventRecord, offset: int) -> list[dict[str, Any]]:
+def time_key(clock: str) -> str:
+  """The key a row gives its time: ``simulated_time`` (the simulator) or ``wall_time`` (a real run)."""
+  return f"{clock}_time"
+
+
+def row_time(row: dict[str, Any]) -> float:
+  """A row's time, whatever its clock."""
+  return row["simulated_time"] if "simulated_time" in row else row["wall_time"]
+
+
+def eval_rows(rec: EventRecord, offset: int, clock: str = "simulated") -> list[dict[str, Any]]:
   """One ``\"eval\"`` row per evaluation in a chunk whose first event is ``offset + 1``."""
   rows = []
   for i in np.nonzero(rec.evaluated)[0]:
     row = {"kind": "eval", "event": offset + int(i) + 1, "updates": int(rec.version[i])}
-    row["simulated_time"] = float(rec.time[i])
+    row[time_key(clock)] = float(rec.time[i])
     row.update({name: float(values[i]) for name, values in rec.metrics.items()})
     rows.append(row)
   return rows
 
 
-def train_row(rec: EventRecord, offset: int) -> dict[str, Any]:
+def train_row(rec: EventRecord, offset: int, clock: str = "simulated") -> dict[str, Any]:
   """The chunk's ``\"train\"`` row: mean batch loss, staleness, rejections and k over its events."""
   ok = ~rec.rejected
   losses = rec.loss[ok & np.isfinite(rec.loss)].astype(np.float64)  # float32 sums overflow on divergence
@@ -38,7 +48,7 @@ def train_row(rec: EventRecord, offset: int) -> dict[str, Any]:
     "kind": "train",
     "event": offset + len(rec.time),
     "updates": int(rec.version[-1]),
-    "simulated_time": float(rec.time[-1]),
+    time_key(clock): float(rec.time[-1]),
     "loss": float(losses.mean()) if losses.size else math.nan,
     "mean_staleness": float(rec.staleness[ok].mean()) if ok.any() else math.nan,
     "max_staleness": int(rec.staleness[ok].max()) if ok.any() else 0,
@@ -48,10 +58,11 @@ def train_row(rec: EventRecord, offset: int) -> dict[str, Any]:
 
 
 class TensorBoardWriter:
-  """Scalars for TensorBoard (tensorboardX, no TensorFlow); step = events, wall time = simulated seconds.
+  """Scalars for TensorBoard (tensorboardX, no TensorFlow); step = events, wall time = the run's clock.
 
-  With the wall time set to simulated seconds, TensorBoard's "relative" axis
-  reads simulated time. A resumed run purges what followed its checkpoint.
+  With TensorBoard's wall time set to the run's own seconds (simulated, or
+  wall seconds since the run started), its "relative" axis reads the run's
+  time. A resumed run purges what followed its checkpoint.
   """
 
   def __init__(self, log_dir: pathlib.Path, purge_step: int | None):
@@ -65,9 +76,7 @@ class TensorBoardWriter:
       for name, value in row.items():
         if name in ("kind", "event") or not isinstance(value, (int, float)) or not math.isfinite(value):
           continue  # a diverged value stays in metrics.jsonl (as null); TensorBoard gets the finite ones
-        self.writer.add_scalar(
-          f"{prefix}/{name}", value, global_step=row["event"], walltime=row["simulated_time"]
-        )
+        self.writer.add_scalar(f"{prefix}/{name}", value, global_step=row["event"], walltime=row_time(row))
     self.writer.flush()
 
   def close(self) -> None:
