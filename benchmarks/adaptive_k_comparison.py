@@ -1,6 +1,6 @@
-"""Seed 000: adaptive-k synchronization against its baselines on three networks, and a fixed-k sweep.
+"""Adaptive k (JPDC 2022): adaptive-k synchronization against its baselines on three networks, and a fixed-k sweep.
 
-Reproduces the comparisons of Zhang, Ji, Wang (JPDC 2022; spec §11, §16 "Seed
+Reproduces the comparisons of Zhang, Ji, Wang (JPDC 2022; docs/algorithms.md §11, §16
 000"): ASP, BSP, SSP (s = 3), EASGD ("EAO", the period of the paper's Table 3),
 DropWorker (50% dropped), ring all-reduce and the adaptive-k model with and
 without per-worker Barzilai-Borwein step sizes, at 32 workers under the 1, 10
@@ -55,10 +55,14 @@ STRATEGIES = (
   ("all-reduce", "allreduce", {}),
   ("adaptive k", "adaptive_k", {}),
   ("adaptive k + BB", "adaptive_k", {"bb_step_size": True}),  # jaxsync's bound, bb_max_scale=2
-  ("adaptive k + BB, unbounded (spec)", "adaptive_k", {"bb_step_size": True, "bb_max_scale": None}),
+  (
+    "adaptive k + BB, unbounded (the paper's rule)",
+    "adaptive_k",
+    {"bb_step_size": True, "bb_max_scale": None},
+  ),
 )
 FIXED_K = (1, 2, 4, 8, 16, 32)
-# The paper's headline claims (spec §16), set beside ours.
+# The paper's headline claims (docs/algorithms.md §16), set beside ours.
 PAPER = (
   "The paper reports (ResNet/MobileNet/VGG on CIFAR/TinyImageNet, TF parameter server): a speed-up of its model"
   " over ASP of up to 57.76% at 1 Gbit/s (CPU cluster) and 125.3% at 10 Gbit/s (GPU cluster); up to 86.7% faster"
@@ -86,7 +90,7 @@ def main(argv: list[str]) -> int:
   args = _harness.parser(__doc__).parse_args(argv)
   bench = _harness.Benchmark(
     "adaptive_k_comparison",
-    "Seed 000: adaptive k-synchronization on three networks",
+    "Adaptive k (JPDC 2022): adaptive k-synchronization on three networks",
     args,
     argv,
     seeds=1,
@@ -197,8 +201,8 @@ def main(argv: list[str]) -> int:
     _harness.table(["network", "mean k", "median k", "range"], k_means),
   )
 
-  # Each worker's BB step size over time, bounded (jaxsync's default) and unbounded (the spec's rule).
-  for label in ("adaptive k + BB", "adaptive k + BB, unbounded (spec)"):
+  # Each worker's BB step size over time, bounded (jaxsync's default) and unbounded (the paper's rule).
+  for label in ("adaptive k + BB", "adaptive k + BB, unbounded (the paper's rule)"):
     cell = cells[networks[0]].get(label)
     if cell is not None:
       figures = plots.run_figures(cell.histories[0], label=f"{label}, {networks[0]}")

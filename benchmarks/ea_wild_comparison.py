@@ -1,7 +1,7 @@
-"""Seed 003: EA-wild against the other asynchronous solvers, then sync against EA-wild as workers grow.
+"""EA-wild (HPCAsia 2020): EA-wild against the other asynchronous solvers, then sync against EA-wild as workers grow.
 
 Reproduces the two questions of Wongpanich, You, Demmel (HPCAsia 2020; spec
-§12-§13, §16 "Seed 003"):
+§12-§13, §16):
 
 1. At an equal worker count, EA-wild (an elastic exchange every step against a
    lock-free, possibly stale centre) against round-robin EASGD (a locked
@@ -49,7 +49,7 @@ SOLVERS = {
 MODELS = {"mlp": "MLP (low ratio)", "cnn": "CNN (high ratio)"}
 SYNC_BASE_LR, SYNC_BASE_WORKERS = 0.01, 8  # all-reduce: eta = 0.01 * K / 8 (linear scaling of the batch)
 PAPER = (
-  "The paper (spec §16): on GoogLeNet, EA-wild's accuracy falls as workers grow (65.68 / 59.26 / 50.03 / 35.69% at"
+  "The paper (docs/algorithms.md §16): on GoogLeNet, EA-wild's accuracy falls as workers grow (65.68 / 59.26 / 50.03 / 35.69% at"
   " 8/16/32/64 workers, LR 0.06) while sync with 64 workers reaches 71.26%; across four models sync is faster"
   " for the low-ratio cifar10-full (ratio ~109, sync 1.44x faster) and GoogLeNet (736, sync 1.33x), EA-wild for"
   " DenseNet-40 (555, 1.11x) and ResNet-50 (308, 1.41x), and sync is at least as accurate everywhere except"
@@ -70,7 +70,7 @@ def model_ratios(config) -> tuple[float, float, float, TimeModel]:
 def main(argv: list[str]) -> int:
   args = _harness.parser(__doc__).parse_args(argv)
   bench = _harness.Benchmark(
-    "ea_wild_comparison", "Seed 003: EA-wild and the sync/async question", args, argv, seeds=2
+    "ea_wild_comparison", "EA-wild (HPCAsia 2020): EA-wild and the sync/async question", args, argv, seeds=2
   )
   tiny = args.size == "tiny"
   scaling_seeds = args.seeds or {"tiny": 1, "default": 1, "full": 3}[args.size]

@@ -1,6 +1,6 @@
-"""Seed 001: InHAD against ASP and all-reduce across nodes x local-workers layouts.
+"""InHAD (J. Supercomputing 2021): InHAD against ASP and all-reduce across nodes x local-workers layouts.
 
-InHAD (J. Supercomputing 2021; spec §15, reconstructed from the abstract) sums
+InHAD (J. Supercomputing 2021; docs/algorithms.md §15, reconstructed from the abstract) sums
 gradients inside each node and lets the server pull every node's sum when the
 nodes' iteration numbers add up to a threshold. The abstract claims "much higher
 acceleration than ASP, nearly the same accuracy as Horovod". This benchmark runs
@@ -29,7 +29,9 @@ CONFIG = "inhad_layouts"
 
 def main(argv: list[str]) -> int:
   args = _harness.parser(__doc__).parse_args(argv)
-  bench = _harness.Benchmark("inhad_layouts", "Seed 001: InHAD across node layouts", args, argv, seeds=2)
+  bench = _harness.Benchmark(
+    "inhad_layouts", "InHAD (J. Supercomputing 2021): InHAD across node layouts", args, argv, seeds=2
+  )
   base = {
     "tiny": [
       "model.name=mlp",
@@ -123,7 +125,7 @@ def main(argv: list[str]) -> int:
   )
   bench.section(
     "What the paper reports",
-    'Only the abstract is public (spec §15-§16): on Tianhe-2, InHAD achieves "much higher acceleration than'
+    'Only the abstract is public (docs/algorithms.md §15-§16): on Tianhe-2, InHAD achieves "much higher acceleration than'
     ' ASP, nearly the same accuracy as Horovod". No numbers are recoverable, so the columns above are the test:'
     " a speed-up over ASP above 1 and an accuracy gap to all-reduce near 0.",
   )

@@ -1,7 +1,7 @@
-"""OrMo's results table (seed 002): six asynchronous rules at 16 and 64 workers, hom. and het.
+"""OrMo's results table (Shi, Yang, Li, NeurIPS 2024): six asynchronous rules at 16 and 64 workers, hom. and het.
 
 Reproduces the layout of the OrMo poster's table (Shi, Yang, Li, NeurIPS 2024;
-spec §16 "Seed 002"): ASGD, naive ASGDm, shifted momentum, SMEGA², OrMo and
+docs/algorithms.md §16): ASGD, naive ASGDm, shifted momentum, SMEGA², OrMo and
 OrMo-DA, each at 16 and 64 workers, homogeneous and heterogeneous (a quarter of
 the workers 4x slower), mean ± sample std over seeds of the final training loss
 (the mean batch loss of the last 10% of events) and test accuracy, plus the
@@ -33,7 +33,7 @@ NAMES = {
   "ormo": "OrMo",
   "ormo_da": "OrMo-DA",
 }
-# The paper's ResNet-20 column values (training loss / test accuracy %), spec §16.
+# The paper's ResNet-20 column values (training loss / test accuracy %), docs/algorithms.md §16.
 PAPER_CIFAR100 = {
   "asp": (".51/66.16±.36", ".96/61.61±.59", ".51/65.94±.39", ".95/61.74±.30"),
   "naive_asgdm": (".54/65.46±.20", "1.03/59.96±.90", ".53/65.69±.42", ".97/61.13±1.02"),
@@ -94,7 +94,12 @@ def main(argv: list[str]) -> int:
     p.error(f"--dataset={args.dataset} needs --data-dir (the directory holding the CIFAR python pickles)")
   args.dataset = args.dataset or "cifar10"
   bench = _harness.Benchmark(
-    "ormo_table", "OrMo's table (seed 002): asynchronous momentum rules", args, argv, seeds=3, full_seeds=5
+    "ormo_table",
+    "OrMo's table (NeurIPS 2024): asynchronous momentum rules",
+    args,
+    argv,
+    seeds=3,
+    full_seeds=5,
   )
   data = []
   if args.data_dir:
@@ -150,7 +155,7 @@ def main(argv: list[str]) -> int:
     paper = [[NAMES[r], *paper_values[r]] for r in rules]
     which = "CIFAR-100" if paper_values is PAPER_CIFAR100 else "CIFAR-10"
     bench.section(
-      f"The paper's {which} + ResNet-20 values (loss / accuracy %, spec §16), for reading beside ours",
+      f"The paper's {which} + ResNet-20 values (loss / accuracy %, docs/algorithms.md §16), for reading beside ours",
       _harness.table(["rule", "16 hom.", "64 hom.", "16 het.", "64 het."], paper),
     )
   bench.compare_figure(

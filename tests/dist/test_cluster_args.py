@@ -53,3 +53,18 @@ def test_only_launch_run_directories_are_relaunched_locally(tmp_path):
   assert commands.launched_processes(tmp_path) == 3
   (tmp_path / "launch.json").write_text(json.dumps({"num_processes": 8, "how": "SlurmCluster"}))
   assert commands.launched_processes(tmp_path) is None
+
+
+def test_launch_drops_only_the_routine_library_notes():
+  from jaxsync._src.dist import launch
+
+  assert launch.is_noise(
+    "W1123 14:57:49.796136   13016 coordination_service.cc:185] [290] Using experimental recoverable task feature."
+  )
+  assert launch.is_noise("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1")
+  for kept in (
+    "jaxsync.server: worker 1 (process 2) lost at 3.2 s, server version 812",
+    "E1123 14:57:49 coordination_service.cc:400] Task /job:jax_worker/task:1 heartbeat timeout",
+    "[Gloo] connection to 127.0.0.1 failed",
+  ):
+    assert not launch.is_noise(kept), kept

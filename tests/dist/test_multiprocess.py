@@ -100,6 +100,9 @@ def test_bsp_on_two_processes_equals_simulated_bsp_and_stays_identical_across_pr
   assert code == 0, log[-3000:]
   hashes = dict(re.findall(r"\[p\d\] process (\d): final parameters sha256 (\w+)", log))
   assert set(hashes) == {"0", "1"} and hashes["0"] == hashes["1"], log[-2000:]  # bit-identical
+  # No routine library notes: the coordination service's, gloo's, orbax's read-only manager's.
+  for note in ("recoverable task", "[Gloo]", "is read only"):
+    assert note not in log, log[-3000:]
   exp, sim_state, _ = _simulated(overrides, 60)
   summary = _summary(tmp_path / "bsp")
   assert summary["updates"] == 60 and summary["gradients"] == 120

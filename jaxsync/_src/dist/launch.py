@@ -13,6 +13,7 @@ hangs on a process that lost its coordinator.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -30,8 +31,24 @@ def free_port(host: str = "127.0.0.1") -> int:
     return s.getsockname()[1]
 
 
+# Lines the libraries under a run print on every launch and that say nothing to its user: the
+# coordination service announcing the recoverable tasks jaxsync asks for (so that a lost worker does not
+# end an asynchronous run), and gloo's per-rank connection notes. Everything else is passed on.
+NOISE = (
+  re.compile(r"coordination_service\.cc.*Using experimental recoverable task feature"),
+  re.compile(r"^\[Gloo\] Rank \d+ is connected to \d+ peer ranks"),
+)
+
+
+def is_noise(line: str) -> bool:
+  """Whether a process's output line is one of the routine library notes in :data:`NOISE`."""
+  return any(pattern.search(line) for pattern in NOISE)
+
+
 def _stream(process: subprocess.Popen, prefix: str, out) -> None:
   for line in iter(process.stdout.readline, ""):
+    if is_noise(line):
+      continue
     out.write(f"{prefix}{line}")
     out.flush()
 

@@ -156,8 +156,8 @@ class Model:
       the compiled forward pass as implemented (convolutions as
       :class:`ShiftConv` also count the zero padding at the borders, about 20%
       more than the valid taps for ResNet-20 on 32x32). The simulator's
-      compute time uses ``3x`` this per example; seed 003's
-      computation-to-communication ratio uses it.
+      compute time uses ``3x`` this per example; the EA-wild paper's
+      computation-to-communication ratio (HPCAsia 2020) uses it.
   """
 
   name: str

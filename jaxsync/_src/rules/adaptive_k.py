@@ -1,4 +1,4 @@
-"""Adaptive k-synchronization with distributed progressive momentum (spec §11a, §11b)."""
+"""Adaptive k-synchronization with distributed progressive momentum (docs/algorithms.md §11a, §11b)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ def adaptive_k(
   ci_endpoint: str = "upper",
   max_k: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Adaptive k-synchronization with progressive momentum (seed 000), server side.
+  r"""Adaptive k-synchronization with progressive momentum (Zhang, Ji, Wang, JPDC 2022), server side.
 
   Per arrival the rule buffers. A *fresh* gradient (computed on the current
   server version ``S``) joins the fresh set ``F``; a *stale* one (version
@@ -116,14 +116,15 @@ def adaptive_k(
   (a *direction* rule); with per-worker BB step sizes (:func:`bb_step_size`)
   the workers send ``alpha_i g_i`` and the server applies rate 1.
 
-  [RECON] The seed's equations (8)-(26) are lost; the tests are reconstructed
-  from De et al. (2017). Read literally, the seed takes "the maximum value of
+  Reading chosen (docs/algorithms.md §11a): the paper's equations (8)-(26) did
+  not survive; the tests are reconstructed from De et al. (2017). Read
+  literally, the paper takes "the maximum value of
   the confidence interval" (``ci_endpoint="upper"``, ``+``), which makes Test 2
   implied by Test 1 (``|mu_hat| >= |g_bar|``), so it is not evaluated and no
   per-coordinate variance is stored; ``ci_endpoint="lower"`` takes
   ``mu_hat_j = max(|g_bar_j| - h_j, 0)``, the conservative reading, and keeps
   the per-coordinate ``M2`` it needs. The stale
-  normalisation ``1/k`` is the spec's; its alternative ``1/k_{j_r}`` (the k of
+  normalisation ``1/k`` is the reading chosen; its alternative ``1/k_{j_r}`` (the k of
   step ``j_r``) is not implemented.
 
   Extra args of ``update``: ``version`` (required, int32 scalar: the server
@@ -163,7 +164,7 @@ def adaptive_k(
     distributed DNN training on HPC clusters", JPDC 2022
     (doi:10.1016/j.jpdc.2021.09.007), §4.1-4.2, Algorithm 1; De, Yadav, Jacobs,
     Goldstein, "Big Batch SGD: Automated Inference using Adaptive Batch Sizes",
-    AISTATS 2017; spec §11a, §11b, §11d.
+    AISTATS 2017; docs/algorithms.md §11a, §11b, §11d.
   """
   gamma = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
   theta = validation.check_real(_RULE, "theta", theta, low=0.0, high=1.0, low_open=True, array_ok=True)

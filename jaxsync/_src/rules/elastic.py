@@ -1,4 +1,4 @@
-"""Elastic averaging: EASGD and EAMSGD workers, the locked and the lock-free centre (spec §12, §13)."""
+"""Elastic averaging: EASGD and EAMSGD workers, the locked and the lock-free centre (docs/algorithms.md §12, §13)."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def easgd_worker(
   r"""The EASGD / EAMSGD worker: local SGD (or Nesterov) pulled towards the centre.
 
   Worker ``i`` with local clock ``t^i`` and stored parameters ``x`` (the
-  asynchronous algorithm of Zhang et al. 2015, spec §12), with
+  asynchronous algorithm of Zhang et al. 2015, docs/algorithms.md §12), with
   ``alpha = eta rho`` the moving rate:
 
   .. math::
@@ -69,7 +69,7 @@ def easgd_worker(
   ``x + delta v``: get it with ``state.look_ahead(x)`` or
   ``jaxsync.look_ahead(x, opt_state)``. The same worker rule serves EA-wild
   (``period=1``, ``center`` being the worker's possibly stale, lock-free read,
-  spec §13). The runtime applies the matching centre update
+  docs/algorithms.md §13). The runtime applies the matching centre update
   (:func:`easgd_center` or :func:`ea_wild_center`) with the same pre-exchange
   ``x`` when ``state.exchanged`` is set; the pair conserves ``x + w_center``.
 
@@ -102,7 +102,7 @@ def easgd_worker(
 
   References:
     Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD",
-    NeurIPS 2015, Algorithms 1-2; code ``sixin-zh/mpiT``; spec §12.
+    NeurIPS 2015, Algorithms 1-2; code ``sixin-zh/mpiT``; docs/algorithms.md §12.
   """
   rule = "easgd_worker"
   learning_rate = validation.check_learning_rate(rule, learning_rate)
@@ -252,7 +252,7 @@ def easgd_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
 
   References:
     Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD",
-    NeurIPS 2015; spec §12.
+    NeurIPS 2015; docs/algorithms.md §12.
   """
   return _elastic_center("easgd_center", moving_rate, lock_free=False)
 
@@ -298,6 +298,6 @@ def ea_wild_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
 
   References:
     Wongpanich, You, Demmel, "Rethinking the Value of Asynchronous Solvers for
-    Distributed Deep Learning", HPCAsia 2020, Algorithm 1; spec §13.
+    Distributed Deep Learning", HPCAsia 2020, Algorithm 1; docs/algorithms.md §13.
   """
   return _elastic_center("ea_wild_center", moving_rate, lock_free=True)

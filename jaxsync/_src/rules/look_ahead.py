@@ -28,8 +28,8 @@ def look_ahead(params: optax.Params, opt_state: Any) -> optax.Params:
   Most rules take gradients at the parameters themselves. Two take them at a
   look-ahead point kept in their state:
 
-  * :func:`smega2`: the server replies ``w_hat = w - a v - b G`` (spec §5);
-  * :func:`easgd_worker` with momentum (EAMSGD): ``x + delta v`` (spec §12).
+  * :func:`smega2`: the server replies ``w_hat = w - a v - b G`` (docs/algorithms.md §5);
+  * :func:`easgd_worker` with momentum (EAMSGD): ``x + delta v`` (docs/algorithms.md §12).
 
   This function searches ``opt_state`` (through ``optax.chain`` tuples and
   wrappers) for such a state and applies it; without one it returns

@@ -1,4 +1,4 @@
-"""OrMo and OrMo-DA: ordered momentum for asynchronous SGD (spec §6, §7)."""
+"""OrMo and OrMo-DA: ordered momentum for asynchronous SGD (docs/algorithms.md §6, §7)."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def ordered_momentum(
   arrivals does not depend on their order.
 
   **OrMo-DA** (``delay_adaptive=True``) replaces ``eta g`` by ``eta_t g`` in both
-  updates. [RECON] The paper's delay-adaptive rule was not recovered; two
+  updates. Reading chosen (docs/algorithms.md §7): the paper's delay-adaptive rule did not survive; two
   readings are implemented and ``delay_measure`` switches between them:
 
   * ``"iterations"`` (default, after Mishchenko et al. 2022):
@@ -124,7 +124,7 @@ def ordered_momentum(
 
   References:
     Shi, Yang, Li, "Ordered Momentum for Asynchronous SGD", NeurIPS 2024
-    (arXiv:2407.19234), Algorithm 2; spec §6 (OrMo) and §7 (OrMo-DA).
+    (arXiv:2407.19234), Algorithm 2; docs/algorithms.md §6 (OrMo) and §7 (OrMo-DA).
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
   beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)

@@ -1,4 +1,4 @@
-"""SMEGA²: momentum estimation for asynchronous SGD with a look-ahead reply (spec §5)."""
+"""SMEGA²: momentum estimation for asynchronous SGD with a look-ahead reply (docs/algorithms.md §5)."""
 
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ def smega2(
 ) -> optax.GradientTransformationExtraArgs:
   r"""SMEGA²: one shared momentum, updated once per cycle of N arrivals; server side.
 
-  For each arriving gradient ``g`` (spec §5, from the official ``smega2.py``):
+  For each arriving gradient ``g`` (docs/algorithms.md §5, from the authors' ``smega2.py``):
 
   .. math::
 
@@ -118,7 +118,7 @@ def smega2(
   References:
     Cohen, Hakimi, Schuster, "SMEGA2: Distributed Asynchronous Deep Neural
     Network Training With a Single Momentum Buffer", ICPP 2022; code
-    ``rafi-cohen/SMEGA2``; spec §5.
+    ``rafi-cohen/SMEGA2``; docs/algorithms.md §5.
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
   beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)

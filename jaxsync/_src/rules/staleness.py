@@ -1,4 +1,4 @@
-"""Staleness-aware learning rates and n-softsync aggregation (spec §10)."""
+"""Staleness-aware learning rates and n-softsync aggregation (docs/algorithms.md §10)."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def scale_by_staleness(
   optimizers after it). The learning rate ``alpha_0`` is not applied here
   (a *direction* rule): chain ``optax.scale_by_learning_rate(alpha_0)``.
 
-  [RECON] The exponential form's constant ``kappa`` was not recovered from
+  Reading chosen (docs/algorithms.md §10): the exponential form's constant ``kappa`` is not given by
   Chan & Lane (2014); it has no default and must be given as ``penalty``.
 
   Extra args of ``update``: ``version`` (required, int32 scalar: the number of
@@ -105,7 +105,7 @@ def scale_by_staleness(
   References:
     Zhang, Gupta, Lian, Liu, "Staleness-aware Async-SGD for Distributed Deep
     Learning", IJCAI 2016; Chan, Lane, "Distributed asynchronous optimization of
-    convolutional neural networks", Interspeech 2014; spec §10.
+    convolutional neural networks", Interspeech 2014; docs/algorithms.md §10.
   """
   mode = validation.check_choice(_RULE, "mode", mode, MODES)
   if mode == "exponential":

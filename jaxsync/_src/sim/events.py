@@ -105,7 +105,7 @@ def num_units(strategy: Strategy) -> int:
 
 
 def _compute_times(strategy: Strategy, time_model: TimeModel, key, units, steps) -> jax.Array:
-  """Next compute times of ``units``; a group takes its slowest member plus its all-reduce (spec §13)."""
+  """Next compute times of ``units``; a group takes its slowest member plus its all-reduce (docs/algorithms.md §13)."""
   g = strategy.group_size
   if strategy.protocol != WorkerProtocol.ELASTIC or g == 1:
     return time_model.sample_compute(key, units, steps)
@@ -199,7 +199,7 @@ def _exchange(strategy, time_model, s: EventState, t, communicates, released, n_
   if comm == Communication.NODE_LOCAL:
     intra = time_model.intra_link.latency + time_model.intra_link.transfer(float(time_model.message_bytes))
     at_node = t + intra
-    # On a pull (spec §15) the server collects every active node's sum, applies,
+    # On a pull (docs/algorithms.md §15) the server collects every active node's sum, applies,
     # and broadcasts to all nodes; the nodes hand the new parameters down.
     nodes = strategy.num_workers // strategy.node_size
     active = jnp.sum(s.node_count > 0).astype(jnp.float32)
@@ -303,7 +303,7 @@ def _elastic_arrival(strategy, loss_fn, s: EventState, worker, batch, pulled) ->
   x = _row(s.worker_params, worker)
   center_read = pulled if strategy.lock_free else s.params
   stepped = elastic_worker_step(strategy, loss_fn, x, _row(s.worker_state, worker), batch, center_read)
-  # The centre takes the worker's pre-exchange model (spec §12, §13).
+  # The centre takes the worker's pre-exchange model (docs/algorithms.md §12, §13).
   params, rule_state = elastic_center_arrival(
     strategy, s.params, s.rule_state, stepped.sent, exchanged=stepped.exchanged, center_read=center_read
   )

@@ -133,7 +133,7 @@ def step(
   keep = strategy.gradients_per_round
   durations = time_model.sample_compute(s.key, workers, s.steps)
   if keep < num_workers:
-    # Fastest-k (spec §9): the k earliest finishers are kept, the rest cancelled.
+    # Fastest-k (docs/algorithms.md §9): the k earliest finishers are kept, the rest cancelled.
     rank = jnp.argsort(jnp.argsort(durations, stable=True), stable=True)
     kept = rank < keep
     round_compute = jnp.sort(durations)[keep - 1]

@@ -40,7 +40,7 @@ class Link:
 
 
 # Ethernet-class latencies for 1 and 10 Gbit/s, InfiniBand-class for 100 Gbit/s:
-# the three clusters of seed 000 (spec §16).
+# the three clusters of the adaptive-k paper (Zhang, Ji, Wang, JPDC 2022; docs/algorithms.md §16).
 LINK_PRESETS: dict[str, Link] = {
   "1gbps": Link(latency=50e-6, bandwidth=1e9 / 8),
   "10gbps": Link(latency=20e-6, bandwidth=10e9 / 8),

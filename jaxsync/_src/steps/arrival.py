@@ -148,7 +148,7 @@ class ElasticStep(NamedTuple):
 
 
 def elastic_worker_step(strategy: Strategy, loss_fn, x, worker_state, batch, center_read) -> ElasticStep:
-  """An elastic worker's step against the centre it read (``"elastic"`` protocol, spec §12-§13).
+  """An elastic worker's step against the centre it read (``"elastic"`` protocol, docs/algorithms.md §12-§13).
 
   ``g = grad L(look_ahead(x), batch)``; ``u, s' = worker_rule(g, s, x; center=center_read)``;
   ``x' = x + u``. On exchange steps ``u`` includes ``-alpha (x - center_read)``
@@ -214,7 +214,7 @@ def dispatch(strategy: Strategy, waiting, worker, steps, released, fresh, reject
   elif policy == Dispatch.ON_RELEASE:
     waiting = waiting | (sender & ~rejected)
     send = (waiting & released) | (sender & rejected)
-  else:  # ON_RELEASE_FRESH: stale (and rejected) arrivals get parameters at once (spec §11d).
+  else:  # ON_RELEASE_FRESH: stale (and rejected) arrivals get parameters at once (docs/algorithms.md §11d).
     joins = sender & fresh & ~rejected
     waiting = waiting | joins
     send = (waiting & released) | (sender & ~joins)

@@ -169,7 +169,7 @@ def _check_divides(name: str, option: str, value: int, num_workers: int) -> int:
 
 
 def _moving_rate(name: str, moving_rate: float | None, num_workers: int) -> float:
-  # EASGD's beta = p alpha = 0.9 (spec §12, mpiT code): alpha = 0.9 / p.
+  # EASGD's beta = p alpha = 0.9 (docs/algorithms.md §12, the authors' mpiT code): alpha = 0.9 / p.
   if moving_rate is None:
     return 0.9 / num_workers
   return validation.check_real(name, "moving_rate", moving_rate, low=0.0, high=1.0)
@@ -483,7 +483,7 @@ def _adaptive_k(
 
   ``bb_max_scale`` (jaxsync's safeguard, not the paper's) bounds each worker's BB
   step to ``[learning_rate / bb_max_scale, learning_rate * bb_max_scale]``;
-  ``None`` is the spec's unbounded rule (see :func:`jaxsync.bb_step_size`).
+  ``None`` is the paper's unbounded rule (see :func:`jaxsync.bb_step_size`).
   """
   name = "adaptive_k"
   lr = _check_lr(name, learning_rate)
@@ -500,8 +500,10 @@ def _adaptive_k(
     momentum=momentum, theta=theta, confidence=confidence, ci_endpoint=ci_endpoint, max_k=max_k or num_workers
   )
   if use_bb:
-    # Workers send alpha_i g_i (spec §11c); the server applies rate 1 (§11b).
-    worker = barzilai_borwein.bb_step_size(lr, smoothing=bb_smoothing, max_scale=max_scale, armijo=use_armijo)
+    # Workers send alpha_i g_i (docs/algorithms.md §11c); the server applies rate 1 (§11b).
+    worker = barzilai_borwein.bb_step_size(
+      lr, smoothing=bb_smoothing, max_scale=max_scale, armijo=use_armijo, server_momentum=momentum
+    )
     rule = optax.chain(server, optax.scale(-1.0))
   else:
     worker = None

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import logging
 import pathlib
 import signal
 import sys
@@ -64,6 +65,8 @@ class RunCheckpoints:
     me = jax.process_index()
     if not read_only:  # orbax refuses create=True with active_processes
       self.directory.mkdir(parents=True, exist_ok=True)
+    else:  # orbax warns that a read-only manager's directory "is read only": that is the point of it
+      logging.getLogger("absl").addFilter(_ReadOnlyNoteFilter())
     self._manager = ocp.CheckpointManager(
       self.directory,
       options=ocp.CheckpointManagerOptions(
@@ -163,6 +166,13 @@ def _first_line(err: BaseException, limit: int = 300) -> str:
   if len(text) > limit:
     text = text[: limit - 3] + "..."
   return f"{type(err).__name__}: {text}"
+
+
+class _ReadOnlyNoteFilter(logging.Filter):
+  """Drops orbax's "Given directory is read only" note, which a read-only manager always logs."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith("Given directory is read only")
 
 
 @contextlib.contextmanager
