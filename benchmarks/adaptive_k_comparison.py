@@ -1,7 +1,6 @@
 """Adaptive k (JPDC 2022): adaptive-k synchronization against its baselines on three networks, and a fixed-k sweep.
 
-Reproduces the comparisons of Zhang, Ji, Wang (JPDC 2022; docs/algorithms.md §11, §16
-000"): ASP, BSP, SSP (s = 3), EASGD ("EAO", the period of the paper's Table 3),
+Reproduces the comparisons of Zhang, Ji, Wang (JPDC 2022; docs/algorithms.md §11, §16): ASP, BSP, SSP (s = 3), EASGD ("EAO", the period of the paper's Table 3),
 DropWorker (50% dropped), ring all-reduce and the adaptive-k model with and
 without per-worker Barzilai-Borwein step sizes, at 32 workers under the 1, 10
 and 100 Gbit/s presets. The learning happens on digits with the small CNN;

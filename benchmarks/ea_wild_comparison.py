@@ -1,7 +1,7 @@
 """EA-wild (HPCAsia 2020): EA-wild against the other asynchronous solvers, then sync against EA-wild as workers grow.
 
-Reproduces the two questions of Wongpanich, You, Demmel (HPCAsia 2020; spec
-§12-§13, §16):
+Reproduces the two questions of Wongpanich, You, Demmel (HPCAsia 2020;
+docs/algorithms.md §12-§13, §16):
 
 1. At an equal worker count, EA-wild (an elastic exchange every step against a
    lock-free, possibly stale centre) against round-robin EASGD (a locked

@@ -17,7 +17,7 @@ Two kinds of rule (design.md, "Learning-rate placement"):
 Rules that are plain optax and therefore not re-implemented here:
 
 =====================  ===========================================================
-rule (spec section)    optax form
+rule (algorithms.md)   optax form
 =====================  ===========================================================
 BSP / SSGDm (§1)       ``optax.sgd(lr, momentum)`` on the mean of the K gradients
 ASP / ASGD (§2)        ``optax.sgd(lr)`` applied per arrival

@@ -1,0 +1,54 @@
+"""What users read names papers and our own docs, never notes they do not have; every citation resolves."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+USER_FACING = sorted(
+  [
+    *ROOT.glob("jaxsync/**/*.py"),
+    *ROOT.glob("configs/*"),
+    *ROOT.glob("docs/*.md"),
+    *ROOT.glob("benchmarks/*.py"),
+    *ROOT.glob("benchmarks/results/*.md"),
+    *ROOT.glob("examples/*.py"),
+    ROOT / "README.md",
+  ]
+)
+INTERNAL = re.compile(
+  r"[Ss]eed 00\d|spec §|\b[Tt]he spec\b|\bspec's\b|\(spec\)|\bSpec:|\[RECON\]|\[MEM\]|\[SRC\]|/work/shared|shared/spec"
+)
+
+
+@pytest.mark.parametrize("path", USER_FACING, ids=lambda p: str(p.relative_to(ROOT)))
+def test_no_internal_note_is_named(path):
+  hits = [
+    f"{i}: {line.strip()}" for i, line in enumerate(path.read_text().splitlines(), 1) if INTERNAL.search(line)
+  ]
+  assert not hits, "\n".join(hits)
+
+
+def test_every_citation_of_the_algorithm_notes_names_a_section_that_exists():
+  notes = (ROOT / "docs" / "algorithms.md").read_text()
+  sections = set(re.findall(r"^#{2,3} (\d+[a-d]?)\.", notes, re.M))
+  assert {"0", "6", "11a", "11d", "15"} <= sections  # the numbering the code cites
+  cited = set()
+  for path in USER_FACING:
+    for match in re.finditer(
+      r"algorithms\.md ((?:§\d+[a-d]?(?:\.\d+)?(?:[-–,]\s?|\s(?:and|or)\s)?)+)", path.read_text()
+    ):
+      cited |= set(re.findall(r"§(\d+[a-d]?)", match.group(1)))
+  assert cited, "nothing cites docs/algorithms.md"
+  assert cited <= sections, sorted(cited - sections)
+
+
+def test_the_strategy_list_cites_papers():
+  from jaxsync._src.app import commands
+
+  table = commands.strategies_table()
+  assert not INTERNAL.search(table)
+  assert "NeurIPS 2024" in table and "JPDC 2022" in table and "HPCAsia 2020" in table
