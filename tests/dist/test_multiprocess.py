@@ -61,10 +61,14 @@ def _process(launcher: subprocess.Popen, index: int, timeout: float = 120) -> ps
 
 
 def _read_until(p: subprocess.Popen, pattern: str, timeout: float) -> str:
-  """Reads ``p``'s output until a line matches ``pattern``; returns what was read."""
+  """Reads ``p``'s output until a line matches ``pattern``; returns what was read (fails after ``timeout``)."""
+  import select
+
   seen, deadline = [], time.monotonic() + timeout
   os.set_blocking(p.stdout.fileno(), True)
   while time.monotonic() < deadline:
+    if not select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+      break  # nothing more within the timeout: never block past it
     line = p.stdout.readline()
     if not line:
       break
@@ -72,6 +76,31 @@ def _read_until(p: subprocess.Popen, pattern: str, timeout: float) -> str:
     if re.search(pattern, line):
       return "".join(seen)
   raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n{''.join(seen)[-3000:]}")
+
+
+def _wait_for_rows(run_dir, kind: str, count: int, timeout: float) -> None:
+  """Waits until ``run_dir/metrics.jsonl`` holds ``count`` rows of ``kind`` (the run is under way)."""
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    path = run_dir / "metrics.jsonl"
+    if path.exists() and sum(f'"kind": "{kind}"' in line for line in path.read_text().splitlines()) >= count:
+      return
+    time.sleep(0.1)
+  raise AssertionError(f"no {count} {kind} rows in {run_dir}/metrics.jsonl within {timeout} s")
+
+
+def _kill_tree(launcher: subprocess.Popen) -> None:
+  """Kills the launcher and every process it started (they run in sessions of their own)."""
+  try:
+    children = psutil.Process(launcher.pid).children(recursive=True)
+  except psutil.Error:
+    children = []
+  for child in children:
+    try:
+      child.kill()
+    except psutil.Error:
+      pass
+  launcher.kill()
 
 
 def _summary(run_dir):
@@ -150,7 +179,7 @@ def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_p
     log = head + log
   finally:
     if launcher.poll() is None:
-      launcher.kill()
+      _kill_tree(launcher)
   assert launcher.returncode == 0, log[-3000:]
   assert re.search(r"worker 1 \(process 2\) lost at [\d.]+ s, server version \d+", log), log[-3000:]
   assert "process 2 ended with signal 9" in log
@@ -168,16 +197,14 @@ def test_sync_run_that_loses_a_process_stops_in_bounded_time_naming_it(tmp_path)
   sets = [f"--set={o}" for o in [*BASE, *overrides]]
   launcher = _start("launch", "-n", "2", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
   try:
-    head = _read_until(launcher, r"Gloo\] Rank 1 is connected", 120)
-    time.sleep(2.0)
+    _wait_for_rows(out, "train", 2, 180)  # the processes' collectives are connected and rounds run
     _process(launcher, 1).send_signal(signal.SIGKILL)
     killed_at = time.monotonic()
     log, _ = launcher.communicate(timeout=120)
-    log = head + log
     elapsed = time.monotonic() - killed_at
   finally:
     if launcher.poll() is None:
-      launcher.kill()
+      _kill_tree(launcher)
   assert launcher.returncode == 3, log[-3000:]
   assert re.search(r"\[p0\] jaxsync: error: process 1 is lost; a synchronous round cannot complete", log), (
     log[-3000:]
@@ -206,7 +233,7 @@ def test_killed_server_resumes_from_its_checkpoint_and_one_worker_still_equals_t
     launcher.communicate(timeout=120)
   finally:
     if launcher.poll() is None:
-      launcher.kill()
+      _kill_tree(launcher)
   assert not (out / "summary.json").exists()  # it really died mid-run
   resumed = _start("resume", str(out), out=out)
   log, _ = resumed.communicate(timeout=240)
