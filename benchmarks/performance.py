@@ -72,6 +72,8 @@ SCRIPTS = {
         "2",
         "--events",
         "40",
+        "--model",
+        "mlp",
         "--out",
         "",
       ],

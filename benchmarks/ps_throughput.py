@@ -210,16 +210,22 @@ def transport(sizes_mb: list[int], rounds: int, blocks: int) -> tuple[list[list[
   return rows, measured
 
 
-def _overrides(k: int) -> list[str]:
-  return ["strategy.name=asp", "strategy.options={learning_rate: 0.02}", f"cluster.num_workers={k}"]
+def _overrides(k: int, model: str) -> list[str]:
+  return [
+    "strategy.name=asp",
+    "strategy.options={learning_rate: 0.02}",
+    f"cluster.num_workers={k}",
+    f"model.name={model}",
+  ]
 
 
-def updates_per_second(k: int, events: int) -> dict:
-  exp = experiment.build(config_lib.load("configs/quickstart.yaml", _overrides(k)))
+def updates_per_second(k: int, events: int, model: str) -> dict:
+  exp = experiment.build(config_lib.load("configs/quickstart.yaml", _overrides(k, model)))
   server = param_server.ParameterServer(exp.strategy)
   state = server.init(exp.model.params)
   workers = [
-    _python(_WORKER, json.dumps(_overrides(k)), i, server.address, server.token.hex()) for i in range(k)
+    _python(_WORKER, json.dumps(_overrides(k, model)), i, server.address, server.token.hex())
+    for i in range(k)
   ]
   state, _ = server.advance(state, 20 * k)  # every worker compiled and running
   started = time.perf_counter()
@@ -277,6 +283,9 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--workers", default="1,2,4")
   parser.add_argument("--events", type=int, default=600)
   parser.add_argument(
+    "--model", default="cnn", help="the workers' model (the quickstart's digits CNN by default)"
+  )
+  parser.add_argument(
     "--out", default=str(RESULTS / "ps_throughput.md"), help="the results file ('' for none)"
   )
   args = parser.parse_args(argv)
@@ -320,13 +329,13 @@ def main(argv: list[str]) -> int:
   )
   lines += [
     "",
-    f"## 2. Server updates/s with real worker processes (digits CNN, asp, {args.events} timed arrivals)",
+    f"## 2. Server updates/s with real worker processes (digits {args.model}, asp, {args.events} timed arrivals)",
     "",
   ]
   runs = {}
   urows = []
   for k in workers:
-    runs[k] = updates_per_second(k, args.events)
+    runs[k] = updates_per_second(k, args.events, args.model)
     r = runs[k]
     urows.append(
       [

@@ -303,16 +303,16 @@ def test_under_server_momentum_bb_may_lower_a_rate_but_not_raise_it(curvature):
 
 def test_adaptive_k_with_bb_and_momentum_trains_the_quickstart():
   """The documented use (bb_step_size with the default momentum 0.9): its steps sat at 2x the rate and the
-  run died at chance accuracy (0.08) before the momentum reading; now it trains like plain adaptive_k."""
+  run died at chance accuracy before the momentum reading; now it trains like plain adaptive_k."""
   from jaxsync._src.app import config, experiment
 
   cfg = config.load(
     pathlib.Path(__file__).parents[2] / "configs" / "quickstart.yaml",
-    ["strategy.name=adaptive_k", "strategy.options.bb_step_size=true", "run.gradients=1500"],
+    ["strategy.name=adaptive_k", "strategy.options.bb_step_size=true"],
   )
   exp = experiment.build(cfg)
   simulator = exp.simulator()
-  state, records = simulator.advance(simulator.init(exp.model.params, 0), 1500)
-  assert simulator.evaluate(state.params)["accuracy"] > 0.9
+  state, records = simulator.advance(simulator.init(exp.model.params, 0), 1000)
+  assert simulator.evaluate(state.params)["accuracy"] > 0.9  # 0.986; the old rule was at 0.089 here
   steps = np.asarray(records.step_size)[np.isfinite(records.step_size)]
   assert steps.max() <= 0.02 + 1e-7 and steps.min() >= 0.01 - 1e-7 and (steps < 0.0199).mean() > 0.2

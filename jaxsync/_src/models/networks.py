@@ -138,6 +138,8 @@ def _build(
 
 
 MODELS = ("mlp", "cnn", "resnet20", "mobilenet")
+# Forward FLOPs per image by (name, input shape, classes, options): XLA's cost analysis needs a compile.
+_FLOPS: dict[tuple, float] = {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,6 +205,7 @@ def make(
   num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
   options = dict(options)
+  build_options = dict(options)
   module = _build(name, shape, num_classes, nnx.Rngs(seed), options)
   if options:
     raise ValueError(f"{_WHAT}: unknown option(s) {sorted(options)} for name={name!r}; 'mlp' takes 'hidden'.")
@@ -212,12 +215,14 @@ def make(
   def apply(p, images):
     return nnx.merge(graphdef, p)(images)
 
-  one = jnp.zeros((1, *shape), jnp.float32)
-  cost = jax.jit(apply).lower(params, one).compile().cost_analysis()
-  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  flops = float(cost.get("flops", 0.0)) if cost else 0.0
+  key = (name, shape, num_classes, repr(sorted(build_options.items())))
+  if key not in _FLOPS:  # the same network at any seed: compiled once per process
+    one = jnp.zeros((1, *shape), jnp.float32)
+    cost = jax.jit(apply).lower(params, one).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    _FLOPS[key] = float(cost.get("flops", 0.0)) if cost else 0.0
   num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
-  return Model(name, params, apply, shape, num_classes, num_params, flops)
+  return Model(name, params, apply, shape, num_classes, num_params, _FLOPS[key])
 
 
 def zeros_batch(model: Model, size: int) -> jax.Array:
