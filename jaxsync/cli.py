@@ -225,7 +225,17 @@ def _dispatch(args: argparse.Namespace) -> int:
       result = commands.compare(
         cfg, out, strategy_names=names, seeds=args.seeds, overwrite=args.overwrite, reporter=reporter
       )
-  if args.progress == "jsonl" or result is None:
+  if result is None:
+    return 0
+  runs = [r for rs in result["results"].values() for r in rs] if isinstance(result, dict) else [result]
+  for run in runs:  # whatever the progress mode: one line on stderr per diverged run
+    if run.summary.get("diverged"):
+      print(
+        f"jaxsync: warning: {run.summary.get('label', 'the run')} diverged: {run.summary['diverged_because']} "
+        f"(run directory {run.run_dir}).",
+        file=sys.stderr,
+      )
+  if args.progress == "jsonl":
     return 0
   if isinstance(result, dict):
     print(result["table"], end="")

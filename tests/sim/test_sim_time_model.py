@@ -102,3 +102,51 @@ def test_parameter_server_interface_is_the_asp_bottleneck():
   assert fast.simulated_time < slow.simulated_time / 5
   assert slow.worker_idle.sum() > fast.worker_idle.sum()
   assert slow.bytes_moved == pytest.approx(400 * 40_000_000)
+
+
+FREE_NET = jaxsync.sim.Link(latency=0.0, bandwidth=1e15)  # the network costs nothing: only the server does
+
+
+def test_a_server_bound_asp_run_updates_at_bandwidth_over_bytes_per_update():
+  """ASP's update reads the gradient and the parameters and writes the parameters: 3 x 1 MB at 1 GB/s is
+  3 ms per update, so 16 fast workers get 333 updates per simulated second, whatever their speed."""
+  k, n, bandwidth = 16, 1_000_000, 1e9
+  time = jaxsync.sim.TimeModel(
+    num_workers=k, compute_time=1e-5, link=FREE_NET, message_bytes=n, server_bandwidth=bandwidth
+  )
+  _, history, _ = simulate("asp", k, events=300, options={"learning_rate": LR}, time=time)
+  per_update = jaxsync.strategies.make("asp", k).server_traffic.release * n / bandwidth
+  assert per_update == pytest.approx(3e-3)
+  rate = (history.updates - 100) / (history.time[-1] - history.time[99])  # past the start-up
+  assert rate == pytest.approx(1 / per_update, rel=0.01)
+  # A server-side Adam moves 7 arrays per update: the same workers get 3/7 of the updates.
+  _, adam, _ = simulate(
+    "asp", k, events=300, options={"learning_rate": LR, "server_optimizer": "adam"}, time=time
+  )
+  assert (adam.updates - 100) / (adam.time[-1] - adam.time[99]) == pytest.approx(rate * 3 / 7, rel=0.01)
+
+
+def test_adaptive_k_pays_the_accumulation_per_gradient_and_a_share_of_each_update():
+  k, n, bandwidth = 8, 1_000_000, 1e9
+  time = jaxsync.sim.TimeModel(
+    num_workers=k, compute_time=1e-5, link=FREE_NET, message_bytes=n, server_bandwidth=bandwidth
+  )
+  _, history, _ = simulate("adaptive_k", k, events=400, time=time)
+  traffic = jaxsync.strategies.make("adaptive_k", k).server_traffic
+  arrivals, releases = 300, int(history.released[100:].sum())  # past the start-up
+  busy = (arrivals * traffic.arrival + releases * traffic.release) * n / bandwidth
+  assert history.time[-1] - history.time[99] == pytest.approx(busy, rel=0.02)
+  # Per gradient: the accumulation plus a share 1/k of one update, k the gradients a release combined.
+  mean_k = arrivals / releases
+  per_gradient = (traffic.arrival + traffic.release / mean_k) * n / bandwidth
+  assert busy / arrivals == pytest.approx(per_gradient)
+
+
+def test_without_a_server_bandwidth_memory_costs_nothing_and_presets_name_one():
+  assert jaxsync.sim.TimeModel(num_workers=2, message_bytes=10).memory_time(5) == 0.0
+  tm = jaxsync.sim.TimeModel(num_workers=2, message_bytes=10**9, server_bandwidth="10GB/s")
+  assert tm.server_bandwidth == 10e9 and tm.memory_time(3) == pytest.approx(0.3)
+  with pytest.raises(ValueError, match="server_bandwidth='fast'.*10GB/s"):
+    jaxsync.sim.TimeModel(num_workers=2, server_bandwidth="fast")
+  with pytest.raises(ValueError, match="server_bandwidth=-1"):
+    jaxsync.sim.TimeModel(num_workers=2, server_bandwidth=-1.0)

@@ -301,7 +301,8 @@ def results_table(results: dict[str, list[training.RunResult]]) -> str:
   """A markdown table, one row per strategy: mean ± sample standard deviation over its seeds.
 
   A cell whose value some seeds lack (a target not reached, a diverged run)
-  says how many seeds it averages, e.g. ``12.1 ± 0.3 (2/3)``.
+  says how many seeds it averages, e.g. ``12.1 ± 0.3 (2/3)``. A strategy with
+  diverged seeds is marked ``(diverged: n/m)``, and the reasons follow the table.
   """
   first = next(iter(results.values()))[0].summary
   target = first.get("target")
@@ -311,17 +312,25 @@ def results_table(results: dict[str, list[training.RunResult]]) -> str:
     f"updates to {target_text} | simulated s | updates | mean staleness | GB moved |"
   )
   lines = [header, "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  notes = []
   for name, runs in results.items():
     s = [r.summary for r in runs]
+    diverged = [r for r in runs if r.summary.get("diverged")]
+    notes += [
+      f"- {r.summary.get('label', name)} diverged: {r.summary['diverged_because']}." for r in diverged
+    ]
+    shown = f"{name} (diverged: {len(diverged)}/{len(runs)})" if diverged else name
 
     def col(key, digits, scale=1.0, s=s):
       return mean_std([None if x.get(key) is None else x[key] * scale for x in s], digits)
 
     lines.append(
-      f"| {name} | {len(s)} | {col('final_accuracy', 3)} | {col('final_loss', 3)} | {col('best_accuracy', 3)} | "
+      f"| {shown} | {len(s)} | {col('final_accuracy', 3)} | {col('final_loss', 3)} | {col('best_accuracy', 3)} | "
       f"{col('time_to_target', 1)} | {col('updates_to_target', 0)} | {col('simulated_time', 1)} | "
       f"{col('updates', 0)} | {col('mean_staleness', 2)} | {col('bytes_moved', 3, 1e-9)} |"
     )
+  if notes:
+    lines += ["", *notes]
   return "\n".join(lines) + "\n"
 
 

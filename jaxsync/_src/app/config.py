@@ -93,11 +93,67 @@ class ModelConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class ScheduleConfig:
+  """The learning rate over the run: a linear warm-up, then constant, step decay or cosine.
+
+  Counted on the strategy's clock (``jaxsync.strategies.Strategy.rate_clock``):
+  the server rule's updates, or each worker's own steps for a rate the
+  workers apply (local SGD, EASGD's family, per-worker BB). ``unit: epochs``
+  converts passes over the training set to that clock. The peak rate is
+  ``strategy.options.learning_rate`` (times ``global batch / scale_with_batch``
+  for the linear scaling rule of large synchronous batches).
+  """
+
+  kind: str = "constant"
+  unit: str = "updates"
+  warmup: float = 0.0
+  warmup_from: float | str = 0.0
+  boundaries: list[float] = dataclasses.field(default_factory=list)
+  decay: float = 0.1
+  end: float = 0.0
+  length: float | None = None
+  scale_with_batch: int | None = None
+
+  def __post_init__(self):
+    from jaxsync._src.strategies.schedules import KINDS
+
+    _require(self.kind in KINDS, "strategy.schedule.kind", self.kind, f"one of {', '.join(KINDS)}")
+    _require(self.unit in UNITS, "strategy.schedule.unit", self.unit, f"one of {', '.join(UNITS)}")
+    _require(self.warmup >= 0, "strategy.schedule.warmup", self.warmup, "a length >= 0")
+    _require(
+      self.warmup_from == "1/num_workers"
+      or (isinstance(self.warmup_from, float) and 0 <= self.warmup_from <= 1),
+      "strategy.schedule.warmup_from",
+      self.warmup_from,
+      "a fraction of the learning rate in [0, 1], or '1/num_workers' (SMEGA²'s lr/N)",
+    )
+    _require(
+      self.boundaries == sorted(self.boundaries) and all(b >= 0 for b in self.boundaries),
+      "strategy.schedule.boundaries",
+      self.boundaries,
+      "increasing points >= 0",
+    )
+    _require(
+      not self.boundaries or self.kind == "step",
+      "strategy.schedule.boundaries",
+      self.boundaries,
+      f"[] unless kind is step (kind={self.kind!r})",
+    )
+    _require(0 < self.decay <= 1, "strategy.schedule.decay", self.decay, "a factor in (0, 1]")
+    _require(0 <= self.end <= 1, "strategy.schedule.end", self.end, "a fraction in [0, 1]")
+    _positive("strategy.schedule", self, "length", "scale_with_batch")
+
+
+UNITS = ("updates", "epochs")
+
+
+@dataclasses.dataclass(frozen=True)
 class StrategyConfig:
-  """A registry strategy and its options (``jaxsync.strategies.describe`` lists them)."""
+  """A registry strategy, its options (``jaxsync.strategies.describe`` lists them) and its schedule."""
 
   name: str = "ormo"
   options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
 
   def __post_init__(self):
     from jaxsync._src.strategies.registry import describe, names
@@ -127,9 +183,12 @@ class ClusterConfig:
   # Bytes of one model or gradient message; null means the model's own size. Set it to time
   # the exchanges of a bigger model (e.g. a paper's) while training the small one.
   message_bytes: int | None = None
+  # The server's memory bandwidth for applying updates: 3GB/s, 10GB/s (a typical server), 30GB/s,
+  # bytes per second, or null (updates cost the server no time).
+  server_bandwidth: str | float | None = None
 
   def __post_init__(self):
-    from jaxsync._src.sim.time_model import LINK_PRESETS
+    from jaxsync._src.sim.time_model import LINK_PRESETS, SERVER_PRESETS
 
     _positive("cluster", self, "num_workers", "compute_time", "device_flops", "jitter_shape")
     _require(0 <= self.slow_fraction < 1, "cluster.slow_fraction", self.slow_fraction, "a fraction in [0, 1)")
@@ -140,6 +199,14 @@ class ClusterConfig:
         self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null"
       )
     _require(self.link in LINK_PRESETS, "cluster.link", self.link, f"one of {', '.join(LINK_PRESETS)}")
+    _require(
+      self.server_bandwidth is None
+      or self.server_bandwidth in SERVER_PRESETS
+      or (isinstance(self.server_bandwidth, float) and self.server_bandwidth > 0),
+      "cluster.server_bandwidth",
+      self.server_bandwidth,
+      f"one of {', '.join(SERVER_PRESETS)}, bytes per second > 0, or null",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,7 +17,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from jaxsync._src.app.config import Config, ConfigError
+from jaxsync._src.app.config import Config, ConfigError, ScheduleConfig
 from jaxsync._src.data import datasets
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.models import networks as models
@@ -25,6 +25,7 @@ from jaxsync._src.sim.simulator import Simulator
 from jaxsync._src.sim.time_model import TimeModel, compute_time_from_flops
 from jaxsync._src.steps.records import EvalSchedule
 from jaxsync._src.strategies import registry as strategies
+from jaxsync._src.strategies import schedules
 
 
 @contextlib.contextmanager
@@ -88,6 +89,7 @@ class Experiment:
       checkpoint_every=run.checkpoint_every or 10 * run.chunk,
       max_time=run.max_time,
       target=None if run.target_accuracy is None else ("accuracy", run.target_accuracy),
+      chance_accuracy=1.0 / self.dataset.num_classes,
       label=self.label,
     )
 
@@ -118,6 +120,11 @@ def build(config: Config) -> Experiment:
     )
   with _section(f"strategy {config.strategy.name!r}"):
     strategy = strategies.make(config.strategy.name, cluster.num_workers, **config.strategy.options)
+  if config.strategy.schedule != ScheduleConfig():
+    with _section("strategy.schedule"):
+      rate = learning_rate(config, strategy, num_examples=len(dataset.train["label"]))
+      options = {**config.strategy.options, "learning_rate": rate}
+      strategy = strategies.make(config.strategy.name, cluster.num_workers, **options)
   with _section("data.batch_size"):
     data = WorkerData(
       dataset.train, num_workers=cluster.num_workers, batch_size=data_cfg.batch_size, seed=config.seed
@@ -135,6 +142,7 @@ def build(config: Config) -> Experiment:
       link=cluster.link,
       apply_time=cluster.apply_time,
       message_bytes=cluster.message_bytes,
+      server_bandwidth=cluster.server_bandwidth,
     )
   run = config.run
   with _section("run"):
@@ -151,6 +159,54 @@ def build(config: Config) -> Experiment:
     eval_every=run.eval_every,
     eval_every_time=run.eval_every_time,
     num_events=math.ceil(run.gradients / gradients_per_event(strategy)),
+  )
+
+
+def learning_rate(config: Config, strategy: strategies.Strategy, *, num_examples: int):
+  """The schedule of ``config.strategy.schedule`` for ``strategy``, on its rate clock; raises ValueError.
+
+  Lengths in ``unit: epochs`` become steps of the strategy's clock
+  (:func:`schedules.steps_per_epoch`); a cosine without a ``length`` lasts
+  the whole run (``run.gradients`` on that clock).
+  """
+  spec, peak = config.strategy.schedule, strategy.options["learning_rate"]
+  if callable(peak):
+    raise ValueError(
+      f"learning_rate={peak!r} is a schedule already; expected a number with strategy.schedule."
+    )
+  batch = config.data.batch_size
+  per_epoch = (
+    schedules.steps_per_epoch(strategy, num_examples=num_examples, batch_size=batch)
+    if spec.unit == "epochs"
+    else 1.0
+  )
+  server_clock = strategy.rate_clock == strategies.RateClock.SERVER_UPDATES
+  if spec.scale_with_batch:  # the linear scaling rule: the rate grows with the batch an update averages
+    per_update = (strategy.gradients_per_update or 1.0) if server_clock else 1.0
+    peak = peak * batch * per_update / spec.scale_with_batch
+  length = None
+  if spec.kind == "cosine":
+    if spec.length is not None:
+      length = spec.length * per_epoch
+    elif not server_clock:
+      length = config.run.gradients / strategy.num_workers - spec.warmup * per_epoch
+    elif strategy.gradients_per_update is not None:
+      length = config.run.gradients / strategy.gradients_per_update - spec.warmup * per_epoch
+    else:
+      raise ValueError(
+        f"length=None is invalid for {strategy.name}, whose updates combine a varying number of gradients; "
+        "expected strategy.schedule.length (in updates) for the cosine."
+      )
+  start = 1.0 / strategy.num_workers if spec.warmup_from == "1/num_workers" else float(spec.warmup_from)
+  return schedules.learning_rate_schedule(
+    float(peak),
+    kind=spec.kind,
+    warmup_steps=spec.warmup * per_epoch,
+    warmup_from=start,
+    boundaries=[b * per_epoch for b in spec.boundaries],
+    decay=spec.decay,
+    decay_steps=length,
+    end=spec.end,
   )
 
 

@@ -116,14 +116,14 @@ def check_bool(rule: str, name: str, value: Any) -> bool:
   return value
 
 
-def check_learning_rate(rule: str, value: Any) -> optax.ScalarOrSchedule:
+def check_learning_rate(rule: str, value: Any, name: str = "learning_rate") -> optax.ScalarOrSchedule:
   """A learning rate is a positive finite number, a schedule ``count -> rate``, or a scalar array (injected)."""
-  if callable(value) or _passes_as_array(rule, "learning_rate", value, True):
+  if callable(value) or _passes_as_array(rule, name, value, True):
     return value
   if not _is_real(value) or not math.isfinite(float(value)) or float(value) <= 0:
     raise invalid(
       rule,
-      "learning_rate",
+      name,
       value,
       "a positive finite number or a schedule (a callable step -> rate)",
     )

@@ -1,4 +1,5 @@
-"""Image classification datasets, read offline: digits (bundled), CIFAR-10/100 (local files), synthetic."""
+"""Image classification datasets, read offline: digits (bundled), Fashion-MNIST and MNIST (IDX files),
+CIFAR-10/100 (local files), synthetic."""
 
 from __future__ import annotations
 
@@ -10,9 +11,25 @@ from typing import Any
 import numpy as np
 
 from jaxsync._src.core import validation
+from jaxsync._src.data import idx
 
 _WHAT = "datasets"
-DATASETS = ("digits", "cifar10", "cifar100", "synthetic")
+DATASETS = ("digits", "fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic")
+# Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist) puts the four files here.
+FASHION_MNIST_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
+_IDX_FILES = {
+  "train_images": ("train-images", "idx3"),
+  "train_labels": ("train-labels", "idx1"),
+  "test_images": ("t10k-images", "idx3"),
+  "test_labels": ("t10k-labels", "idx1"),
+}
+_IDX_SOURCES = {
+  "fashion_mnist": (
+    "Debian's package dataset-fashion-mnist (apt-get install dataset-fashion-mnist, into "
+    f"{FASHION_MNIST_DIR}), or https://github.com/zalandoresearch/fashion-mnist (data/fashion)"
+  ),
+  "mnist": "https://yann.lecun.com/exdb/mnist/ or any MNIST mirror (the four original files)",
+}
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
 _CIFAR_LAYOUT = {
   "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", 10),
@@ -40,6 +57,33 @@ class Dataset:
   def input_shape(self) -> tuple[int, int, int]:
     """``(height, width, channels)`` of one image."""
     return tuple(self.train["image"].shape[1:])
+
+  def map_dataset(self, split: str = "train"):
+    """The examples of ``split`` (``"train"`` or ``"test"``) as a grain ``MapDataset`` of ``{"image", "label"}``.
+
+    For a user's own grain pipeline (shuffle, batch, map); the simulator's
+    :class:`WorkerData` takes ``dataset.train`` as is, and
+    :func:`worker_dataset` gives one worker's batches.
+    """
+    import grain
+
+    arrays = {"train": self.train, "test": self.test}.get(split)
+    if arrays is None:
+      raise validation.invalid(_WHAT, "split", split, "'train' or 'test'")
+    return grain.MapDataset.source(_Examples(arrays))
+
+
+class _Examples:
+  """A grain random-access source over in-memory arrays: element ``i`` is ``{key: array[i]}``."""
+
+  def __init__(self, arrays: dict[str, np.ndarray]):
+    self.arrays = arrays
+
+  def __len__(self) -> int:
+    return len(next(iter(self.arrays.values())))
+
+  def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+    return {key: value[index] for key, value in self.arrays.items()}
 
 
 def _split(images, labels, test_fraction: float, seed: int):
@@ -108,6 +152,64 @@ def _cifar(name: str, data_dir: Any) -> Dataset:
   return Dataset(name, train, test, classes)
 
 
+def _idx_path(folder: pathlib.Path, stem: str, kind: str) -> pathlib.Path | None:
+  """The file of one split in ``folder``: ``stem-kind-ubyte`` (or ``stem.kind-ubyte``), gzipped or raw."""
+  for name in (f"{stem}-{kind}-ubyte", f"{stem}.{kind}-ubyte"):
+    for candidate in (folder / f"{name}.gz", folder / name):
+      if candidate.is_file():
+        return candidate
+  return None
+
+
+def _mnist_format(name: str, data_dir: Any) -> Dataset:
+  """Fashion-MNIST or MNIST from the four IDX files, scaled to [0, 1] and standardized."""
+  expected = ", ".join(f"{stem}-{kind}-ubyte[.gz]" for stem, kind in _IDX_FILES.values())
+  if data_dir is None and name == "mnist":
+    raise ValueError(
+      f"{_WHAT}: name='mnist' needs data_dir=...; expected a directory holding {expected} "
+      f"(from {_IDX_SOURCES['mnist']}). Nothing is downloaded at run time."
+    )
+  folder = FASHION_MNIST_DIR if data_dir is None else pathlib.Path(data_dir).expanduser()
+  where = "data_dir" if data_dir is not None else "the default directory"
+  if not folder.is_dir():
+    raise ValueError(
+      f"{_WHAT}: {where} {str(folder)!r} does not exist; expected a directory holding {expected}, "
+      f"from {_IDX_SOURCES[name]}."
+    )
+  paths = {key: _idx_path(folder, stem, kind) for key, (stem, kind) in _IDX_FILES.items()}
+  missing = [f"{stem}-{kind}-ubyte[.gz]" for key, (stem, kind) in _IDX_FILES.items() if paths[key] is None]
+  if missing:
+    raise ValueError(
+      f"{_WHAT}: {where} {str(folder)!r} lacks {', '.join(missing)}; expected {expected}, "
+      f"from {_IDX_SOURCES[name]}."
+    )
+  try:
+    arrays = {key: idx.read(path, ndim=3 if "images" in key else 1) for key, path in paths.items()}
+  except idx.IdxError as err:
+    raise ValueError(f"{_WHAT}: {err}") from None
+  for split in ("train", "test"):
+    images, labels = arrays[f"{split}_images"], arrays[f"{split}_labels"]
+    if len(images) != len(labels):
+      raise ValueError(
+        f"{_WHAT}: {paths[f'{split}_images']} holds {len(images):,} images but {paths[f'{split}_labels']} "
+        f"{len(labels):,} labels; expected one label per image."
+      )
+    if labels.max(initial=0) > 9:
+      raise ValueError(f"{_WHAT}: {paths[f'{split}_labels']} has label {labels.max()}; expected 0..9.")
+  if arrays["train_images"].shape[1:] != arrays["test_images"].shape[1:]:
+    raise ValueError(
+      f"{_WHAT}: the train images are {arrays['train_images'].shape[1:]} and the test images "
+      f"{arrays['test_images'].shape[1:]}; expected one image size."
+    )
+  # Scaled to [0, 1], then standardized with the training split's statistics (one channel).
+  scaled = arrays["train_images"].astype(np.float32) / 255.0
+  mean, std = float(scaled.mean()), float(scaled.std()) + 1e-6
+  train = {"image": ((scaled - mean) / std)[..., None], "label": arrays["train_labels"].astype(np.int32)}
+  test_scaled = arrays["test_images"].astype(np.float32) / 255.0
+  test = {"image": ((test_scaled - mean) / std)[..., None], "label": arrays["test_labels"].astype(np.int32)}
+  return Dataset(name, train, test, 10)
+
+
 def _synthetic(seed: int, num_examples: int, num_classes: int, input_shape) -> Dataset:
   rng = np.random.default_rng(seed)
   shape = tuple(input_shape)
@@ -131,6 +233,14 @@ def load(
 
   * ``digits``: scikit-learn's bundled 1,797 8x8 digits, scaled to [0, 1], a
     seeded 80/20 split.
+  * ``fashion_mnist``: Zalando's Fashion-MNIST (60,000 train / 10,000 test
+    28x28 grey images of 10 clothing classes, MIT licence) from the four
+    standard IDX files in ``data_dir``, by default where Debian's package
+    ``dataset-fashion-mnist`` installs them (``/usr/share/datasets/fashion-mnist``).
+  * ``mnist``: the same reader for a user's MNIST files (``data_dir`` required).
+    Both are scaled to [0, 1] and standardized with the training statistics;
+    IDX magic numbers, counts and shapes are checked, and a missing,
+    truncated or mismatched file is an error naming it.
   * ``cifar10`` / ``cifar100``: the python version of CIFAR read from
     ``data_dir`` (the directory holding ``cifar-10-batches-py/`` or
     ``cifar-100-python/``, or that folder itself), standardized per channel
@@ -141,7 +251,7 @@ def load(
 
   Args:
     name: one of :data:`DATASETS`.
-    data_dir: the CIFAR directory.
+    data_dir: the CIFAR or (Fashion-)MNIST directory.
     seed: the split (and synthetic data) seed.
     num_examples, num_classes, input_shape: the synthetic set's size.
 
@@ -156,12 +266,17 @@ def load(
 
   References:
     Krizhevsky, "Learning Multiple Layers of Features from Tiny Images", 2009
-    (CIFAR-10/100).
+    (CIFAR-10/100); Xiao, Rasul, Vollgraf, "Fashion-MNIST: a Novel Image Dataset
+    for Benchmarking Machine Learning Algorithms", arXiv:1708.07747, 2017;
+    LeCun, Bottou, Bengio, Haffner, "Gradient-based learning applied to
+    document recognition", Proc. IEEE 1998 (MNIST).
   """
   validation.check_choice(_WHAT, "name", name, DATASETS)
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
   if name == "digits":
     return _digits(seed)
+  if name in ("fashion_mnist", "mnist"):
+    return _mnist_format(name, data_dir)
   if name == "synthetic":
     num_examples = validation.check_int(_WHAT, "num_examples", num_examples, low=10)
     num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)

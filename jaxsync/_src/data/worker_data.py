@@ -14,6 +14,7 @@ from jaxsync._src.core import validation
 _WHAT = "WorkerData"
 
 
+@jax.tree_util.register_pytree_node_class
 class WorkerData:
   r"""Training arrays sharded over ``K`` workers; ``batch(worker, step)`` is pure and jittable.
 
@@ -83,6 +84,22 @@ class WorkerData:
     # a p + c < 2^31 for every position p < S: a <= (2^31 - 1) / S - 1 keeps int32 exact.
     largest = max(1, min(shard, (2**31 - 1) // shard - 1))
     self._units = jnp.asarray([a for a in range(1, largest + 1) if math.gcd(a, shard) == 1], jnp.int32)
+
+  # A pytree (its arrays are leaves): a jitted function takes it as an argument, so the training set
+  # reaches XLA as a buffer and not as a constant folded into the program (for Fashion-MNIST's 188 MB
+  # that was 3 s more of every compilation).
+  def tree_flatten(self):
+    children = (self.arrays, self.shards, self._units)
+    aux = (self.num_workers, self.batch_size, self.shard_size, self.num_examples, self.seed)
+    return children, aux
+
+  @classmethod
+  def tree_unflatten(cls, aux, children):
+    data = object.__new__(cls)
+    data.arrays, data.shards, data._units = children
+    data.num_workers, data.batch_size, data.shard_size, data.num_examples, data.seed = aux
+    data._key = jax.random.key(data.seed)
+    return data
 
   def indices(self, worker: jax.Array, step: jax.Array) -> jax.Array:
     """The example indices of ``worker``'s batch at its ``step``, shape ``[b]``."""

@@ -45,7 +45,7 @@ from jaxsync._src.runtime.interface import RuntimeBase
 from jaxsync._src.steps import server_step
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.steps.server_step import ServerState
-from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.strategies.strategy import Strategy
 
 log = logging.getLogger("jaxsync.server")
 

@@ -22,7 +22,7 @@ from jax.flatten_util import ravel_pytree
 from jaxsync._src.steps import arrival
 from jaxsync._src.dist import wire
 from jaxsync._src.dist.cluster import RunFaultError
-from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.strategies.strategy import Strategy
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.core import validation
 
@@ -78,7 +78,7 @@ def run_worker(
   rule_state = worker_rule.init(params_like) if worker_rule is not None else None
 
   @jax.jit
-  def compute(flat, rule_state, step, noise_ratio):
+  def compute(flat, rule_state, step, noise_ratio, data):  # data an argument: a buffer, not a constant
     out = arrival.worker_message(
       strategy, loss_fn, unravel(flat), rule_state, data.batch(worker, step), noise_ratio
     )
@@ -106,7 +106,7 @@ def run_worker(
       payload = wire.decode_payload(reply, frames[1:], dtype=dtype, count=count)
       began = time.perf_counter()
       flat, rule_state, loss, finite, step_size = compute(
-        jnp.asarray(payload), rule_state, jnp.int32(reply.step), jnp.float32(reply.noise_ratio)
+        jnp.asarray(payload), rule_state, jnp.int32(reply.step), jnp.float32(reply.noise_ratio), data
       )
       flat = np.asarray(flat)  # waits for the result: the step's compute time ends here
       compute_times.append(time.perf_counter() - began)

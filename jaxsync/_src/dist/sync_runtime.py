@@ -41,7 +41,7 @@ from jaxsync._src.runtime.history import RunTotals
 from jaxsync._src.runtime.interface import RuntimeBase
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import stack_workers
-from jaxsync._src.strategies.registry import Communication, Engine, Strategy, WorkerProtocol
+from jaxsync._src.strategies.strategy import Communication, Engine, Strategy, WorkerProtocol
 
 log = logging.getLogger("jaxsync.sync")
 _WHAT = "SyncRuntime"

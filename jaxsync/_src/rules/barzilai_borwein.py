@@ -233,7 +233,9 @@ def bb_step_size(
   ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
 
   Args:
-    initial_step_size: the first ``alpha`` (the LR column of the JPDC 2022 paper's Table 3).
+    initial_step_size: the first ``alpha`` (the LR column of the JPDC 2022 paper's
+      Table 3) and the centre of the bound: a number or a schedule of this
+      worker's steps (the bound then moves with it).
     smoothing: ``beta_s = |B| / N`` in ``(0, 1]``, the weight of a new estimate.
     armijo_slope: ``c`` of the Armijo condition (used with ``value_fn``).
     armijo_shrink: ``rho`` of the Armijo backtracking.
@@ -270,9 +272,7 @@ def bb_step_size(
     Anal. 1988; De, Yadav, Jacobs, Goldstein, "Big Batch SGD", AISTATS 2017,
     §4; Zhang, Ji, Wang, JPDC 2022, §4.3; docs/algorithms.md §11c.
   """
-  initial = validation.check_real(
-    _RULE, "initial_step_size", initial_step_size, low=0.0, low_open=True, array_ok=True
-  )
+  initial_step_size = validation.check_learning_rate(_RULE, initial_step_size, "initial_step_size")
   beta_s = validation.check_real(
     _RULE, "smoothing", smoothing, low=0.0, high=1.0, low_open=True, array_ok=True
   )
@@ -291,7 +291,7 @@ def bb_step_size(
   def init_fn(params: optax.Params) -> BBStepSizeState:
     return BBStepSizeState(
       count=jnp.zeros([], jnp.int32),
-      step_size=jnp.asarray(initial, jnp.float32),
+      step_size=guard.learning_rate_at(initial_step_size, jnp.zeros([], jnp.int32)),
       curvature=jnp.asarray(jnp.nan, jnp.float32),
       accepted=jnp.asarray(False),
       noise_ratio=jnp.zeros([], jnp.float32),
@@ -335,6 +335,8 @@ def bb_step_size(
       clipped = jnp.asarray(False)
       if max_scale is not None:  # jaxsync's bound (not the paper's); None keeps the paper's rule exactly
         # Under server momentum the top of the bound is the tuned rate itself (see "Momentum").
+        # The bound's centre follows initial_step_size's schedule, on this worker's own steps.
+        initial = guard.learning_rate_at(initial_step_size, state.count)
         top = jnp.where(jnp.asarray(server_momentum) > 0, initial, initial * max_scale)
         bounded = jnp.clip(alpha, initial / max_scale, top)
         clipped = bounded != alpha

@@ -50,6 +50,7 @@ def easgd_worker(
   moving_rate: float,
   period: int = 1,
   momentum: float = 0.0,
+  weight_decay: float = 0.0,
 ) -> optax.GradientTransformationExtraArgs:
   r"""The EASGD / EAMSGD worker: local SGD (or Nesterov) pulled towards the centre.
 
@@ -87,6 +88,9 @@ def easgd_worker(
       ``beta / p`` with ``beta = 0.9`` for ``p`` workers.
     period: ``tau >= 1``, local steps between elastic exchanges.
     momentum: ``delta`` in ``[0, 1)``; 0 for EASGD, e.g. 0.99 for EAMSGD.
+    weight_decay: ``lambda >= 0``, coupled L2 added to the gradient at the
+      point it is taken, ``g + lambda (x + delta v)``: EAMSGD's look-ahead
+      point, as the authors' code (``x`` itself for EASGD).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is an
@@ -109,6 +113,7 @@ def easgd_worker(
   alpha = validation.check_real(rule, "moving_rate", moving_rate, low=0.0, high=1.0, array_ok=True)
   period = validation.check_int(rule, "period", period, array_ok=True)
   delta = validation.check_real(rule, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
+  decay = validation.check_real(rule, "weight_decay", weight_decay, low=0.0, array_ok=True)
   # EASGD (momentum 0) keeps no velocity; an injected momentum (an array) may become non-zero: keep one.
   has_velocity = not isinstance(delta, float) or delta > 0
 
@@ -134,6 +139,12 @@ def easgd_worker(
     params = guard.require_extra_arg(rule, "params", params, "the worker's parameters x")
     center = guard.require_extra_arg(rule, "center", center, "the centre parameters the worker read")
 
+    grads = updates
+    if not (isinstance(decay, float) and decay == 0.0):
+      # Coupled L2 at the point the gradient was taken: x + delta v for EAMSGD (the authors' mpiT code).
+      point = state.look_ahead(params)
+      grads = jax.tree.map(lambda g, p: g + (decay * p).astype(g.dtype), updates, point)
+
     def apply(accept, rejected):
       rate = guard.learning_rate_at(learning_rate, state.count)
       exchange = state.count % period == 0
@@ -145,12 +156,12 @@ def easgd_worker(
         velocity = jax.tree.map(
           lambda v, g: (delta * v - rate * g.astype(v.dtype)).astype(v.dtype),
           state.velocity,
-          updates,
+          grads,
         )
-        local = jax.tree.map(lambda g, v: v.astype(g.dtype), updates, velocity)
+        local = jax.tree.map(lambda g, v: v.astype(g.dtype), grads, velocity)
       else:
         velocity = ()
-        local = jax.tree.map(lambda g: (-rate * g).astype(g.dtype), updates)
+        local = jax.tree.map(lambda g: (-rate * g).astype(g.dtype), grads)
       out = jax.tree.map(lambda step, e: (step - e).astype(step.dtype), local, pull)
       proposed = state._replace(
         count=optax.safe_increment(state.count), velocity=velocity, exchanged=exchange

@@ -85,7 +85,9 @@ def smega2(
     \hat w = w - \eta\beta\big[(N - c + c\beta)\, v + \tfrac{c}{N} G\big]
     \;\text{(advanced)}, \qquad \hat w = w - \eta\beta N v \;\text{(naive)}
 
-  Get it with ``state.look_ahead(params)`` or ``jaxsync.look_ahead(params,
+  with ``eta`` the learning rate of the arrival that was just applied (under a
+  schedule, as the authors' code, not the next arrival's). Get it with
+  ``state.look_ahead(params)`` or ``jaxsync.look_ahead(params,
   opt_state)``. This is a *final-update* rule (learning rate inside). Weight
   decay as in the reference code (``g + lambda w`` with the server's ``w``)
   is plain optax: ``optax.chain(optax.add_decayed_weights(1e-4), jaxsync.smega2(...))``.
@@ -186,7 +188,9 @@ def smega2(
 
       steps = jax.tree.map(step, updates, momentum_, accumulator)
       count = optax.safe_increment(state.count)
-      a, b = scales(guard.learning_rate_at(learning_rate, count), c)
+      # The reply's eta is this arrival's (the authors' code), not the next one's: under a schedule the
+      # two differ by one step of it.
+      a, b = scales(rate, c)
       selected = guard.replace_if(
         accept,
         rejected,

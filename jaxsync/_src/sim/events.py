@@ -26,7 +26,7 @@ from jaxsync._src.steps.arrival import (
   worker_message,
 )
 from jaxsync._src.steps.records import EvalSchedule, EventRecord, stack_workers
-from jaxsync._src.strategies.registry import Communication, Dispatch, Strategy, WorkerProtocol
+from jaxsync._src.strategies.strategy import Communication, Dispatch, Strategy, WorkerProtocol
 
 
 class EventState(NamedTuple):
@@ -192,19 +192,25 @@ class Exchange(NamedTuple):
 def _exchange(strategy, time_model, s: EventState, t, communicates, released, n_send) -> Exchange:
   """The network cost of an arrival at time ``t`` that sends ``n_send`` replies."""
   comm = strategy.communication
+  traffic = strategy.server_traffic
+  accumulate = time_model.memory_time(traffic.arrival)  # the arrival into a buffer, if the rule buffers
+  update = time_model.memory_time(traffic.release)  # the update it releases
   if comm == Communication.SHARED_MEMORY:
-    return Exchange(t, t, s.nic_in, s.nic_out, s.inter_messages, s.intra_messages)
+    # Hogwild!: no network and no lock; the worker applies its own update to the shared parameters.
+    done = t + jnp.where(released, update, 0.0)
+    return Exchange(done, done, s.nic_in, s.nic_out, s.inter_messages, s.intra_messages)
   n_over = time_model.transfer_time()
   latency = time_model.link.latency
+  apply = time_model.apply_time + jnp.where(released, update, 0.0)
   if comm == Communication.NODE_LOCAL:
     intra = time_model.intra_link.latency + time_model.intra_link.transfer(float(time_model.message_bytes))
-    at_node = t + intra
+    at_node = t + intra + accumulate  # summed into the node's buffer
     # On a pull (docs/algorithms.md §15) the server collects every active node's sum, applies,
     # and broadcasts to all nodes; the nodes hand the new parameters down.
     nodes = strategy.num_workers // strategy.node_size
     active = jnp.sum(s.node_count > 0).astype(jnp.float32)
     pull_start = jnp.maximum(s.nic_in, at_node + latency)
-    nic_in = jnp.where(released, pull_start + active * n_over + time_model.apply_time, s.nic_in)
+    nic_in = jnp.where(released, pull_start + active * n_over + apply, s.nic_in)
     out_start = jnp.maximum(s.nic_out, nic_in)
     nic_out = jnp.where(released, out_start + nodes * n_over, s.nic_out)
     return Exchange(
@@ -218,7 +224,7 @@ def _exchange(strategy, time_model, s: EventState, t, communicates, released, n_
   # A parameter server: pushes queue on its receive side, replies on its send side.
   locked = not (strategy.protocol == WorkerProtocol.ELASTIC and strategy.lock_free)
   in_done = jnp.maximum(s.nic_in, t + latency) + n_over
-  server_time = in_done + time_model.apply_time
+  server_time = in_done + apply + accumulate
   nic_out = jnp.maximum(s.nic_out, server_time) + n_send.astype(jnp.float32) * n_over
   return Exchange(
     server_time=jnp.where(communicates, server_time, t),

@@ -19,7 +19,7 @@ from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import EvalSchedule, EventRecord, stack_workers
-from jaxsync._src.strategies.registry import Communication, Strategy, WorkerProtocol
+from jaxsync._src.strategies.strategy import Communication, Strategy, WorkerProtocol
 
 
 class RoundState(NamedTuple):
@@ -85,14 +85,21 @@ def init(
 
 
 def communication_time(strategy: Strategy, time_model: TimeModel, pushes: int) -> float:
-  """Seconds of one round's exchange (the formulas of :class:`TimeModel`)."""
+  """Seconds of one round's exchange and update (the formulas of :class:`TimeModel`).
+
+  Through a parameter server the server sums the ``pushes`` and applies the
+  update; after an all-reduce every worker applies it, in parallel.
+  """
   num_workers = strategy.num_workers
   comm = strategy.communication
+  traffic = strategy.server_traffic
+  update = time_model.memory_time(traffic.release)
   if comm == Communication.RING:
-    return time_model.ring_allreduce_time(num_workers)
+    return time_model.ring_allreduce_time(num_workers) + update
   if comm == Communication.HIERARCHICAL:
-    return time_model.hierarchical_allreduce_time(num_workers, strategy.group_size)
-  return time_model.parameter_server_round_time(num_workers, pushes)
+    return time_model.hierarchical_allreduce_time(num_workers, strategy.group_size) + update
+  summing = time_model.memory_time(pushes * traffic.arrival)
+  return time_model.parameter_server_round_time(num_workers, pushes) + summing + update
 
 
 def messages_per_round(strategy: Strategy, pushes: int) -> tuple[int, int]:

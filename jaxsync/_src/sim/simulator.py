@@ -18,7 +18,7 @@ from jaxsync._src.sim import events as sim_events
 from jaxsync._src.sim import rounds as sim_rounds
 from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EventRecord
-from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.strategies.strategy import Strategy
 
 _WHAT = "simulator"
 
@@ -110,15 +110,16 @@ class Simulator(RuntimeBase):
     # between fields, and the caller keeps its params).
     return jax.tree.map(lambda x: x.copy(), state)
 
-  def _step(self, state):
+  def _step(self, state, data):
     return self._engine.step(
-      self.strategy, self.loss_fn, self.data, self._time_model, self.schedule, self.metric_names, state
+      self.strategy, self.loss_fn, data, self._time_model, self.schedule, self.metric_names, state
     )
 
-  def _advance_impl(self, state, max_time, num_events: int):
+  def _advance_impl(self, state, max_time, data, num_events: int):
     # A while_loop, not a scan, so that a run can stop at a simulated time; the
-    # records go into preallocated buffers, one row per event run.
-    shapes = jax.eval_shape(self._step, state)[1]
+    # records go into preallocated buffers, one row per event run. The data is an
+    # argument (a pytree), not a constant of the program.
+    shapes = jax.eval_shape(self._step, state, data)[1]
     buffers = jax.tree.map(lambda x: jnp.zeros((num_events, *x.shape), x.dtype), shapes)
 
     def running(carry):
@@ -127,7 +128,7 @@ class Simulator(RuntimeBase):
 
     def body(carry):
       i, s, rec = carry
-      s, row = self._step(s)
+      s, row = self._step(s, data)
       return i + 1, s, jax.tree.map(lambda buf, x: buf.at[i].set(x), rec, row)
 
     count, state, records = jax.lax.while_loop(running, body, (jnp.zeros([], jnp.int32), state, buffers))
@@ -149,7 +150,9 @@ class Simulator(RuntimeBase):
       else validation.check_real(_WHAT, "max_time", max_time, low=0.0, low_open=True)
     )
     self._ensure_prepared(state.params)
-    state, records, count = self._advance(state, jnp.asarray(limit, jnp.float32), num_events=num_events)
+    state, records, count = self._advance(
+      state, jnp.asarray(limit, jnp.float32), self.data, num_events=num_events
+    )
     count = int(count)
     if count < num_events:
       records = jax.tree.map(lambda x: x[:count], records)

@@ -48,6 +48,25 @@ LINK_PRESETS: dict[str, Link] = {
 }
 
 
+# Effective memory bandwidth of a server applying an update (bytes read + written per second), for
+# ServerTraffic: a typical server's 10 GB/s; 3 GB/s is what one XLA:CPU thread measured for
+# optax.sgd(momentum) on 10M parameters here, 30 GB/s a many-core server's.
+SERVER_PRESETS: dict[str, float] = {"3GB/s": 3e9, "10GB/s": 10e9, "30GB/s": 30e9}
+
+
+def server_bandwidth(spec: str | float | None) -> float | None:
+  """Bytes per second from a preset (``3GB/s``, ``10GB/s``, ``30GB/s``), a number, or None (no memory cost)."""
+  if spec is None:
+    return None
+  if isinstance(spec, str):
+    if spec not in SERVER_PRESETS:
+      raise validation.invalid(
+        _WHAT, "server_bandwidth", spec, f"one of {sorted(SERVER_PRESETS)}, bytes per second, or None"
+      )
+    return SERVER_PRESETS[spec]
+  return validation.check_real(_WHAT, "server_bandwidth", spec, low=0.0, low_open=True)
+
+
 def link(spec: str | Link) -> Link:
   """A :class:`Link` from a preset name (``1gbps``, ``10gbps``, ``100gbps``) or a Link."""
   if isinstance(spec, Link):
@@ -152,8 +171,23 @@ class TimeModel:
   ``l`` and bandwidth ``B`` takes ``l + n/B``. The parameter server's network
   interface moves one message at a time in each direction (pushes queue on
   arrival, replies queue on departure), and under a lock the server applies one
-  arrival at a time in ``apply_time`` seconds. That queue is what makes a
-  parameter server the bottleneck of many fast workers.
+  arrival at a time. That queue is what makes a parameter server the
+  bottleneck of many fast workers.
+
+  **The server's own time.** Applying an arrival costs the server
+  ``apply_time`` plus its memory traffic at ``server_bandwidth`` ``M``: a
+  strategy declares (``Strategy.server_traffic``) how many parameter-sized
+  arrays it reads and writes per accepted arrival (``a``: accumulating it) and
+  per update it releases (``r``), so
+
+  .. math::
+
+    t_{server} = t_{apply} + \frac{(a + r\,[\text{released}])\, n}{M}
+
+  and arrivals queue behind it (Zhang, Ji, Wang, JPDC 2022, §3.6: on a fast
+  network the server's memory bandwidth, not the network, bounds ASP, and
+  buffering k gradients per update relieves it). A synchronous round through a
+  server pays ``k a + r``; an all-reduce pays ``r`` on each worker, in parallel.
 
   **Collectives** over ``P`` workers (``G`` per group for the hierarchical form,
   groups joined by ``link``, members of a group by ``intra_link``):
@@ -181,7 +215,11 @@ class TimeModel:
       bandwidth of ``link`` at a tenth of its latency.
     message_bytes: bytes of one model or gradient message; ``None`` means
       "from the model's parameters" (the simulator fills it in).
-    apply_time: seconds the server takes to apply one arrival, ``>= 0``.
+    apply_time: fixed seconds the server takes per arrival, ``>= 0``.
+    server_bandwidth: the server's effective memory bandwidth for applying
+      updates, bytes per second, or a preset of :data:`SERVER_PRESETS`
+      (``"10GB/s"``: a typical server); ``None`` (default): memory traffic
+      costs no time.
     compute_times: optional explicit per-worker mean compute times (length
       ``K``), replacing ``compute_time``, ``slow_fraction`` and ``slowdown``.
   """
@@ -196,6 +234,7 @@ class TimeModel:
   message_bytes: int | None = None
   apply_time: float = 0.0
   compute_times: Sequence[float] | None = None
+  server_bandwidth: float | str | None = None
 
   def __post_init__(self):
     validation.check_int(_WHAT, "num_workers", self.num_workers)
@@ -214,6 +253,7 @@ class TimeModel:
     if self.message_bytes is not None:
       validation.check_int(_WHAT, "message_bytes", self.message_bytes, low=0)
     validation.check_real(_WHAT, "apply_time", self.apply_time, low=0.0)
+    object.__setattr__(self, "server_bandwidth", server_bandwidth(self.server_bandwidth))
     if self.compute_times is not None:
       times = tuple(self.compute_times)
       if len(times) != self.num_workers:
@@ -271,6 +311,12 @@ class TimeModel:
   def message_time(self) -> float:
     """``l + n/B``: one push or one reply over ``link``."""
     return self.link.latency + self.link.transfer(self._bytes())
+
+  def memory_time(self, arrays: float) -> float:
+    """``arrays n / M``: seconds the server takes to read and write ``arrays`` parameter-sized arrays."""
+    if self.server_bandwidth is None or not arrays:
+      return 0.0
+    return arrays * self._bytes() / self.server_bandwidth
 
   def transfer_time(self) -> float:
     """``n/B``: how long one message occupies the server's interface."""

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src.rules import contracts, guard
-from jaxsync._src.strategies.registry import Dispatch, Strategy
+from jaxsync._src.strategies.strategy import Dispatch, Strategy
 
 
 class WorkerMessage(NamedTuple):

@@ -21,7 +21,7 @@ from jax.flatten_util import ravel_pytree
 from jaxsync._src.rules import contracts, guard
 from jaxsync._src.steps import arrival
 from jaxsync._src.steps.records import EvalSchedule, EventRecord
-from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.strategies.strategy import Strategy
 
 
 class ServerState(NamedTuple):

@@ -20,7 +20,7 @@ import optax
 
 from jaxsync._src.rules import guard
 from jaxsync._src.steps.records import EventRecord
-from jaxsync._src.strategies.registry import Strategy
+from jaxsync._src.strategies.strategy import Strategy
 
 
 class RoundUpdate(NamedTuple):

@@ -1,17 +1,28 @@
 """The strategy registry: every synchronization model of the papers, by name.
 
-A strategy is three pure pieces (design.md): a *server rule* (an optax
-transform applied to each arrival, or to each round's aggregate), a *dispatch
-policy* (which waiting workers get parameters after an arrival) and a *worker
-rule* (what a worker does to its gradient, or to its own model, before it
-sends). Both runtimes, the simulator and the multi-process runtime, take a
-:class:`Strategy` and run exactly these pieces.
+``make(name, num_workers, **options)`` builds a :class:`Strategy` from the
+factory registered under ``name``; its keyword-only arguments are the
+strategy's options, with the papers' defaults (``describe(name)`` lists them).
+
+Every strategy takes the papers' training protocol:
+
+* ``learning_rate`` is a number or an optax schedule (``step -> rate``). Its
+  clock is the strategy's :class:`RateClock`: the server rule's updates for a
+  rate applied by the server (an arrival applied, a release, a round), each
+  worker's own steps for a rate applied by the workers (local SGD, EASGD's
+  family, per-worker BB).
+* ``weight_decay`` is coupled L2, ``g + lambda w``, added where the papers add
+  it: at the server with its current parameters for a rate applied by the
+  server (the optimizers' weight decay of the papers' PyTorch trainers, and
+  the SMEGA² authors' server), at the worker for a rate applied by the workers
+  (EAMSGD at its look-ahead point ``x + delta v``, as the EASGD authors' code;
+  per-worker BB at the parameters it pulled, so that the decay is scaled by
+  the worker's own rate).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
 import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -19,146 +30,71 @@ from typing import Any
 import optax
 
 from jaxsync._src.core import validation
-from jaxsync._src.rules import barzilai_borwein, guard
+from jaxsync._src.rules import barzilai_borwein
 from jaxsync._src.rules.adaptive_k import adaptive_k as adaptive_k_rule
 from jaxsync._src.rules.elastic import ea_wild_center, easgd_center, easgd_worker
 from jaxsync._src.rules.ordered_momentum import ordered_momentum
 from jaxsync._src.rules.release import on_release
 from jaxsync._src.rules.smega2 import smega2 as smega2_rule
 from jaxsync._src.rules.staleness import scale_by_staleness
+from jaxsync._src.strategies.strategy import (
+  Communication,
+  Dispatch,
+  Engine,
+  RateClock,
+  ServerTraffic,
+  Strategy,
+  WorkerProtocol,
+  reject_nonfinite,
+)
+
+# Memory traffic of the server's update, in parameter-sized arrays read + written (ServerTraffic).
+_SGD, _MOMENTUM, _ADAM = 3.0, 5.0, 7.0
+_ACCUMULATE = 3.0  # a buffered arrival: read the gradient, read and write the sum
+SERVER_OPTIMIZERS = ("sgd", "adam", "rmsprop")
 
 
-class Engine(enum.StrEnum):
-  """How a strategy's events run: rounds behind a barrier, or one arrival at a time."""
-
-  SYNC = "sync"
-  ASYNC = "async"
+# ---------------------------------------------------------------------------
+# Pieces the factories share.
+# ---------------------------------------------------------------------------
 
 
-class WorkerProtocol(enum.StrEnum):
-  """What a worker sends: a gradient, its own model to an elastic centre, or local models to average."""
-
-  GRADIENT = "gradient"
-  ELASTIC = "elastic"
-  LOCAL = "local"
-
-
-class Dispatch(enum.StrEnum):
-  """Who gets the parameters after an asynchronous arrival (docs/algorithms.md)."""
-
-  IMMEDIATE = "immediate"  # the sender, at once
-  SSP = "ssp"  # waiting senders within the staleness bound of the slowest
-  ON_RELEASE = "on_release"  # the waiting senders, when the server rule releases an update
-  ON_RELEASE_FRESH = "on_release_fresh"  # stale senders at once, fresh ones on release (adaptive-k)
-
-
-class Communication(enum.StrEnum):
-  """The cost model of an exchange (see ``TimeModel``)."""
-
-  PARAMETER_SERVER = "parameter_server"
-  RING = "ring"
-  HIERARCHICAL = "hierarchical"
-  SHARED_MEMORY = "shared_memory"  # no network (Hogwild!)
-  NODE_LOCAL = "node_local"  # workers push to their node, the server pulls node sums (InHAD)
-
-
-def _enum(what: str, name: str, value: Any, kind: type[enum.StrEnum]) -> enum.StrEnum:
-  validation.check_choice(
-    what, name, str(value) if isinstance(value, kind) else value, [m.value for m in kind]
-  )
-  return kind(value)
-
-
-@dataclasses.dataclass(frozen=True)
-class Strategy:
-  """One synchronization strategy: its rules, its dispatch policy, its topology.
-
-  Attributes:
-    name: the registry name.
-    num_workers: ``K``, the workers the rules were built for.
-    engine: :class:`Engine`: rounds behind a barrier (``"sync"``) or one
-      arrival at a time (``"async"``).
-    protocol: :class:`WorkerProtocol`, what a worker sends: ``"gradient"``
-      (the server rule takes the message as a gradient), ``"elastic"`` (the
-      worker keeps its own model and exchanges it with an elastic centre) or
-      ``"local"`` (workers take ``local_steps`` local steps, then the server
-      averages their models).
-    server_rule: applied per arrival (async) or to the round's aggregate
-      (sync). Extra args it may read: ``version``, ``num_live_workers``,
-      ``grads_finite``, ``center_read``.
-    worker_rule: applied by the worker to its gradient before sending (or to
-      its own model, for ``"elastic"`` and ``"local"``); ``None`` sends the
-      raw gradient. Extra args it may read: ``noise_ratio``, ``value_fn``,
-      ``center``, ``grads_finite``.
-    dispatch: :class:`Dispatch`, who gets parameters after an async arrival.
-    communication: :class:`Communication`, the cost model of an exchange.
-    staleness_bound: SSP's ``s`` (``dispatch="ssp"`` only).
-    gradients_per_round: sync only: how many of the ``K`` gradients of a round
-      are aggregated (the fastest ones); ``K`` for BSP.
-    local_steps: ``"local"`` protocol: steps between model averages.
-    group_size: workers per synchronous group: the lower level of a
-      hierarchical all-reduce, or an EA-wild group that all-reduces its
-      gradient and exchanges as one (the engine schedules it as one worker).
-    node_size: workers per node that push to their node's aggregator (InHAD).
-    lock_free: elastic: the centre increment is computed against the centre
-      the worker read when it started its step (EA-wild), not the current one.
-    options: the resolved options the strategy was made with.
-  """
-
-  name: str
-  num_workers: int
-  engine: Engine
-  protocol: WorkerProtocol
-  server_rule: optax.GradientTransformationExtraArgs
-  worker_rule: optax.GradientTransformationExtraArgs | None
-  dispatch: Dispatch = Dispatch.IMMEDIATE
-  communication: Communication = Communication.PARAMETER_SERVER
-  staleness_bound: int | None = None
-  gradients_per_round: int | None = None
-  local_steps: int = 1
-  group_size: int = 1
-  node_size: int = 1
-  lock_free: bool = False
-  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-
-  def __post_init__(self):
-    what = f"Strategy {self.name!r}"
-    for name, kind in (
-      ("engine", Engine),
-      ("protocol", WorkerProtocol),
-      ("dispatch", Dispatch),
-      ("communication", Communication),
-    ):
-      object.__setattr__(self, name, _enum(what, name, getattr(self, name), kind))
-
-
-def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
-  """Gives a plain optax rule jaxsync's NaN/Inf policy: a non-finite arrival changes nothing.
-
-  ``u, s' = tx(g, s)`` when ``g`` is finite, else ``0, s``. The extra arg
-  ``grads_finite`` replaces the scan, as for every jaxsync rule.
-  """
-  tx = optax.with_extra_args_support(tx)
-
-  def update_fn(updates, state, params=None, *, grads_finite=None, **extra_args):
-    finite = guard.tree_all_finite(updates) if grads_finite is None else grads_finite
-    new_updates, new_state = tx.update(updates, state, params, **extra_args)
-    new_updates = guard.keep_if(finite, new_updates, optax.tree.zeros_like(new_updates))
-    return new_updates, guard.keep_if(finite, new_state, state)
-
-  return optax.GradientTransformationExtraArgs(tx.init, update_fn)
-
-
-def _sgd(learning_rate: float, momentum: float = 0.0, nesterov: bool = False):
+def _sgd(learning_rate, momentum: float = 0.0, nesterov: bool = False):
   return reject_nonfinite(optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov))
+
+
+def _sgd_traffic(momentum: float) -> float:
+  return _MOMENTUM if momentum else _SGD
+
+
+def _server_optimizer(name: str, choice: str, learning_rate, momentum: float = 0.0):
+  """The optimizer a server applies per update: SGD (with momentum), Adam or RMSProp; and its traffic."""
+  choice = validation.check_choice(name, "server_optimizer", choice, SERVER_OPTIMIZERS)
+  if choice == "adam":
+    return reject_nonfinite(optax.adam(learning_rate)), _ADAM
+  if choice == "rmsprop":
+    return reject_nonfinite(optax.rmsprop(learning_rate)), _MOMENTUM
+  return _sgd(learning_rate, momentum), _sgd_traffic(momentum)
+
+
+def _decayed(rule, weight_decay: float):
+  """``rule`` after coupled L2, ``g + lambda w`` with the parameters the rule is given (no extra traffic:
+  the update reads ``w`` anyway)."""
+  if not weight_decay:
+    return rule
+  return optax.chain(optax.add_decayed_weights(weight_decay), rule)
 
 
 def _check_momentum(name: str, momentum: float) -> float:
   return validation.check_real(name, "momentum", momentum, low=0.0, high=1.0, high_open=True)
 
 
-def _check_lr(name: str, learning_rate: float) -> float:
-  return validation.check_real(name, "learning_rate", learning_rate, low=0.0, low_open=True)
+def _check_lr(name: str, learning_rate):
+  return validation.check_learning_rate(name, learning_rate)
+
+
+def _check_decay(name: str, weight_decay: float) -> float:
+  return validation.check_real(name, "weight_decay", weight_decay, low=0.0)
 
 
 def _check_divides(name: str, option: str, value: int, num_workers: int) -> int:
@@ -227,6 +163,8 @@ def make(name: str, num_workers: int, **options: Any) -> Strategy:
   Every option has the papers' default (see :func:`describe`); an unknown name
   or option raises ``ValueError`` listing the valid ones, and an invalid value
   raises ``ValueError`` naming it, all before anything is compiled.
+  ``learning_rate`` may be an optax schedule and every strategy takes
+  ``weight_decay`` (see the module docstring for their clocks and placement).
 
   Args:
     name: a registry name, see :func:`names`.
@@ -237,10 +175,13 @@ def make(name: str, num_workers: int, **options: Any) -> Strategy:
     A :class:`Strategy`.
 
   Example:
-    >>> import jaxsync
+    >>> import jaxsync, optax
     >>> s = jaxsync.strategies.make("ormo", num_workers=8, learning_rate=0.05)
     >>> str(s.engine), str(s.dispatch), s.options["momentum"]
     ('async', 'immediate', 0.9)
+    >>> warm = optax.linear_schedule(0.05 / 8, 0.05, transition_steps=500)  # SMEGA²'s lr/N warm-up
+    >>> str(jaxsync.strategies.make("smega2", 8, learning_rate=warm, weight_decay=1e-4).rate_clock)
+    'server_updates'
   """
   factory = _lookup(name)
   num_workers = validation.check_int(f"strategy {name!r}", "num_workers", num_workers)
@@ -262,7 +203,13 @@ def make(name: str, num_workers: int, **options: Any) -> Strategy:
 
 @_register("bsp")
 def _bsp(
-  num_workers, *, learning_rate=0.01, momentum=0.9, communication="parameter_server", group_size=None
+  num_workers,
+  *,
+  learning_rate=0.01,
+  momentum=0.9,
+  communication="parameter_server",
+  group_size=None,
+  weight_decay=0.0,
 ) -> Strategy:
   """Bulk-synchronous SGD with momentum: a barrier, the mean of K gradients (the papers' synchronous baseline)."""
   name = "bsp"
@@ -275,27 +222,39 @@ def _bsp(
     )
   elif group_size is not None:
     raise validation.invalid(name, "group_size", group_size, "None unless communication='hierarchical'")
+  momentum = _check_momentum(name, momentum)
   return Strategy(
     name=name,
     num_workers=num_workers,
-    engine="sync",
-    protocol="gradient",
-    server_rule=_sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum)),
+    engine=Engine.SYNC,
+    protocol=WorkerProtocol.GRADIENT,
+    server_rule=_decayed(_sgd(_check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay)),
     worker_rule=None,
     communication=communication,
     gradients_per_round=num_workers,
     group_size=group_size or 1,
+    gradients_per_update=float(num_workers),
+    # A parameter server sums the K pushes; a ring does it in the network.
+    server_traffic=ServerTraffic(_ACCUMULATE, _sgd_traffic(momentum)),
   )
 
 
 @_register("allreduce")
-def _allreduce(num_workers, *, learning_rate=0.01, momentum=0.9) -> Strategy:
+def _allreduce(num_workers, *, learning_rate=0.01, momentum=0.9, weight_decay=0.0) -> Strategy:
   """BSP over a ring all-reduce instead of a parameter server (Horovod-style; Wongpanich et al., HPCAsia 2020)."""
-  return _bsp(num_workers, learning_rate=learning_rate, momentum=momentum, communication="ring")
+  return _bsp(
+    num_workers,
+    learning_rate=learning_rate,
+    momentum=momentum,
+    communication="ring",
+    weight_decay=weight_decay,
+  )
 
 
 @_register("hierarchical_allreduce")
-def _hierarchical_allreduce(num_workers, *, learning_rate=0.01, momentum=0.9, group_size=None) -> Strategy:
+def _hierarchical_allreduce(
+  num_workers, *, learning_rate=0.01, momentum=0.9, group_size=None, weight_decay=0.0
+) -> Strategy:
   """BSP over a two-level all-reduce: groups of ``group_size`` (default 4), then leaders (HPCAsia 2020)."""
   return _bsp(
     num_workers,
@@ -303,11 +262,14 @@ def _hierarchical_allreduce(num_workers, *, learning_rate=0.01, momentum=0.9, gr
     momentum=momentum,
     communication="hierarchical",
     group_size=group_size,
+    weight_decay=weight_decay,
   )
 
 
 @_register("fastest_k", "drop_worker")
-def _fastest_k(num_workers, *, learning_rate=0.01, momentum=0.9, k=None, drop_rate=0.5) -> Strategy:
+def _fastest_k(
+  num_workers, *, learning_rate=0.01, momentum=0.9, k=None, drop_rate=0.5, weight_decay=0.0
+) -> Strategy:
   """Synchronous rounds that aggregate the k fastest gradients and drop the rest (Dutta et al., AISTATS 2018)."""
   name = "fastest_k"
   rate = validation.check_real(name, "drop_rate", drop_rate, low=0.0, high=1.0, high_open=True)
@@ -316,8 +278,8 @@ def _fastest_k(num_workers, *, learning_rate=0.01, momentum=0.9, k=None, drop_ra
   k = validation.check_int(name, "k", k)
   if k > num_workers:
     raise validation.invalid(name, "k", k, f"an integer in [1, num_workers={num_workers}]")
-  strategy = _bsp(num_workers, learning_rate=learning_rate, momentum=momentum)
-  return dataclasses.replace(strategy, gradients_per_round=k)
+  strategy = _bsp(num_workers, learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay)
+  return dataclasses.replace(strategy, gradients_per_round=k, gradients_per_update=float(k))
 
 
 @_register("local_sgd")
@@ -329,26 +291,32 @@ def _local_sgd(
   period=8,
   outer_learning_rate=1.0,
   outer_momentum=0.0,
+  weight_decay=0.0,
 ) -> Strategy:
   """Local SGD: ``period`` local steps per worker, then the models are averaged (DiLoCo's outer step).
 
   The server rule is the outer optimizer on the pseudo-gradient
   ``theta - mean_k x_k``: SGD with rate 1 is plain model averaging; a
-  Nesterov outer momentum gives DiLoCo's outer loop.
+  Nesterov outer momentum gives DiLoCo's outer loop. ``learning_rate`` (and
+  its schedule) and ``weight_decay`` are the workers' local optimizer's.
   """
   name = "local_sgd"
   period = validation.check_int(name, "period", period)
   outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
   outer_m = validation.check_real(name, "outer_momentum", outer_momentum, low=0.0, high=1.0, high_open=True)
+  worker = _sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum))
   return Strategy(
     name=name,
     num_workers=num_workers,
-    engine="sync",
-    protocol="local",
+    engine=Engine.SYNC,
+    protocol=WorkerProtocol.LOCAL,
     server_rule=_sgd(outer_lr, outer_m, nesterov=outer_m > 0),
-    worker_rule=_sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum)),
-    communication="ring",
+    worker_rule=_decayed(worker, _check_decay(name, weight_decay)),
+    communication=Communication.RING,
     local_steps=period,
+    rate_clock=RateClock.WORKER_STEPS,
+    gradients_per_update=float(num_workers * period),
+    server_traffic=ServerTraffic(0.0, _sgd_traffic(outer_m)),
   )
 
 
@@ -357,11 +325,13 @@ def _local_sgd(
 # ---------------------------------------------------------------------------
 
 
-def _async(name, num_workers, server_rule, worker_rule=None, *, protocol="gradient", **fields) -> Strategy:
+def _async(
+  name, num_workers, server_rule, worker_rule=None, *, protocol=WorkerProtocol.GRADIENT, **fields
+) -> Strategy:
   return Strategy(
     name=name,
     num_workers=num_workers,
-    engine="async",
+    engine=Engine.ASYNC,
     protocol=protocol,
     server_rule=server_rule,
     worker_rule=worker_rule,
@@ -370,98 +340,157 @@ def _async(name, num_workers, server_rule, worker_rule=None, *, protocol="gradie
 
 
 @_register("asp")
-def _asp(num_workers, *, learning_rate=0.01) -> Strategy:
-  """Asynchronous SGD through a parameter server: apply each arrival, reply at once (Dean et al., NeurIPS 2012)."""
-  return _async("asp", num_workers, _sgd(_check_lr("asp", learning_rate)))
+def _asp(num_workers, *, learning_rate=0.01, weight_decay=0.0, server_optimizer="sgd") -> Strategy:
+  """Asynchronous SGD through a parameter server: apply each arrival, reply at once (Dean et al., NeurIPS 2012).
 
-
-@_register("hogwild")
-def _hogwild(num_workers, *, learning_rate=0.01) -> Strategy:
-  """Hogwild: ASGD on shared memory, lock-free, no network cost (Niu et al. 2011)."""
+  ``server_optimizer`` is what the server applies per arrival: ``"sgd"``, or
+  ``"adam"`` / ``"rmsprop"``, the optimizers whose memory traffic the
+  adaptive-k paper (JPDC 2022, §3.6) names as the server's bottleneck.
+  """
+  name = "asp"
+  rule, traffic = _server_optimizer(name, server_optimizer, _check_lr(name, learning_rate))
   return _async(
-    "hogwild", num_workers, _sgd(_check_lr("hogwild", learning_rate)), communication="shared_memory"
+    name,
+    num_workers,
+    _decayed(rule, _check_decay(name, weight_decay)),
+    server_traffic=ServerTraffic(0.0, traffic),
   )
 
 
+@_register("hogwild")
+def _hogwild(num_workers, *, learning_rate=0.01, weight_decay=0.0) -> Strategy:
+  """Hogwild: ASGD on shared memory, lock-free, no network cost (Niu et al. 2011)."""
+  name = "hogwild"
+  rule = _decayed(_sgd(_check_lr(name, learning_rate)), _check_decay(name, weight_decay))
+  return _async(name, num_workers, rule, communication=Communication.SHARED_MEMORY)
+
+
 @_register("naive_asgdm")
-def _naive_asgdm(num_workers, *, learning_rate=0.1, momentum=0.9) -> Strategy:
+def _naive_asgdm(num_workers, *, learning_rate=0.1, momentum=0.9, weight_decay=0.0) -> Strategy:
   """ASGD with server momentum applied straight to stale gradients (the OrMo paper's baseline, NeurIPS 2024)."""
   name = "naive_asgdm"
-  return _async(name, num_workers, _sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum)))
+  momentum = _check_momentum(name, momentum)
+  rule = _decayed(_sgd(_check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay))
+  return _async(name, num_workers, rule, server_traffic=ServerTraffic(0.0, _sgd_traffic(momentum)))
 
 
 @_register("shifted_momentum")
-def _shifted_momentum(num_workers, *, learning_rate=0.1, momentum=0.9) -> Strategy:
+def _shifted_momentum(num_workers, *, learning_rate=0.1, momentum=0.9, weight_decay=0.0) -> Strategy:
   """Shifted momentum: each worker keeps a local momentum and sends it (Giladi et al., ICLR 2020)."""
   name = "shifted_momentum"
   worker = reject_nonfinite(optax.trace(decay=_check_momentum(name, momentum)))
-  return _async(name, num_workers, _sgd(_check_lr(name, learning_rate)), worker)
+  rule = _decayed(_sgd(_check_lr(name, learning_rate)), _check_decay(name, weight_decay))
+  return _async(name, num_workers, rule, worker)
 
 
 @_register("smega2")
 def _smega2(
-  num_workers, *, learning_rate=0.1, momentum=0.9, dampening=0.0, look_ahead="advanced"
+  num_workers, *, learning_rate=0.1, momentum=0.9, dampening=0.0, look_ahead="advanced", weight_decay=0.0
 ) -> Strategy:
   """SMEGA²: one shared momentum updated per cycle of K arrivals, look-ahead replies (Cohen et al., ICPP 2022)."""
   rule = smega2_rule(
     learning_rate, momentum, num_workers=num_workers, dampening=dampening, look_ahead=look_ahead
   )
-  return _async("smega2", num_workers, rule)
+  # The update (gradient, cycle sum, momentum, parameters: 7 arrays) and the look-ahead reply (4).
+  return _async(
+    "smega2",
+    num_workers,
+    _decayed(rule, _check_decay("smega2", weight_decay)),
+    server_traffic=ServerTraffic(0.0, 11.0),
+  )
 
 
 @_register("ormo")
-def _ormo(num_workers, *, learning_rate=0.1, momentum=0.9) -> Strategy:
+def _ormo(num_workers, *, learning_rate=0.1, momentum=0.9, weight_decay=0.0) -> Strategy:
   """OrMo: ordered momentum, stale gradients placed by their iteration group (Shi et al., NeurIPS 2024)."""
-  return _async("ormo", num_workers, ordered_momentum(learning_rate, momentum, num_workers=num_workers))
+  rule = ordered_momentum(learning_rate, momentum, num_workers=num_workers)
+  return _async(
+    "ormo",
+    num_workers,
+    _decayed(rule, _check_decay("ormo", weight_decay)),
+    server_traffic=ServerTraffic(0.0, _MOMENTUM),
+  )
 
 
 @_register("ormo_da")
-def _ormo_da(num_workers, *, learning_rate=0.1, momentum=0.9, delay_measure="iterations") -> Strategy:
+def _ormo_da(
+  num_workers, *, learning_rate=0.1, momentum=0.9, delay_measure="iterations", weight_decay=0.0
+) -> Strategy:
   """OrMo-DA: OrMo with a delay-adaptive learning rate (Shi et al., NeurIPS 2024)."""
   rule = ordered_momentum(
     learning_rate, momentum, num_workers=num_workers, delay_adaptive=True, delay_measure=delay_measure
   )
-  return _async("ormo_da", num_workers, rule)
+  return _async(
+    "ormo_da",
+    num_workers,
+    _decayed(rule, _check_decay("ormo_da", weight_decay)),
+    server_traffic=ServerTraffic(0.0, _MOMENTUM),
+  )
 
 
 @_register("ssp")
-def _ssp(num_workers, *, learning_rate=0.01, momentum=0.0, staleness_bound=3) -> Strategy:
+def _ssp(num_workers, *, learning_rate=0.01, momentum=0.0, staleness_bound=3, weight_decay=0.0) -> Strategy:
   """Stale synchronous parallel: no worker runs more than ``staleness_bound`` clocks ahead (Ho et al., NeurIPS 2013)."""
   name = "ssp"
   bound = validation.check_int(name, "staleness_bound", staleness_bound, low=0)
-  rule = _sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum))
-  return _async(name, num_workers, rule, dispatch="ssp", staleness_bound=bound)
+  momentum = _check_momentum(name, momentum)
+  rule = _decayed(_sgd(_check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay))
+  return _async(
+    name,
+    num_workers,
+    rule,
+    dispatch=Dispatch.SSP,
+    staleness_bound=bound,
+    server_traffic=ServerTraffic(0.0, _sgd_traffic(momentum)),
+  )
 
 
-def _buffered_sgd(per_update: int, learning_rate: float, momentum: float):
-  # Averages `per_update` arrivals, then one SGD(-momentum) step on each release only.
+def _buffered_sgd(per_update: int, learning_rate, momentum: float):
+  # Averages `per_update` arrivals, then one SGD(-momentum) step on each release only (so a schedule
+  # counts releases).
   return on_release(
     scale_by_staleness("none", gradients_per_update=per_update), _sgd(learning_rate, momentum)
   )
 
 
 @_register("k_async")
-def _k_async(num_workers, *, learning_rate=0.01, momentum=0.0, k=None) -> Strategy:
+def _k_async(num_workers, *, learning_rate=0.01, momentum=0.0, k=None, weight_decay=0.0) -> Strategy:
   """K-async SGD: update on any k arrivals (stale or not), reply to those k (Dutta et al., AISTATS 2018)."""
   name = "k_async"
   k = validation.check_int(name, "k", max(1, num_workers // 2) if k is None else k)
   if k > num_workers:
     raise validation.invalid(name, "k", k, f"an integer in [1, num_workers={num_workers}]")
-  rule = _buffered_sgd(k, _check_lr(name, learning_rate), _check_momentum(name, momentum))
-  return _async(name, num_workers, rule, dispatch="on_release")
+  momentum = _check_momentum(name, momentum)
+  rule = _decayed(
+    _buffered_sgd(k, _check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay)
+  )
+  return _async(
+    name,
+    num_workers,
+    rule,
+    dispatch=Dispatch.ON_RELEASE,
+    gradients_per_update=float(k),
+    server_traffic=ServerTraffic(_ACCUMULATE, _sgd_traffic(momentum)),
+  )
 
 
 @_register("staleness_aware_asp")
 def _staleness_aware_asp(
-  num_workers, *, learning_rate=0.01, mode="linear", penalty=None, gradients_per_update=1
+  num_workers, *, learning_rate=0.01, mode="linear", penalty=None, gradients_per_update=1, weight_decay=0.0
 ) -> Strategy:
   """ASGD with a learning rate divided by staleness (or its exponential penalty), n-softsync (Zhang et al., IJCAI 2016)."""
   name = "staleness_aware_asp"
-  rule = optax.chain(
-    scale_by_staleness(mode, penalty=penalty, gradients_per_update=gradients_per_update),
-    optax.scale_by_learning_rate(_check_lr(name, learning_rate)),
+  buffer = scale_by_staleness(mode, penalty=penalty, gradients_per_update=gradients_per_update)
+  # on_release: the rate (and its schedule) steps once per update, not per buffered arrival.
+  rule = on_release(buffer, optax.scale_by_learning_rate(_check_lr(name, learning_rate)))
+  per_update = int(gradients_per_update)
+  return _async(
+    name,
+    num_workers,
+    _decayed(rule, _check_decay(name, weight_decay)),
+    gradients_per_update=float(per_update),
+    server_traffic=ServerTraffic(_ACCUMULATE if per_update > 1 else 0.0, _SGD),
   )
-  return _async(name, num_workers, rule)
 
 
 @_register("adaptive_k")
@@ -478,20 +507,34 @@ def _adaptive_k(
   bb_smoothing=0.1,
   bb_max_scale=barzilai_borwein.DEFAULT_MAX_SCALE,
   armijo=False,
+  weight_decay=0.0,
+  server_optimizer="sgd",
 ) -> Strategy:
   """Adaptive-k release, progressive momentum, optional per-worker BB step sizes (Zhang, Ji, Wang, JPDC 2022).
 
   ``bb_max_scale`` (jaxsync's safeguard, not the paper's) bounds each worker's BB
   step to ``[learning_rate / bb_max_scale, learning_rate * bb_max_scale]``;
   ``None`` is the paper's unbounded rule (see :func:`jaxsync.bb_step_size`).
+  ``server_optimizer="adam"`` (or ``"rmsprop"``) applies that optimizer to
+  each released aggregate instead of the progressive momentum's SGD step (the
+  server-side optimizers of the paper's §3.6); it needs ``bb_step_size=False``.
   """
   name = "adaptive_k"
   lr = _check_lr(name, learning_rate)
+  decay = _check_decay(name, weight_decay)
   max_scale = barzilai_borwein.check_max_scale(name, "bb_max_scale", bb_max_scale)
   use_bb = validation.check_bool(name, "bb_step_size", bb_step_size)
   use_armijo = validation.check_bool(name, "armijo", armijo)
+  optimizer = validation.check_choice(name, "server_optimizer", server_optimizer, SERVER_OPTIMIZERS)
   if use_armijo and not use_bb:
     raise validation.invalid(name, "armijo", armijo, "False unless bb_step_size=True")
+  if use_bb and optimizer != "sgd":
+    raise validation.invalid(
+      name,
+      "server_optimizer",
+      server_optimizer,
+      "'sgd' with bb_step_size=True (the workers apply their rates)",
+    )
   if max_k is not None:
     max_k = validation.check_int(name, "max_k", max_k)
     if max_k > num_workers:
@@ -499,21 +542,38 @@ def _adaptive_k(
   server = adaptive_k_rule(
     momentum=momentum, theta=theta, confidence=confidence, ci_endpoint=ci_endpoint, max_k=max_k or num_workers
   )
+  # An arrival: the gradient read, the fresh mean (or the stale sum) read and written, its squared
+  # deviation summed in the same pass; a release: mean, stale sum, momentum (r+w), parameters (r+w).
+  traffic = ServerTraffic(_ACCUMULATE, 6.0)
   if use_bb:
-    # Workers send alpha_i g_i (docs/algorithms.md §11c); the server applies rate 1 (§11b).
-    worker = barzilai_borwein.bb_step_size(
+    # Workers send alpha_i g_i (docs/algorithms.md §11c); the server applies rate 1 (§11b). The decay is
+    # the worker's, at the parameters it pulled, so that its own rate scales it.
+    bb = barzilai_borwein.bb_step_size(
       lr, smoothing=bb_smoothing, max_scale=max_scale, armijo=use_armijo, server_momentum=momentum
     )
-    rule = optax.chain(server, optax.scale(-1.0))
+    return _async(
+      name,
+      num_workers,
+      optax.chain(server, optax.scale(-1.0)),
+      _decayed(bb, decay),
+      dispatch=Dispatch.ON_RELEASE_FRESH,
+      rate_clock=RateClock.WORKER_STEPS,
+      gradients_per_update=None,
+      server_traffic=traffic,
+    )
+  if optimizer == "sgd":
+    inner, extra = optax.scale_by_learning_rate(lr), 0.0
   else:
-    worker = None
-    rule = optax.chain(server, optax.scale_by_learning_rate(lr))
+    inner, update_traffic = _server_optimizer(name, optimizer, lr)
+    extra = update_traffic - _SGD  # the optimizer's own buffers, on top of the momentum's update
+  # on_release: the rate (and its schedule) steps once per release, not per buffered arrival.
   return _async(
     name,
     num_workers,
-    rule,
-    worker,
-    dispatch="on_release_fresh",
+    _decayed(on_release(server, inner), decay),
+    dispatch=Dispatch.ON_RELEASE_FRESH,
+    gradients_per_update=None,
+    server_traffic=ServerTraffic(traffic.arrival, traffic.release + extra),
   )
 
 
@@ -526,6 +586,7 @@ def _inhad(
   local_workers=None,
   pull_threshold=None,
   wait_for_pull=False,
+  weight_decay=0.0,
 ) -> Strategy:
   """InHAD: node-local gradient sums, pulled by the server when their counts reach a threshold (J. Supercomputing 2021).
 
@@ -546,14 +607,18 @@ def _inhad(
     raise validation.invalid(
       name, "pull_threshold", threshold, f"at most num_workers={num_workers} with wait_for_pull=True"
     )
-  rule = _buffered_sgd(threshold, _check_lr(name, learning_rate), _check_momentum(name, momentum))
+  momentum = _check_momentum(name, momentum)
+  rule = _buffered_sgd(threshold, _check_lr(name, learning_rate), momentum)
   return _async(
     name,
     num_workers,
-    rule,
-    dispatch="on_release" if lockstep else "immediate",
-    communication="node_local",
+    _decayed(rule, _check_decay(name, weight_decay)),
+    dispatch=Dispatch.ON_RELEASE if lockstep else Dispatch.IMMEDIATE,
+    communication=Communication.NODE_LOCAL,
     node_size=local,
+    gradients_per_update=float(threshold),
+    # Arrivals are summed at their node; the server's cost is the pull's update.
+    server_traffic=ServerTraffic(_ACCUMULATE, _sgd_traffic(momentum)),
   )
 
 
@@ -562,30 +627,48 @@ def _inhad(
 # ---------------------------------------------------------------------------
 
 
-def _elastic(name, num_workers, worker, center) -> Strategy:
-  return _async(name, num_workers, center, worker, protocol="elastic")
+def _elastic(name, num_workers, worker, center, traffic: float) -> Strategy:
+  return _async(
+    name,
+    num_workers,
+    center,
+    worker,
+    protocol=WorkerProtocol.ELASTIC,
+    rate_clock=RateClock.WORKER_STEPS,
+    gradients_per_update=None,
+    # The centre's update on an exchange: the worker's model read, the centre read and written.
+    server_traffic=ServerTraffic(0.0, traffic),
+  )
 
 
 @_register("easgd")
-def _easgd(num_workers, *, learning_rate=0.1, moving_rate=None, period=10) -> Strategy:
+def _easgd(num_workers, *, learning_rate=0.1, moving_rate=None, period=10, weight_decay=0.0) -> Strategy:
   """Asynchronous EASGD: local SGD, an elastic exchange with a locked centre every ``period`` steps (Zhang et al., NeurIPS 2015)."""
   alpha = _moving_rate("easgd", moving_rate, num_workers)
-  worker = easgd_worker(_check_lr("easgd", learning_rate), moving_rate=alpha, period=period)
-  return _elastic("easgd", num_workers, worker, easgd_center(alpha))
+  worker = easgd_worker(
+    _check_lr("easgd", learning_rate), moving_rate=alpha, period=period, weight_decay=weight_decay
+  )
+  return _elastic("easgd", num_workers, worker, easgd_center(alpha), _SGD)
 
 
 @_register("eamsgd")
-def _eamsgd(num_workers, *, learning_rate=0.01, momentum=0.99, moving_rate=None, period=10) -> Strategy:
+def _eamsgd(
+  num_workers, *, learning_rate=0.01, momentum=0.99, moving_rate=None, period=10, weight_decay=0.0
+) -> Strategy:
   """EAMSGD: EASGD with local Nesterov momentum (Zhang, Choromanska, LeCun, NeurIPS 2015)."""
   alpha = _moving_rate("eamsgd", moving_rate, num_workers)
   worker = easgd_worker(
-    _check_lr("eamsgd", learning_rate), moving_rate=alpha, period=period, momentum=momentum
+    _check_lr("eamsgd", learning_rate),
+    moving_rate=alpha,
+    period=period,
+    momentum=momentum,
+    weight_decay=weight_decay,
   )
-  return _elastic("eamsgd", num_workers, worker, easgd_center(alpha))
+  return _elastic("eamsgd", num_workers, worker, easgd_center(alpha), _SGD)
 
 
 @_register("ea_wild")
-def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None, group_size=1) -> Strategy:
+def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None, group_size=1, weight_decay=0.0) -> Strategy:
   """EA-wild: an elastic exchange every step against a lock-free, possibly stale read of the centre (HPCAsia 2020).
 
   With ``group_size`` G > 1 the workers form K/G groups: inside a group the
@@ -596,6 +679,9 @@ def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None, group_size=1) 
   """
   groups = _check_divides("ea_wild", "group_size", group_size, num_workers)
   alpha = _moving_rate("ea_wild", moving_rate, num_workers // groups)
-  worker = easgd_worker(_check_lr("ea_wild", learning_rate), moving_rate=alpha, period=1)
-  strategy = _elastic("ea_wild", num_workers, worker, ea_wild_center(alpha))
+  worker = easgd_worker(
+    _check_lr("ea_wild", learning_rate), moving_rate=alpha, period=1, weight_decay=weight_decay
+  )
+  # The lock-free increment also reads the centre the worker read.
+  strategy = _elastic("ea_wild", num_workers, worker, ea_wild_center(alpha), 4.0)
   return dataclasses.replace(strategy, lock_free=True, group_size=groups)

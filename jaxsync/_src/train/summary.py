@@ -9,14 +9,38 @@ import numpy as np
 from jaxsync._src.runtime.history import History
 
 
+def divergence(
+  history: History, final_metrics: dict[str, float], *, chance_accuracy: float | None = None
+) -> str | None:
+  """Why a run diverged, in words, or None: a loss that went non-finite, or accuracy back at chance.
+
+  A run has diverged when its final evaluation loss or a training batch loss
+  of its last tenth is NaN or infinite, or when its final accuracy is at most
+  ``1.5 x chance_accuracy`` (``1 / classes``: a network that predicts one class,
+  or noise, on balanced held-out data).
+  """
+  loss = final_metrics.get("loss")
+  if loss is not None and not np.isfinite(loss):
+    return f"the final evaluation loss is {loss}"
+  tail = max(1, len(history.loss) // 10)
+  recent = np.asarray(history.loss[-tail:])[~np.asarray(history.rejected[-tail:], bool)]
+  if recent.size and not np.isfinite(recent).all():
+    return f"the training loss went non-finite ({int((~np.isfinite(recent)).sum())} of the last {recent.size} events)"
+  accuracy = final_metrics.get("accuracy")
+  if chance_accuracy is not None and accuracy is not None and accuracy <= 1.5 * chance_accuracy:
+    return f"the final accuracy {accuracy:.3f} is at chance level ({chance_accuracy:.3f})"
+  return None
+
+
 def summarize(
   history: History,
   final_metrics: dict[str, float],
   *,
   target: tuple[str, float] | None,
   stopped_by: str,
+  chance_accuracy: float | None = None,
 ) -> dict[str, Any]:
-  """The run's outcome: final metrics, time and updates to ``target``, staleness, bytes moved."""
+  """The run's outcome: final metrics, time and updates to ``target``, staleness, bytes moved, divergence."""
   summary: dict[str, Any] = {
     "events": len(history.time),
     "updates": history.updates,
@@ -51,4 +75,8 @@ def summarize(
     bytes_moved_intra=history.bytes_moved_intra,
     rejected=history.rejected_count,
   )
+  why = divergence(history, final_metrics, chance_accuracy=chance_accuracy)
+  summary["diverged"] = why is not None
+  if why is not None:
+    summary["diverged_because"] = why
   return summary

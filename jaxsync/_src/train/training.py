@@ -139,6 +139,7 @@ def _finish(
   run_dir: pathlib.Path,
   label: str,
   target: tuple[str, float] | None,
+  chance_accuracy: float | None,
   wall_seconds: float,
   primary: bool,
   make_plots: bool,
@@ -147,7 +148,12 @@ def _finish(
   history = runtime.history(run.records, run.state, initial_metrics=run.initial_metrics)
   final_params = run.state.params
   final_metrics = runtime.evaluate(final_params)
-  summary = {"label": label, **summarize(history, final_metrics, target=target, stopped_by=run.stopped_by)}
+  summary = {
+    "label": label,
+    **summarize(
+      history, final_metrics, target=target, stopped_by=run.stopped_by, chance_accuracy=chance_accuracy
+    ),
+  }
   summary["wall_seconds"] = wall_seconds
   final_row = {
     "kind": "final",
@@ -177,6 +183,7 @@ def train(
   checkpoint_every: int | None = None,
   max_time: float | None = None,
   target: tuple[str, float] | None = ("accuracy", 0.9),
+  chance_accuracy: float | None = None,
   label: str = "",
   reporter: Reporter | None = None,
   tensorboard: bool = True,
@@ -202,6 +209,8 @@ def train(
       ``log_every``); a final checkpoint is always saved.
     max_time: stop at this time of the runtime's clock instead.
     target: ``(metric, value)`` for the time-to-target in the summary.
+    chance_accuracy: the accuracy of a guess (``1 / classes``); a run that
+      ends at it (or whose loss goes non-finite) is marked ``"diverged"``.
     label: the progress bar's label.
     reporter: progress reporting (default: silent).
     tensorboard, make_plots: write TensorBoard events / PNG plots.
@@ -288,6 +297,7 @@ def train(
     run_dir=run_dir,
     label=label,
     target=target,
+    chance_accuracy=chance_accuracy,
     wall_seconds=wall_seconds(),
     primary=primary,
     make_plots=make_plots,

@@ -1,0 +1,186 @@
+"""What a strategy is: its rules, its dispatch policy, its topology, and what it costs a server.
+
+A strategy is three pure pieces (docs/design.md): a *server rule* (an optax
+transform applied to each arrival, or to each round's aggregate), a *dispatch
+policy* (which waiting workers get parameters after an arrival) and a *worker
+rule* (what a worker does to its gradient, or to its own model, before it
+sends). Both runtimes, the simulator and the multi-process runtime, take a
+:class:`Strategy` and run exactly these pieces; the registry
+(:mod:`jaxsync._src.strategies.registry`) builds one per name.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from collections.abc import Mapping
+from typing import Any, NamedTuple
+
+import optax
+
+from jaxsync._src.core import validation
+from jaxsync._src.rules import guard
+
+
+class Engine(enum.StrEnum):
+  """How a strategy's events run: rounds behind a barrier, or one arrival at a time."""
+
+  SYNC = "sync"
+  ASYNC = "async"
+
+
+class WorkerProtocol(enum.StrEnum):
+  """What a worker sends: a gradient, its own model to an elastic centre, or local models to average."""
+
+  GRADIENT = "gradient"
+  ELASTIC = "elastic"
+  LOCAL = "local"
+
+
+class Dispatch(enum.StrEnum):
+  """Who gets the parameters after an asynchronous arrival (docs/algorithms.md §0)."""
+
+  IMMEDIATE = "immediate"  # the sender, at once
+  SSP = "ssp"  # waiting senders within the staleness bound of the slowest
+  ON_RELEASE = "on_release"  # the waiting senders, when the server rule releases an update
+  ON_RELEASE_FRESH = "on_release_fresh"  # stale senders at once, fresh ones on release (adaptive-k)
+
+
+class Communication(enum.StrEnum):
+  """The cost model of an exchange (see ``TimeModel``)."""
+
+  PARAMETER_SERVER = "parameter_server"
+  RING = "ring"
+  HIERARCHICAL = "hierarchical"
+  SHARED_MEMORY = "shared_memory"  # no network (Hogwild!)
+  NODE_LOCAL = "node_local"  # workers push to their node, the server pulls node sums (InHAD)
+
+
+class RateClock(enum.StrEnum):
+  """What counts the steps of a strategy's learning-rate schedule."""
+
+  SERVER_UPDATES = "server_updates"  # the server rule's updates (an arrival applied, or a release)
+  WORKER_STEPS = "worker_steps"  # each worker's own steps (its rule holds the rate: local SGD, EASGD, BB)
+
+
+class ServerTraffic(NamedTuple):
+  """The server's memory traffic, in parameter-sized arrays read plus written (the equations' minimum).
+
+  A server applying a rule is bound by memory bandwidth on a fast network (the
+  argument of Zhang, Ji, Wang, JPDC 2022, §3.6): SGD reads the gradient and the
+  parameters and writes the parameters (3 arrays); momentum adds a buffer read
+  and written (5); Adam two (7). A buffering rule pays for accumulating each
+  arrival and, on a release, for the update.
+
+  Attributes:
+    arrival: arrays per accepted arrival (accumulating it; 0 for a rule that
+      applies every arrival, whose cost is all in ``release``).
+    release: arrays per update the arrival releases.
+  """
+
+  arrival: float
+  release: float
+
+
+def _enum(what: str, name: str, value: Any, kind: type[enum.StrEnum]) -> enum.StrEnum:
+  validation.check_choice(
+    what, name, str(value) if isinstance(value, kind) else value, [m.value for m in kind]
+  )
+  return kind(value)
+
+
+@dataclasses.dataclass(frozen=True)
+class Strategy:
+  """One synchronization strategy: its rules, its dispatch policy, its topology, its costs.
+
+  Attributes:
+    name: the registry name.
+    num_workers: ``K``, the workers the rules were built for.
+    engine: :class:`Engine`: rounds behind a barrier (``"sync"``) or one
+      arrival at a time (``"async"``).
+    protocol: :class:`WorkerProtocol`, what a worker sends: ``"gradient"``
+      (the server rule takes the message as a gradient), ``"elastic"`` (the
+      worker keeps its own model and exchanges it with an elastic centre) or
+      ``"local"`` (workers take ``local_steps`` local steps, then the server
+      averages their models).
+    server_rule: applied per arrival (async) or to the round's aggregate
+      (sync). Extra args it may read: ``version``, ``num_live_workers``,
+      ``grads_finite``, ``center_read``.
+    worker_rule: applied by the worker to its gradient before sending (or to
+      its own model, for ``"elastic"`` and ``"local"``); ``None`` sends the
+      raw gradient. Extra args it may read: ``noise_ratio``, ``value_fn``,
+      ``center``, ``grads_finite``.
+    dispatch: :class:`Dispatch`, who gets parameters after an async arrival.
+    communication: :class:`Communication`, the cost model of an exchange.
+    staleness_bound: SSP's ``s`` (``dispatch="ssp"`` only).
+    gradients_per_round: sync only: how many of the ``K`` gradients of a round
+      are aggregated (the fastest ones); ``K`` for BSP.
+    local_steps: ``"local"`` protocol: steps between model averages.
+    group_size: workers per synchronous group: the lower level of a
+      hierarchical all-reduce, or an EA-wild group that all-reduces its
+      gradient and exchanges as one (the engine schedules it as one worker).
+    node_size: workers per node that push to their node's aggregator (InHAD).
+    lock_free: elastic: the centre increment is computed against the centre
+      the worker read when it started its step (EA-wild), not the current one.
+    rate_clock: :class:`RateClock`, what counts the steps of the learning
+      rate's schedule (the server rule's updates, or each worker's own steps).
+    gradients_per_update: worker gradients one server update combines (1 for
+      a rule that applies every arrival, ``K`` for BSP); ``None`` where it
+      varies (adaptive-k). Converts a schedule given in epochs to its clock.
+    server_traffic: :class:`ServerTraffic`, the server's memory traffic, which
+      the time model charges at its memory bandwidth.
+    options: the resolved options the strategy was made with.
+  """
+
+  name: str
+  num_workers: int
+  engine: Engine
+  protocol: WorkerProtocol
+  server_rule: optax.GradientTransformationExtraArgs
+  worker_rule: optax.GradientTransformationExtraArgs | None
+  dispatch: Dispatch = Dispatch.IMMEDIATE
+  communication: Communication = Communication.PARAMETER_SERVER
+  staleness_bound: int | None = None
+  gradients_per_round: int | None = None
+  local_steps: int = 1
+  group_size: int = 1
+  node_size: int = 1
+  lock_free: bool = False
+  rate_clock: RateClock = RateClock.SERVER_UPDATES
+  gradients_per_update: float | None = 1.0
+  server_traffic: ServerTraffic = ServerTraffic(0.0, 3.0)
+  options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def __post_init__(self):
+    what = f"Strategy {self.name!r}"
+    for name, kind in (
+      ("engine", Engine),
+      ("protocol", WorkerProtocol),
+      ("dispatch", Dispatch),
+      ("communication", Communication),
+      ("rate_clock", RateClock),
+    ):
+      object.__setattr__(self, name, _enum(what, name, getattr(self, name), kind))
+
+
+def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
+  """Gives a plain optax rule jaxsync's NaN/Inf policy: a non-finite arrival changes nothing.
+
+  ``u, s' = tx(g, s)`` when ``g`` is finite, else ``0, s``. The extra arg
+  ``grads_finite`` replaces the scan, as for every jaxsync rule.
+
+  Args:
+    tx: any optax transform.
+
+  Returns:
+    The same transform with extra-args support and the guard.
+  """
+  tx = optax.with_extra_args_support(tx)
+
+  def update_fn(updates, state, params=None, *, grads_finite=None, **extra_args):
+    finite = guard.tree_all_finite(updates) if grads_finite is None else grads_finite
+    new_updates, new_state = tx.update(updates, state, params, **extra_args)
+    new_updates = guard.keep_if(finite, new_updates, optax.tree.zeros_like(new_updates))
+    return new_updates, guard.keep_if(finite, new_state, state)
+
+  return optax.GradientTransformationExtraArgs(tx.init, update_fn)
