@@ -307,7 +307,7 @@ def train_command(config_name: str, overrides: list[str], run_dir: pathlib.Path)
   overrides, and the strategy with its resolved options (shared, ``compare.options``, the cell's own)
   as one mapping, since ``jaxsync train`` reads ``strategy.options`` as they stand."""
   ran = config_lib.load(run_dir / "config.yaml")
-  keep = [o for o in overrides if not o.startswith(("strategy.", "compare."))]
+  keep = [o for o in overrides if not o.startswith(("strategy.name", "strategy.options", "compare."))]
   options = yaml.safe_dump(ran.strategy.options, default_flow_style=True, width=10_000).strip()
   sets = [*keep, f"strategy.name={ran.strategy.name}", f"strategy.options={options}"]
   if ran.seed:

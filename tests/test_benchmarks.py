@@ -130,6 +130,27 @@ def test_inhad_layouts_tiny(tmp_path):
   assert inhad["bytes_moved_intra"] > 0  # node-local aggregation moves bytes inside the nodes
 
 
+def test_server_bound_tiny(tmp_path):
+  markdown, _, runs = run_tiny("server_bound", tmp_path)
+  assert assert_commands_reproduce_runs(markdown, runs) == 2
+  main = tables(markdown)[0]
+  assert [(r[0], r[1]) for r in main[1:]] == [
+    ("server 3GB/s", "asp (sgd)"),
+    ("server 3GB/s", "adaptive_k (sgd)"),
+  ]
+  asp, adaptive = main[1], main[2]
+  # ASP's SGD update reads the gradient and the parameters and writes the parameters: 3 arrays of 98 MB per
+  # gradient, 98 ms at 3 GB/s, after the push's 7.84 ms through the receive side at 100 Gbit/s. So the server
+  # caps it at 1 / 0.10584 s = 9.4 gradients/s, below the 37.2 the 32 workers offer, its memory busy 93%.
+  assert float(asp[2]) == 3.0 and float(asp[3]) == 1.0 and asp[8] == "9.4"
+  assert float(asp[4]) == pytest.approx(1 / 0.10584, rel=0.02) and int(asp[7].rstrip("%")) in (92, 93)
+  # adaptive-k pays 3 arrays to accumulate each gradient and 6 per released update: 3 + 6/k per gradient.
+  k = float(adaptive[3])
+  assert k > 1 and float(adaptive[2]) == pytest.approx(3 + 6 / k, abs=0.01)
+  assert float(adaptive[4]) <= float(adaptive[8]) * 1.03  # never faster than its server allows
+  assert "Buffering is not free" in markdown
+
+
 def test_performance_tiny(tmp_path):
   markdown, _, _ = run_tiny("performance", tmp_path)
   overview = tables(markdown)[0]

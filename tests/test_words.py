@@ -11,7 +11,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 USER_FACING = sorted(
   [
     *ROOT.glob("jaxsync/**/*.py"),
-    *ROOT.glob("configs/*"),
+    *(p for p in (ROOT / "configs").rglob("*") if p.is_file()),
     *ROOT.glob("docs/*.md"),
     *ROOT.glob("benchmarks/*.py"),
     *ROOT.glob("benchmarks/results/*.md"),

@@ -98,7 +98,7 @@ def test_missing_or_malformed_files(tmp_path):
 
 
 @pytest.mark.parametrize(
-  "path", sorted((pathlib.Path(__file__).parents[2] / "configs").glob("*.yaml")), ids=str
+  "path", sorted((pathlib.Path(__file__).parents[2] / "configs").rglob("*.yaml")), ids=str
 )
 def test_every_shipped_config_loads_and_builds(path):
   from jaxsync._src.app import experiment

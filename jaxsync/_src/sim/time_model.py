@@ -186,7 +186,12 @@ class TimeModel:
 
   and arrivals queue behind it (Zhang, Ji, Wang, JPDC 2022, §3.6: on a fast
   network the server's memory bandwidth, not the network, bounds ASP, and
-  buffering k gradients per update relieves it). A synchronous round through a
+  buffering k gradients per update relieves it). A locked server receives a
+  push and applies it in one loop, as a single-threaded server does (and the
+  EASGD authors' ``mpiT`` server), so its receive side is free again only when
+  the update is applied: busy all the time, it takes ``k`` gradients per update
+  at ``1 / (n/B + t_apply + (a + r/k) n / M)`` gradients per second. EA-wild's
+  lock-free centre frees the receive side as soon as a push is in. A synchronous round through a
   server pays ``k a + r``; an all-reduce pays ``r`` on each worker, in parallel.
 
   **Collectives** over ``P`` workers (``G`` per group for the hierarchical form,
