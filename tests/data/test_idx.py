@@ -45,6 +45,16 @@ def test_a_users_mnist_files_gzipped_or_raw(tmp_path, gz):
   assert abs(float(data.train["image"].mean())) < 1e-5 and data.train["image"].dtype == np.float32
 
 
+def test_the_same_files_are_parsed_once_per_process_read_only_and_reread_when_they_change(tmp_path):
+  folder = _mnist_dir(tmp_path, gz=True)
+  first, again = (jaxsync.datasets.load("mnist", data_dir=folder) for _ in range(2))
+  assert again.train["image"] is first.train["image"] and again.train is not first.train
+  with pytest.raises(ValueError, match="read-only"):
+    first.train["image"][0, 0, 0, 0] = 1.0  # shared arrays cannot be changed under another load
+  _write(folder / "train-labels-idx1-ubyte", np.full([12], 3), gz=True)  # new contents, new size
+  assert np.all(jaxsync.datasets.load("mnist", data_dir=folder).train["label"] == 3)
+
+
 def test_bad_files_are_named_with_what_is_wrong(tmp_path):
   folder = _mnist_dir(tmp_path, gz=False)
   images = folder / "train-images-idx3-ubyte"

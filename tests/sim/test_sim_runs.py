@@ -283,3 +283,19 @@ def test_max_time_stops_at_a_simulated_time_budget(name):
     assert starts >= 20.0 and full.time[n - 2] < 20.0
   else:
     assert cut.time[-1] < 20.0 + 2.0 and full.time[n] >= 20.0
+
+
+def test_the_state_init_returns_has_the_types_advance_returns_so_advance_compiles_once():
+  """Weak-typed parameters (``jnp.full(n, 2.0)``) or rule states once made the second chunk recompile."""
+  loss, params, data = problem(4)
+  params = {**params, "d": jnp.full([2], 2.0)}  # weak-typed
+  sim = jaxsync.sim.Simulator(
+    jaxsync.strategies.make("ormo", 4, learning_rate=0.05), loss, data, jaxsync.sim.TimeModel(num_workers=4)
+  )
+  before = sim.init(params, 0)
+  after, _ = sim.advance(before, 1)
+
+  def types(state):
+    return [(x.shape, x.dtype, x.weak_type) for x in jax.tree.leaves(state)]
+
+  assert types(before) == types(after)

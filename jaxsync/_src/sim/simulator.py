@@ -107,8 +107,9 @@ class Simulator(RuntimeBase):
       self.strategy, params, self._time_model, self.schedule, jax.random.key_data(jax.random.key(seed))
     )
     # advance() donates the state: give it buffers of its own (init shares zeros
-    # between fields, and the caller keeps its params).
-    return jax.tree.map(lambda x: x.copy(), state)
+    # between fields, and the caller keeps its params). Strongly typed, as advance()
+    # returns it: a weak-typed leaf (jnp.full(n, 2.0)) would compile advance twice.
+    return jax.tree.map(lambda x: jnp.array(x, dtype=x.dtype, copy=True), state)
 
   def _step(self, state, data):
     return self._engine.step(
