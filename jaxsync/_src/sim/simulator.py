@@ -103,12 +103,15 @@ class Simulator(RuntimeBase):
     seed = validation.check_int(_WHAT, "seed", seed, low=0)
     params = jax.tree.map(jnp.asarray, params)
     self._start(params)
-    state = self._engine.init(
-      self.strategy, params, self._time_model, self.schedule, jax.random.key_data(jax.random.key(seed))
-    )
-    # advance() donates the state: give it buffers of its own (init shares zeros
-    # between fields, and the caller keeps its params). Strongly typed, as advance()
-    # returns it: a weak-typed leaf (jnp.full(n, 2.0)) would compile advance twice.
+    # One compiled program: run eagerly, the state's set-up (first compute times, snapshot
+    # stacks, rule states) compiled one small program per operation, about a second a run.
+    return jax.jit(self._init_impl)(params, jax.random.key_data(jax.random.key(seed)))
+
+  def _init_impl(self, params, seed):
+    state = self._engine.init(self.strategy, params, self._time_model, self.schedule, seed)
+    # advance() donates the state: every leaf a buffer of its own (init shares zeros between
+    # fields, and the caller keeps its params), strongly typed as advance() returns it (a
+    # weak-typed leaf, e.g. from jnp.full(n, 2.0), would compile advance twice).
     return jax.tree.map(lambda x: jnp.array(x, dtype=x.dtype, copy=True), state)
 
   def _step(self, state, data):
