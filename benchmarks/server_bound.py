@@ -20,7 +20,7 @@ Fashion-MNIST (only the clock is ResNet-50's), so the accuracy column says
 that every run still trains, not what ResNet-50 would reach.
 
 Sizes: tiny (the suite's: 3 GB/s only, ASP and adaptive-k with SGD, 300
-gradients), default (2000 gradients per run, about 3 minutes on 2 CPU cores),
+gradients), default (2000 gradients per run, about 1.5 minutes on 2 CPU cores),
 full (8000 gradients).
 
     python benchmarks/server_bound.py [--size tiny|default|full]
