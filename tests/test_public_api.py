@@ -89,3 +89,16 @@ def test_submodules_document_every_public_name(module):
   for name in module.__all__:
     doc = inspect.getdoc(getattr(module, name))
     assert doc and len(doc.splitlines()[0]) > 10, name
+
+
+def test_every_module_is_in_a_package_so_its_examples_are_tested():
+  """A folder without ``__init__.py`` is a namespace package: walk_packages skips it, so its docstring
+  examples go untested. ``dist/`` in .gitignore once hid ``jaxsync/_src/dist/__init__.py`` from every
+  clone."""
+  import pathlib
+
+  root = pathlib.Path(jaxsync._src.__file__).parent
+  files = {
+    ".".join(p.relative_to(root).with_suffix("").parts) for p in root.rglob("*.py") if p.name != "__init__.py"
+  }
+  assert {m.removeprefix("jaxsync._src.") for m in MODULES} == files
