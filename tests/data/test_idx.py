@@ -82,6 +82,14 @@ def test_bad_files_are_named_with_what_is_wrong(tmp_path):
     idx.read(folder / "broken-idx1-ubyte.gz", ndim=1)
 
 
+def test_fashion_mnist_dir_in_the_environment_points_elsewhere(tmp_path, monkeypatch):
+  monkeypatch.setenv("FASHION_MNIST_DIR", str(_mnist_dir(tmp_path, gz=True)))
+  assert jaxsync.datasets.load("fashion_mnist").train["label"].shape == (12,)  # the 12 images there
+  monkeypatch.setenv("FASHION_MNIST_DIR", str(tmp_path / "nowhere"))
+  with pytest.raises(ValueError, match=r"\$FASHION_MNIST_DIR '.*nowhere' does not exist"):
+    jaxsync.datasets.load("fashion_mnist")
+
+
 def test_a_missing_directory_names_the_debian_package_and_the_files(tmp_path):
   with pytest.raises(ValueError) as err:
     jaxsync.datasets.load("fashion_mnist", data_dir=tmp_path / "nowhere")

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import pathlib
 import pickle
 from typing import Any
@@ -16,8 +17,10 @@ from jaxsync._src.data import idx
 
 _WHAT = "datasets"
 DATASETS = ("digits", "fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic")
-# Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist) puts the four files here.
+# Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist) puts the four files here;
+# the environment variable of the same name points elsewhere.
 FASHION_MNIST_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
+FASHION_MNIST_ENV = "FASHION_MNIST_DIR"
 _IDX_FILES = {
   "train_images": ("train-images", "idx3"),
   "train_labels": ("train-labels", "idx1"),
@@ -170,8 +173,12 @@ def _mnist_format(name: str, data_dir: Any) -> Dataset:
       f"{_WHAT}: name='mnist' needs data_dir=...; expected a directory holding {expected} "
       f"(from {_IDX_SOURCES['mnist']}). Nothing is downloaded at run time."
     )
-  folder = FASHION_MNIST_DIR if data_dir is None else pathlib.Path(data_dir).expanduser()
-  where = "data_dir" if data_dir is not None else "the default directory"
+  if data_dir is not None:
+    folder, where = pathlib.Path(data_dir).expanduser(), "data_dir"
+  elif os.environ.get(FASHION_MNIST_ENV):
+    folder, where = pathlib.Path(os.environ[FASHION_MNIST_ENV]).expanduser(), f"${FASHION_MNIST_ENV}"
+  else:
+    folder, where = FASHION_MNIST_DIR, "the default directory"
   if not folder.is_dir():
     raise ValueError(
       f"{_WHAT}: {where} {str(folder)!r} does not exist; expected a directory holding {expected}, "
@@ -250,8 +257,9 @@ def load(
     seeded 80/20 split.
   * ``fashion_mnist``: Zalando's Fashion-MNIST (60,000 train / 10,000 test
     28x28 grey images of 10 clothing classes, MIT licence) from the four
-    standard IDX files in ``data_dir``, by default where Debian's package
-    ``dataset-fashion-mnist`` installs them (``/usr/share/datasets/fashion-mnist``).
+    standard IDX files in ``data_dir``, else in ``$FASHION_MNIST_DIR``, else
+    where Debian's package ``dataset-fashion-mnist`` installs them
+    (``/usr/share/datasets/fashion-mnist``).
   * ``mnist``: the same reader for a user's MNIST files (``data_dir`` required).
     Both are scaled to [0, 1] and standardized with the training statistics;
     IDX magic numbers, counts and shapes are checked, and a missing,
