@@ -248,6 +248,31 @@ def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
   assert code == 0 and again == table
 
 
+def test_a_diverged_run_says_so_in_its_summary_on_stderr_and_in_the_compare_table(tmp_path, capsys):
+  """naive ASGDm at lr 50 blows the MLP up (its NaN gradients are rejected, the parameters stay huge and
+  the predictions collapse to chance); asp at its own rate trains. Both exit 0: the run did what it was
+  asked, and says so."""
+  out = tmp_path / "cmp"
+  code, stdout, err = _run(
+    capsys,
+    *("compare", QUICKSTART, *FAST, "--strategies", "asp,naive_asgdm", "--seeds", "1", "--out", out),
+    *("--set", "compare.options.naive_asgdm={learning_rate: 50.0}", "--progress", "quiet"),
+  )
+  assert code == 0
+  bad = json.loads((out / "naive_asgdm" / "seed0" / "summary.json").read_text())
+  good = json.loads((out / "asp" / "seed0" / "summary.json").read_text())
+  assert bad["diverged"] is True and good["diverged"] is False and "diverged_because" not in good
+  assert "chance level" in bad["diverged_because"] or "non-finite" in bad["diverged_because"]
+  warnings = [line for line in err.splitlines() if "diverged" in line]
+  assert warnings == [
+    f"jaxsync: warning: {bad['label']} diverged: {bad['diverged_because']} "
+    f"(run directory {out / 'naive_asgdm' / 'seed0'})."
+  ]
+  rows = {r.split("|")[1].strip(): r for r in stdout.splitlines() if r.startswith("| ") and "±" not in r[:3]}
+  assert "naive_asgdm (diverged: 1/1)" in rows and "asp" in rows
+  assert f"- {bad['label']} diverged: {bad['diverged_because']}." in stdout
+
+
 def test_compare_rejects_unknown_strategies_before_running(tmp_path, capsys):
   code, _, err = _run(
     capsys, "compare", QUICKSTART, *FAST, "--strategies", "asp,warp", "--out", tmp_path / "c"

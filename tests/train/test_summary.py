@@ -1,0 +1,50 @@
+"""The divergence flag: each reason a run counts as diverged, and runs that do not."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from jaxsync._src.runtime.history import History
+from jaxsync._src.train.summary import divergence
+
+
+def _history(losses, rejected=None) -> History:
+  n = len(losses)
+  zeros = np.zeros(n, np.int32)
+  return History(
+    time=np.arange(n, dtype=np.float32),
+    worker=zeros,
+    staleness=zeros,
+    version=np.arange(1, n + 1, dtype=np.int32),
+    released=np.ones(n, bool),
+    k=np.ones(n, np.int32),
+    loss=np.asarray(losses, np.float32),
+    rejected=np.zeros(n, bool) if rejected is None else np.asarray(rejected, bool),
+    step_size=np.full(n, np.nan, np.float32),
+    eval_time=np.zeros(1, np.float32),
+    eval_version=np.zeros(1, np.int32),
+    eval_event=np.zeros(1, np.int32),
+    eval_metrics={"accuracy": np.zeros(1, np.float32)},
+    worker_steps=np.array([n]),
+    worker_used=np.array([n]),
+    worker_idle=np.zeros(1),
+    bytes_moved=0.0,
+    bytes_moved_intra=0.0,
+    rejected_count=0 if rejected is None else int(np.sum(rejected)),
+  )
+
+
+def test_each_reason_a_run_diverged_and_a_run_that_did_not():
+  healthy = _history([2.3] * 90 + [0.4] * 10)
+  assert divergence(healthy, {"loss": 0.4, "accuracy": 0.91}, chance_accuracy=0.1) is None
+  assert divergence(healthy, {"loss": float("nan"), "accuracy": 0.91}) == "the final evaluation loss is nan"
+  assert divergence(_history([0.4] * 95 + [np.inf] * 5), {"loss": 0.4}) == (
+    "the training loss went non-finite (5 of the last 10 events)"
+  )
+  # A NaN gradient the server rejected is not a divergence: the guard kept the parameters.
+  assert divergence(_history([0.4] * 99 + [np.nan], rejected=[False] * 99 + [True]), {"loss": 0.4}) is None
+  # At most 1.5 x chance (0.15 of 10 classes) is chance level; just above it is not.
+  assert divergence(healthy, {"accuracy": 0.15}, chance_accuracy=0.1) == (
+    "the final accuracy 0.150 is at chance level (0.100)"
+  )
+  assert divergence(healthy, {"accuracy": 0.16}, chance_accuracy=0.1) is None
