@@ -43,6 +43,23 @@ def test_defaults_and_a_full_round_trip(tmp_path):
     ({"data": 3}, [], ["data=3", "mapping"]),
     ({"cluster": {"message_bytes": 0}}, [], ["cluster.message_bytes=0", "byte count > 0"]),
     ({}, ["gradients"], ["override 'gradients'", "key.path=value"]),
+    ({}, ["strategy.schedule.kind=linear"], ["strategy.schedule.kind='linear'", "constant, step, cosine"]),
+    ({}, ["strategy.schedule.unit=steps"], ["strategy.schedule.unit='steps'", "updates, epochs"]),
+    ({}, ["strategy.schedule.warmup=-1"], ["strategy.schedule.warmup=-1", ">= 0"]),
+    ({}, ["strategy.schedule.warmup_from=1/N"], ["strategy.schedule.warmup_from='1/N'", "1/num_workers"]),
+    ({}, ["strategy.schedule.warmup_from=1.5"], ["strategy.schedule.warmup_from=1.5", "[0, 1]"]),
+    (
+      {"strategy": {"schedule": {"kind": "step", "boundaries": [5, 2]}}},
+      [],
+      ["strategy.schedule.boundaries=[5.0, 2.0]", "increasing"],
+    ),
+    (
+      {"strategy": {"schedule": {"boundaries": [5]}}},
+      [],
+      ["strategy.schedule.boundaries=[5.0]", "kind is step"],
+    ),
+    ({}, ["strategy.schedule.decay=0"], ["strategy.schedule.decay=0", "(0, 1]"]),
+    ({}, ["cluster.server_bandwidth=fast"], ["server_bandwidth='fast'", "10GB/s"]),
     ({}, ["run.gradients=[1"], ["not valid YAML"]),
   ],
 )
@@ -122,3 +139,32 @@ def test_message_bytes_times_the_exchanges_of_a_bigger_model():
   assert (
     own.time_model.with_message_bytes(own.model.params).message_bytes < 1_000_000
   )  # ... the CNN's ~0.6 MB
+
+
+def test_a_schedule_in_epochs_becomes_steps_of_each_strategys_clock(tmp_path):
+  """digits: 1,438 training images, batch 32, 4 workers: an epoch is 44.9 asp updates, 11.2 bsp rounds."""
+  import jaxsync
+  from jaxsync._src.app import experiment
+
+  sets = [
+    "cluster.num_workers=4",
+    "strategy.options={learning_rate: 0.1}",
+    "strategy.schedule={kind: step, unit: epochs, warmup: 1, warmup_from: 1/num_workers, boundaries: [2]}",
+  ]
+  cfg = config.load(pathlib.Path(__file__).parents[2] / "configs" / "quickstart.yaml", sets)
+  examples = len(experiment.build(cfg).dataset.train["label"])
+  for name, per_epoch in (("asp", examples / 32), ("bsp", examples / 32 / 4)):
+    strategy = jaxsync.strategies.make(name, 4, learning_rate=0.1)
+    rate = experiment.learning_rate(experiment.for_strategy(cfg, name, 0), strategy, num_examples=examples)
+    assert float(rate(0)) == pytest.approx(0.1 / 4)  # the warm-up starts at lr / num_workers
+    assert float(rate(per_epoch)) == pytest.approx(0.1)  # and ends after one epoch of this clock
+    assert float(rate(2 * per_epoch - 1)) == pytest.approx(0.1) and float(
+      rate(2 * per_epoch)
+    ) == pytest.approx(0.01)
+  # The linear scaling rule: bsp averages 4 x 32 gradients per update, so 0.1 x 128 / 32.
+  scaled = config.load(
+    pathlib.Path(__file__).parents[2] / "configs" / "quickstart.yaml",
+    [*sets, "strategy.schedule.scale_with_batch=32", "strategy.schedule.warmup=0", "strategy.name=bsp"],
+  )
+  bsp = jaxsync.strategies.make("bsp", 4, learning_rate=0.1)
+  assert float(experiment.learning_rate(scaled, bsp, num_examples=examples)(0)) == pytest.approx(0.4)
