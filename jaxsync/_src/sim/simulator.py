@@ -93,6 +93,8 @@ class Simulator(RuntimeBase):
     self.time_model = time_model
     self._engine = sim_rounds if strategy.engine == "sync" else sim_events
     self._advance = jax.jit(self._advance_impl, static_argnames="num_events", donate_argnums=0)
+    # Made once: a jax.jit of the bound method per init() call traced and compiled it every time.
+    self._init = jax.jit(self._init_impl)
 
   def _prepare(self, params: optax.Params) -> None:
     super()._prepare(params)
@@ -105,7 +107,7 @@ class Simulator(RuntimeBase):
     self._start(params)
     # One compiled program: run eagerly, the state's set-up (first compute times, snapshot
     # stacks, rule states) compiled one small program per operation, about a second a run.
-    return jax.jit(self._init_impl)(params, jax.random.key_data(jax.random.key(seed)))
+    return self._init(params, jax.random.key_data(jax.random.key(seed)))
 
   def _init_impl(self, params, seed):
     state = self._engine.init(self.strategy, params, self._time_model, self.schedule, seed)
