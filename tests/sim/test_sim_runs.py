@@ -20,12 +20,20 @@ def _trees_equal(a, b):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
-@pytest.mark.parametrize("name", ["adaptive_k", "ormo", "ea_wild"])
-def test_same_seed_is_bitwise_identical_and_chunks_equal_one_call(name):
+@pytest.mark.parametrize(
+  "name, gradient_batch", [("adaptive_k", 1), ("ormo", 1), ("ea_wild", 1), ("adaptive_k", K), ("ormo", 3)]
+)
+def test_same_seed_is_bitwise_identical_and_chunks_equal_one_call(name, gradient_batch):
   time = jaxsync.sim.TimeModel(num_workers=K, slow_fraction=0.25, slowdown=3.0)
   loss, params, data = problem(K)
   sim = jaxsync.sim.Simulator(
-    jaxsync.strategies.make(name, K), loss, data, time, eval_fn=accuracy_fn(data), eval_every=10
+    jaxsync.strategies.make(name, K),
+    loss,
+    data,
+    time,
+    eval_fn=accuracy_fn(data),
+    eval_every=10,
+    gradient_batch=gradient_batch,
   )
   a, ha = sim.run(params, 120, seed=3)
   b, hb = sim.run(params, 120, seed=3, chunk=50)
@@ -92,16 +100,18 @@ def test_sixty_four_workers_long_run():
   assert float(evaluate(final)["loss"]) < float(evaluate(params)["loss"])
 
 
-def test_nonfinite_gradients_are_rejected_counted_and_the_run_survives():
+@pytest.mark.parametrize("gradient_batch", [1, K])
+def test_nonfinite_gradients_are_rejected_counted_and_the_run_survives(gradient_batch):
   loss, params, data = problem(K)
   x = np.array(data.arrays["x"])
   x[data.shards[3]] = np.nan  # worker 3's whole shard is corrupt
   bad = jaxsync.sim.WorkerData({"x": x, "y": data.arrays["y"]}, num_workers=K, batch_size=8)
   for name in ("ormo", "k_async", "adaptive_k", "bsp", "shifted_momentum"):
     strategy = jaxsync.strategies.make(name, K)
-    final, history = jaxsync.sim.run(
-      strategy, loss, params, bad, jaxsync.sim.TimeModel(num_workers=K), num_events=80
+    sim = jaxsync.sim.Simulator(
+      strategy, loss, bad, jaxsync.sim.TimeModel(num_workers=K), gradient_batch=gradient_batch
     )
+    final, history = sim.run(params, 80)
     assert all(np.isfinite(np.asarray(v)).all() for v in jax.tree.leaves(final)), name
     assert history.rejected_count > 0, name
     if strategy.engine == "async":
@@ -178,14 +188,15 @@ def test_ea_wild_groups_all_reduce_inside_and_exchange_once_per_group_step():
   assert set(two.worker) == {0, 1} and two.version[-1] == 40
 
 
-def test_a_state_advanced_by_a_fresh_simulator_continues_exactly():
+@pytest.mark.parametrize("gradient_batch", [1, 5])
+def test_a_state_advanced_by_a_fresh_simulator_continues_exactly(gradient_batch):
   loss, params, data = problem(K)
   strategy = jaxsync.strategies.make("adaptive_k", K)
   time = jaxsync.sim.TimeModel(num_workers=K)
-  first = jaxsync.sim.Simulator(strategy, loss, data, time)
+  first = jaxsync.sim.Simulator(strategy, loss, data, time, gradient_batch=gradient_batch)
   state, _ = first.advance(first.init(params), 30)
   saved = jax.tree.map(np.asarray, state)  # what a checkpoint holds
-  resumed = jaxsync.sim.Simulator(strategy, loss, data, time)
+  resumed = jaxsync.sim.Simulator(strategy, loss, data, time, gradient_batch=gradient_batch)
   state_b, _ = resumed.advance(jax.tree.map(jnp.asarray, saved), 30)
   state_a, _ = first.advance(state, 30)
   _trees_equal(state_a.params, state_b.params)
@@ -320,3 +331,79 @@ def test_a_second_init_and_advance_trace_nothing():
   finally:
     jax.monitoring.unregister_event_duration_listener(listener)
   assert traced == []
+
+
+# One strategy per path of the asynchronous engine: each dispatch policy (immediate, SSP's
+# bound, on release, on a fresh release), a worker rule with state (per-worker BB), the
+# look-ahead reply (SMEGA²) and look-ahead point (EAMSGD), locked and lock-free elastic
+# exchanges, node-local sums (InHAD), shared memory (Hogwild!), a momentum server (OrMo).
+BATCHED_PATHS = [
+  ("asp", {}),
+  ("ssp", {}),
+  ("k_async", {}),
+  ("adaptive_k", {"bb_step_size": True}),
+  ("smega2", {}),
+  ("eamsgd", {}),
+  ("easgd", {}),
+  ("ea_wild", {}),
+  ("inhad", {}),
+  ("hogwild", {}),
+  ("ormo", {}),
+]
+
+
+@pytest.mark.parametrize("name, options", BATCHED_PATHS, ids=[name for name, _ in BATCHED_PATHS])
+def test_gradients_computed_in_batches_ahead_give_the_one_at_a_time_run(name, options):
+  """Same trace; parameters equal up to float32 rounding (a batched matrix product rounds its own way)."""
+  time = jaxsync.sim.TimeModel(num_workers=K, slow_fraction=0.25, slowdown=3.0)
+  loss, params, data = problem(K)
+  strategy = jaxsync.strategies.make(name, K, **options)
+  one_final, one = jaxsync.sim.Simulator(strategy, loss, data, time, gradient_batch=1).run(
+    params, 120, seed=3
+  )
+  final, history = jaxsync.sim.Simulator(strategy, loss, data, time, gradient_batch=3).run(
+    params, 120, seed=3
+  )
+  for field in ("time", "worker", "staleness", "version", "released", "k", "rejected"):
+    np.testing.assert_array_equal(getattr(history, field), getattr(one, field), err_msg=field)
+  np.testing.assert_allclose(history.loss, one.loss, rtol=1e-5, atol=1e-6)
+  assert_trees_close(final, one_final, atol=2e-6)
+
+
+def test_where_in_a_batch_a_gradient_is_computed_changes_no_bit():
+  time = jaxsync.sim.TimeModel(num_workers=K, slow_fraction=0.25, slowdown=3.0)
+  loss, params, data = problem(K)
+  strategy = jaxsync.strategies.make("ormo", K)
+  a, ha = jaxsync.sim.Simulator(strategy, loss, data, time, gradient_batch=3).run(params, 120, seed=3)
+  b, hb = jaxsync.sim.Simulator(strategy, loss, data, time, gradient_batch=K).run(params, 120, seed=3)
+  _trees_equal(a, b)
+  np.testing.assert_array_equal(ha.loss, hb.loss)
+
+
+def test_a_batched_state_holds_the_pulled_snapshots_and_b_gradients():
+  loss, params, data = problem(K)
+  strategy = jaxsync.strategies.make("asp", K)
+  for batch in (1, 3):
+    sim = jaxsync.sim.Simulator(
+      strategy, loss, data, jaxsync.sim.TimeModel(num_workers=K), gradient_batch=batch
+    )
+    state, _ = sim.advance(sim.init(params), 20)
+    # Parameter-sized arrays: the server's, the K + 1 pulled snapshots, B cached gradients.
+    copies = sum(
+      x.size // params["w"].size for x in jax.tree.leaves(state) if x.shape[-2:] == params["w"].shape
+    )
+    assert copies == 1 + (K + 1) + (batch if batch > 1 else 0), (batch, copies)
+    assert state.gradients == () if batch == 1 else state.gradients.grads["w"].shape == (batch, 6, 3)
+
+
+@pytest.mark.parametrize("batch, message", [(0, ">= 1"), (K + 1, "from 1 to the 8 workers"), (2.5, ">= 1")])
+def test_a_gradient_batch_outside_one_to_k_is_refused(batch, message):
+  loss, params, data = problem(K)
+  with pytest.raises(ValueError, match=f"gradient_batch={batch!r}.*{message}"):
+    jaxsync.sim.Simulator(
+      jaxsync.strategies.make("asp", K),
+      loss,
+      data,
+      jaxsync.sim.TimeModel(num_workers=K),
+      gradient_batch=batch,
+    )

@@ -211,7 +211,13 @@ class ClusterConfig:
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:
-  """How long to run, how often to evaluate and checkpoint (``checkpoint_every: null``: every 10 chunks)."""
+  """How long to run, how often to evaluate and checkpoint (``checkpoint_every: null``: every 10 chunks).
+
+  ``gradient_batch``: an asynchronous strategy's gradients the simulator
+  computes together ahead of their arrivals (``null``: 1 on a CPU, every
+  worker on a GPU or TPU); the results do not depend on it but for float
+  rounding.
+  """
 
   gradients: int = 4000
   max_time: float | None = None
@@ -220,10 +226,19 @@ class RunConfig:
   chunk: int = 500
   checkpoint_every: int | None = None
   target_accuracy: float | None = 0.9
+  gradient_batch: int | None = None
 
   def __post_init__(self):
     _positive(
-      "run", self, "gradients", "max_time", "eval_every", "eval_every_time", "chunk", "checkpoint_every"
+      "run",
+      self,
+      "gradients",
+      "max_time",
+      "eval_every",
+      "eval_every_time",
+      "chunk",
+      "checkpoint_every",
+      "gradient_batch",
     )
     _require(
       (self.eval_every is None) != (self.eval_every_time is None),

@@ -73,7 +73,15 @@ class Experiment:
 
   def simulator(self) -> Simulator:
     """The simulated cluster of this run."""
-    return Simulator(self.strategy, self.loss_fn, self.data, self.time_model, **self.evaluation())
+    with _section("run"):
+      return Simulator(
+        self.strategy,
+        self.loss_fn,
+        self.data,
+        self.time_model,
+        gradient_batch=self.config.run.gradient_batch,
+        **self.evaluation(),
+      )
 
   @property
   def label(self) -> str:
@@ -147,7 +155,7 @@ def build(config: Config) -> Experiment:
   run = config.run
   with _section("run"):
     EvalSchedule.make(lambda params: {}, run.eval_every, run.eval_every_time)  # the schedule's checks
-  return Experiment(
+  experiment = Experiment(
     config=config,
     dataset=dataset,
     model=model,
@@ -160,6 +168,8 @@ def build(config: Config) -> Experiment:
     eval_every_time=run.eval_every_time,
     num_events=math.ceil(run.gradients / gradients_per_event(strategy)),
   )
+  experiment.simulator()  # its checks (run.gradient_batch against the workers); building it is cheap
+  return experiment
 
 
 def learning_rate(config: Config, strategy: strategies.Strategy, *, num_examples: int):

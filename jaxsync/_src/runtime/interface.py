@@ -47,6 +47,12 @@ class Runtime(Protocol):
   ) -> History:
     """The :class:`History` of the records of one or more ``advance`` calls, ending in ``state``."""
 
+  def saved_state(self, state: Any) -> Any:
+    """What a checkpoint of ``state`` holds (the state less what can be computed again)."""
+
+  def restored_state(self, saved: Any) -> Any:
+    """A state ``advance`` takes, from what :meth:`saved_state` returned."""
+
   def evaluate(self, params: optax.Params) -> dict[str, float]:
     """``eval_fn(params)`` as Python floats (``{}`` without an ``eval_fn``)."""
 
@@ -114,6 +120,14 @@ class RuntimeBase:
   def totals(self, state: Any) -> RunTotals:
     """Per-worker and per-run totals read off ``state``."""
     raise NotImplementedError
+
+  def saved_state(self, state: Any) -> Any:
+    """What a checkpoint of ``state`` holds: all of it, unless a subclass says otherwise."""
+    return state
+
+  def restored_state(self, saved: Any) -> Any:
+    """A state ``advance`` takes, from :meth:`saved_state`'s: the same, unless a subclass says otherwise."""
+    return saved
 
   def history(
     self, records: list[EventRecord], state: Any, *, initial_metrics: dict[str, float] | None = None

@@ -59,10 +59,15 @@ class RoundState(NamedTuple):
 
 
 def init(
-  strategy: Strategy, params: Any, time_model: TimeModel, schedule: EvalSchedule, key: jax.Array
+  strategy: Strategy,
+  params: Any,
+  time_model: TimeModel,
+  schedule: EvalSchedule,
+  key: jax.Array,
+  gradient_batch: int | None = None,
 ) -> RoundState:
-  """The state at time 0: every worker holds ``params``."""
-  del time_model
+  """The state at time 0: every worker holds ``params`` (a round batches all its gradients itself)."""
+  del time_model, gradient_batch
   num_workers = strategy.num_workers
   local = strategy.protocol == WorkerProtocol.LOCAL
 
@@ -121,6 +126,29 @@ def messages_per_round(strategy: Strategy, pushes: int) -> tuple[int, int]:
 def next_event_time(s: RoundState) -> jax.Array:
   """When the next round starts."""
   return s.clock
+
+
+def ready(s: RoundState) -> jax.Array:
+  """Always: a round computes its gradients in its own step (the asynchronous engine's counterpart)."""
+  del s
+  return jnp.asarray(True)
+
+
+def prepare(strategy: Strategy, loss_fn, data: WorkerData, s: RoundState) -> RoundState:
+  """Nothing to compute ahead (the asynchronous engine's counterpart)."""
+  del strategy, loss_fn, data
+  return s
+
+
+def drop_gradients(s: RoundState) -> RoundState:
+  """``s`` itself: a round keeps no gradients between rounds (the asynchronous engine's counterpart)."""
+  return s
+
+
+def empty_gradients(s: RoundState, gradient_batch: int) -> RoundState:
+  """``s`` itself (the asynchronous engine's counterpart)."""
+  del gradient_batch
+  return s
 
 
 def step(

@@ -48,6 +48,12 @@ class Simulator(RuntimeBase):
     eval_fn: optional ``params -> {name: scalar}`` on held-out data.
     eval_every: evaluate every this many server updates, or
     eval_every_time: every this many simulated seconds.
+    gradient_batch: ``B``, an asynchronous strategy's gradients computed
+      together ahead of their arrivals, at most (``1``: each at its arrival).
+      Default: one per worker (or EA-wild group) on a GPU or TPU, ``1`` on a
+      CPU. The state keeps ``B`` gradients besides the ``K + 1`` pulled
+      snapshots. The results do not depend on it but for float rounding: a
+      batched matrix product may round differently from a single one.
 
   Example:
     >>> import jax.numpy as jnp, numpy as np, jaxsync
@@ -72,6 +78,7 @@ class Simulator(RuntimeBase):
     eval_fn: Callable[[optax.Params], dict[str, Any]] | None = None,
     eval_every: int | None = None,
     eval_every_time: float | None = None,
+    gradient_batch: int | None = None,
   ):
     if not isinstance(strategy, Strategy):
       raise validation.invalid(_WHAT, "strategy", strategy, "a Strategy from jaxsync.strategies.make(...)")
@@ -91,6 +98,17 @@ class Simulator(RuntimeBase):
     self.loss_fn = loss_fn
     self.data = data
     self.time_model = time_model
+    units = sim_events.num_units(strategy)
+    # Batching pays where one gradient leaves the device idle (a GPU, a TPU); on a CPU one
+    # gradient of a convolutional model already fills the cores and a vmap of per-worker
+    # weights is slower per gradient (benchmarks/simulator_throughput.py).
+    self.gradient_batch = 1 if jax.default_backend() == "cpu" else units
+    if gradient_batch is not None:
+      self.gradient_batch = validation.check_int(_WHAT, "gradient_batch", gradient_batch)
+      if self.gradient_batch > units:
+        raise validation.invalid(
+          _WHAT, "gradient_batch", gradient_batch, f"an integer from 1 to the {units} workers that compute"
+        )
     self._engine = sim_rounds if strategy.engine == "sync" else sim_events
     self._advance = jax.jit(self._advance_impl, static_argnames="num_events", donate_argnums=0)
     # Made once: a jax.jit of the bound method per init() call traced and compiled it every time.
@@ -110,7 +128,9 @@ class Simulator(RuntimeBase):
     return self._init(params, jax.random.key_data(jax.random.key(seed)))
 
   def _init_impl(self, params, seed):
-    state = self._engine.init(self.strategy, params, self._time_model, self.schedule, seed)
+    state = self._engine.init(
+      self.strategy, params, self._time_model, self.schedule, seed, self.gradient_batch
+    )
     # advance() donates the state: every leaf a buffer of its own (init shares zeros between
     # fields, and the caller keeps its params), strongly typed as advance() returns it (a
     # weak-typed leaf, e.g. from jnp.full(n, 2.0), would compile advance twice).
@@ -122,9 +142,11 @@ class Simulator(RuntimeBase):
     )
 
   def _advance_impl(self, state, max_time, data, num_events: int):
-    # A while_loop, not a scan, so that a run can stop at a simulated time; the
+    # While loops, not a scan, so that a run can stop at a simulated time; the
     # records go into preallocated buffers, one row per event run. The data is an
-    # argument (a pytree), not a constant of the program.
+    # argument (a pytree), not a constant of the program. The inner loop runs
+    # events while their gradients are ready (always, for rounds); the outer one
+    # then computes the next batch of gradients ahead (sim.events.prepare).
     shapes = jax.eval_shape(self._step, state, data)[1]
     buffers = jax.tree.map(lambda x: jnp.zeros((num_events, *x.shape), x.dtype), shapes)
 
@@ -132,12 +154,17 @@ class Simulator(RuntimeBase):
       i, s, _ = carry
       return (i < num_events) & (self._engine.next_event_time(s) < max_time)
 
-    def body(carry):
+    def event(carry):
       i, s, rec = carry
       s, row = self._step(s, data)
       return i + 1, s, jax.tree.map(lambda buf, x: buf.at[i].set(x), rec, row)
 
-    count, state, records = jax.lax.while_loop(running, body, (jnp.zeros([], jnp.int32), state, buffers))
+    def batch(carry):
+      i, s, rec = carry
+      i, s, rec = jax.lax.while_loop(lambda c: running(c) & self._engine.ready(c[1]), event, (i, s, rec))
+      return i, self._engine.prepare(self.strategy, self.loss_fn, data, s), rec
+
+    count, state, records = jax.lax.while_loop(running, batch, (jnp.zeros([], jnp.int32), state, buffers))
     return state, records, count
 
   def advance(self, state, num_events: int, *, max_time: float | None = None) -> tuple[Any, EventRecord]:
@@ -163,6 +190,18 @@ class Simulator(RuntimeBase):
     if count < num_events:
       records = jax.tree.map(lambda x: x[:count], records)
     return state, records
+
+  def saved_state(self, state):
+    """``state`` less the gradients computed ahead, which a restored run computes again, bit for bit.
+
+    So a checkpoint does not depend on ``gradient_batch``: a run saved on a
+    CPU (``B = 1``) resumes on a GPU (``B = K``) and the other way round.
+    """
+    return self._engine.drop_gradients(state)
+
+  def restored_state(self, saved):
+    """A state :meth:`advance` takes from :meth:`saved_state`'s (room for ``gradient_batch`` gradients)."""
+    return self._engine.empty_gradients(saved, self.gradient_batch)
 
   def totals(self, state) -> RunTotals:
     """Per-worker gradients, applied gradients and idle seconds, and the bytes moved, of ``state``."""

@@ -49,23 +49,57 @@ def _recorded_step_size(worker_state: Any) -> jax.Array:
   return jnp.asarray(jnp.nan if size is None else size, jnp.float32)
 
 
-def worker_message(strategy: Strategy, loss_fn, x, worker_state, batch, noise_ratio) -> WorkerMessage:
+class WorkerGradient(NamedTuple):
+  """A worker's gradient, the part of an arrival that needs only what the worker pulled.
+
+  Attributes:
+    loss: the batch loss at the point the gradient was taken.
+    grads: the gradient of the batch loss there.
+    finite: no NaN/Inf in ``grads``.
+  """
+
+  loss: jax.Array
+  grads: Any
+  finite: jax.Array
+
+
+def gradient_point(x, worker_state):
+  """Where a worker takes its gradient: the look-ahead point of its rule (SMEGA², EAMSGD), else ``x``."""
+  return x if worker_state is None else contracts.reply_params(x, worker_state)
+
+
+def worker_gradient(loss_fn, point, batch) -> WorkerGradient:
+  """``loss, g = value_and_grad(L)(point, batch)`` and whether ``g`` is finite.
+
+  It depends only on the worker's own model or pull and its batch, so the
+  simulator computes the gradients of many in-flight workers in one batched
+  call ahead of their arrivals (``sim.events``), and a real worker computes
+  its own.
+  """
+  loss, grads = jax.value_and_grad(loss_fn)(point, batch)
+  # The worker checks its gradient (off the server's path in a real cluster);
+  # its rule then rejects a bad one, and so does the server.
+  return WorkerGradient(jnp.asarray(loss, jnp.float32), grads, guard.tree_all_finite(grads))
+
+
+def worker_message(
+  strategy: Strategy, loss_fn, x, worker_state, batch, noise_ratio, gradient: WorkerGradient | None = None
+) -> WorkerMessage:
   """The worker's side of an arrival (``"gradient"`` protocol): gradient at the look-ahead point, worker rule.
 
   ``g = grad L(look_ahead(x), batch)``; ``m, s' = worker_rule(g, s, x)`` (``m = g`` without a rule).
   The worker rule gets the extra args ``noise_ratio`` (the server's, for BB)
   and ``value_fn`` (the batch loss, for Armijo backtracking); a rule that does
-  not use them ignores them.
+  not use them ignores them. ``gradient``, when given, is
+  :func:`worker_gradient` at :func:`gradient_point` computed ahead.
   """
-  point = contracts.reply_params(x, worker_state) if worker_state is not None else x
-  loss, grads = jax.value_and_grad(loss_fn)(point, batch)
-  # The worker checks its gradient (off the server's path in a real cluster);
-  # its rule then rejects a bad one, and so does the server.
-  finite = guard.tree_all_finite(grads)
-  message, new_state = grads, worker_state
+  if gradient is None:
+    gradient = worker_gradient(loss_fn, gradient_point(x, worker_state), batch)
+  finite = gradient.finite
+  message, new_state = gradient.grads, worker_state
   if strategy.worker_rule is not None:
     message, new_state = strategy.worker_rule.update(
-      grads,
+      gradient.grads,
       worker_state,
       x,
       grads_finite=finite,
@@ -75,9 +109,7 @@ def worker_message(strategy: Strategy, loss_fn, x, worker_state, batch, noise_ra
     # A finite gradient can still make a non-finite message (a momentum or a
     # BB step that overflows): the server must not trust the gradient's flag.
     finite = finite & guard.tree_all_finite(message)
-  return WorkerMessage(
-    jnp.asarray(loss, jnp.float32), message, new_state, finite, _recorded_step_size(new_state)
-  )
+  return WorkerMessage(gradient.loss, message, new_state, finite, _recorded_step_size(new_state))
 
 
 class ServerArrival(NamedTuple):
@@ -147,25 +179,28 @@ class ElasticStep(NamedTuple):
   finite: jax.Array
 
 
-def elastic_worker_step(strategy: Strategy, loss_fn, x, worker_state, batch, center_read) -> ElasticStep:
+def elastic_worker_step(
+  strategy: Strategy, loss_fn, x, worker_state, batch, center_read, gradient: WorkerGradient | None = None
+) -> ElasticStep:
   """An elastic worker's step against the centre it read (``"elastic"`` protocol, docs/algorithms.md §12-§13).
 
   ``g = grad L(look_ahead(x), batch)``; ``u, s' = worker_rule(g, s, x; center=center_read)``;
   ``x' = x + u``. On exchange steps ``u`` includes ``-alpha (x - center_read)``
-  and the centre must take ``x`` (:func:`elastic_center_arrival`).
+  and the centre must take ``x`` (:func:`elastic_center_arrival`). ``gradient``,
+  when given, is :func:`worker_gradient` at :func:`gradient_point` computed ahead.
   """
-  loss, grads = jax.value_and_grad(loss_fn)(contracts.reply_params(x, worker_state), batch)
-  finite = guard.tree_all_finite(grads)
+  if gradient is None:
+    gradient = worker_gradient(loss_fn, gradient_point(x, worker_state), batch)
   local, new_state = strategy.worker_rule.update(
-    grads, worker_state, x, center=center_read, grads_finite=finite
+    gradient.grads, worker_state, x, center=center_read, grads_finite=gradient.finite
   )
   return ElasticStep(
-    loss=jnp.asarray(loss, jnp.float32),
+    loss=gradient.loss,
     model=optax.apply_updates(x, local),
     worker_state=new_state,
     exchanged=contracts.exchanged(new_state),
     sent=x,
-    finite=finite,
+    finite=gradient.finite,
   )
 
 

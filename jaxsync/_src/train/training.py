@@ -76,9 +76,9 @@ def _restore_or_start(runtime: Runtime, params, seed: int, checkpoints: RunCheck
   state = runtime.init(params, seed)
   if checkpoints.latest_step() is None:
     return _Progress(state, [], 0, runtime.initial_metrics, 0.0, None)
-  state, records, saved = checkpoints.restore(state)
+  saved_state, records, saved = checkpoints.restore(runtime.saved_state(state))
   return _Progress(
-    state,
+    runtime.restored_state(saved_state),
     [records],
     saved["events"],
     saved["initial_metrics"],
@@ -270,7 +270,8 @@ def train(
       "finished": stopped_by is not None,
       "stopped_by": stopped_by,
     }
-    checkpoints.save(done, state, jax.tree.map(lambda *xs: np.concatenate(xs), *records), progress)
+    records = jax.tree.map(lambda *xs: np.concatenate(xs), *records)
+    checkpoints.save(done, runtime.saved_state(state), records, progress)
 
   reporter.start(label, num_events, run.done)
   try:
