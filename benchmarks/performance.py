@@ -51,7 +51,18 @@ SCRIPTS = {
     "the asynchronous engine's worker-steps/s (gradients one at a time and in batches) vs the synchronous"
     " engine at the same K and a plain jitted SGD loop (target: >= 0.9x bsp at K >= 16, 0.8x at K = 4)",
     {
-      "tiny": ["--steps", "64", "--rounds", "1", "--workers", "4", "--strategies", "asp,bsp"],
+      "tiny": [
+        "--steps",
+        "64",
+        "--rounds",
+        "1",
+        "--workers",
+        "4",
+        "--strategies",
+        "asp,bsp",
+        "--gradient-batches",
+        "4",
+      ],
       "default": [],
       "full": ["--rounds", "9"],
     },
@@ -109,10 +120,13 @@ def main(argv: list[str]) -> int:
       )
     verdicts = _VERDICT.findall(proc.stdout)
     if script == "simulator_throughput.py":  # it gives a verdict per strategy and K (at its best B) instead
-      met, missed = len(re.findall(r"^best B: .*: met\)$", proc.stdout, re.M)), len(
-        re.findall(r"^best B: .*: missed\)$", proc.stdout, re.M)
+      met, missed = (
+        len(re.findall(r"^best B: .*: met\)$", proc.stdout, re.M)),
+        len(re.findall(r"^best B: .*: missed\)$", proc.stdout, re.M)),
       )
-      verdicts.append(f"target met in {met} of {met + missed} asynchronous strategy x K cells (at the best B)")
+      verdicts.append(
+        f"target met in {met} of {met + missed} asynchronous strategy x K cells (at the best B)"
+      )
     # The scripts' "# ..." context lines (versions, bandwidth) would read as markdown headings.
     output = re.sub(r"^# ", "- ", proc.stdout.strip(), flags=re.M)
     summary.append([f"`{script}`", what, "<br>".join(verdicts) or "(no target line)", f"{seconds:.0f} s"])

@@ -43,7 +43,7 @@ def _train(run_dir, gradient_batch, reporter=None):
     gradient_batch=gradient_batch,
   )
   run_dir.mkdir(exist_ok=True)
-  kwargs = dict(num_events=160, log_every=40, checkpoint_every=40, tensorboard=False, make_plots=False)
+  kwargs = dict(num_events=120, log_every=40, checkpoint_every=40, tensorboard=False, make_plots=False)
   return train(sim, params, run_dir, reporter=reporter, **kwargs)
 
 
