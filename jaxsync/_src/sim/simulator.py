@@ -27,8 +27,9 @@ class Simulator(RuntimeBase):
   r"""K simulated workers and a server (or an all-reduce group), compiled end to end.
 
   The run is one compiled ``lax.while_loop`` over events. An asynchronous strategy's event is
-  one arrival: the earliest finisher computes exactly one gradient on the
-  parameters it pulled (kept per worker), its worker rule and the server rule
+  one arrival: the earliest finisher's one gradient on the parameters it pulled
+  (kept per worker; computed at the arrival, or ahead with other in-flight
+  workers' in a batch of ``gradient_batch``), its worker rule and the server rule
   apply it, the dispatch policy decides who gets the new parameters, and the
   time model schedules their next finish. A synchronous strategy's event is a
   round: all workers' gradients in one batched computation (``vmap``), the
