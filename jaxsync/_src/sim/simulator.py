@@ -161,11 +161,20 @@ class Simulator(RuntimeBase):
       return i + 1, s, jax.tree.map(lambda buf, x: buf.at[i].set(x), rec, row)
 
     def batch(carry):
-      i, s, rec = carry
+      i, s, rec, idle = carry
+      start = i
       i, s, rec = jax.lax.while_loop(lambda c: running(c) & self._engine.ready(c[1]), event, (i, s, rec))
-      return i, self._engine.prepare(self.strategy, self.loss_fn, data, s), rec
+      idle = jnp.where(i > start, 0, idle + 1)
+      return i, self._engine.prepare(self.strategy, self.loss_fn, data, s), rec, idle
 
-    count, state, records = jax.lax.while_loop(running, batch, (jnp.zeros([], jnp.int32), state, buffers))
+    def batching(carry):
+      # Two batches in a row that ran no event (only a first one, on an empty cache, may)
+      # would loop forever: stop, and the host sees fewer events than it asked for.
+      i, s, rec, idle = carry
+      return running((i, s, rec)) & (idle < 2)
+
+    zero = jnp.zeros([], jnp.int32)
+    count, state, records, _ = jax.lax.while_loop(batching, batch, (zero, state, buffers, zero))
     return state, records, count
 
   def advance(self, state, num_events: int, *, max_time: float | None = None) -> tuple[Any, EventRecord]:
