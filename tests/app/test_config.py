@@ -61,6 +61,7 @@ def test_defaults_and_a_full_round_trip(tmp_path):
     ({}, ["strategy.schedule.decay=0"], ["strategy.schedule.decay=0", "(0, 1]"]),
     ({}, ["cluster.server_bandwidth=fast"], ["server_bandwidth='fast'", "10GB/s"]),
     ({}, ["run.gradients=[1"], ["not valid YAML"]),
+    ({}, ["run.gradient_batch=0"], ["run.gradient_batch=0", "positive"]),
   ],
 )
 def test_bad_configs_name_the_key_the_value_and_what_is_valid(tmp_path, raw, overrides, words):
@@ -125,6 +126,16 @@ def test_every_shipped_config_loads_and_builds(path):
   assert exp.num_events >= 1 and exp.strategy.num_workers == cfg.cluster.num_workers
   for name in cfg.compare.strategies:  # every compared strategy builds with its options too
     experiment.build(experiment.for_strategy(cfg, name, cfg.seed))
+
+
+def test_a_gradient_batch_past_the_workers_is_refused_at_build_and_one_within_reaches_the_simulator():
+  from jaxsync._src.app import experiment
+
+  cfg = config.from_dict({"cluster": {"num_workers": 4}, "run": {"gradient_batch": 5}})
+  with pytest.raises(config.ConfigError, match=r"run: .*gradient_batch=5 .*from 1 to the 4 workers"):
+    experiment.build(cfg)
+  cfg = config.from_dict({"cluster": {"num_workers": 4}, "run": {"gradient_batch": 3}})
+  assert experiment.build(cfg).simulator().gradient_batch == 3
 
 
 def test_message_bytes_times_the_exchanges_of_a_bigger_model():
