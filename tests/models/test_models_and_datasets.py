@@ -147,6 +147,30 @@ def test_synthetic_and_digits_are_deterministic():
   assert float(jnp.max(d.train["image"])) == 1.0 and d.num_classes == 10
 
 
+def test_digits_read_from_the_bundled_file_equal_scikit_learns_load_digits():
+  from sklearn.datasets import load_digits
+
+  reference = load_digits()
+  d = jaxsync.datasets.load("digits", seed=3)
+  images = np.concatenate([d.train["image"], d.test["image"]])[..., 0]
+  labels = np.concatenate([d.train["label"], d.test["label"]])
+  order = np.random.default_rng(3).permutation(len(reference.target))  # the split's shuffle
+  np.testing.assert_array_equal(images, (reference.images[order] / 16.0).astype(np.float32))
+  np.testing.assert_array_equal(labels, reference.target[order])
+  assert images.dtype == np.float32 and labels.dtype == np.int32 and len(d.test["label"]) == 359
+
+
+def test_importing_the_cli_imports_neither_matplotlib_nor_scikit_learn():
+  # Every CLI run and multi-process worker pays what ``import jaxsync.cli`` imports; the plots and the
+  # digits loader import these when they are used.
+  import subprocess
+  import sys
+
+  code = "import sys, jaxsync.cli; print(sorted({'matplotlib', 'sklearn'} & set(sys.modules)))"
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+  assert out.strip() == "[]"
+
+
 @pytest.mark.parametrize(
   ("shape", "features", "kernel", "strides", "depthwise", "use_bias"),
   [

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import pathlib
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 from jaxsync._src.runtime.history import History
 
@@ -167,7 +169,17 @@ def _has_metric(history: History, metric: str) -> bool:
   return metric in history.eval_metrics and len(history.eval_metrics[metric]) > 0
 
 
+def _integer_ticks():
+  from matplotlib.ticker import MaxNLocator
+
+  return MaxNLocator(integer=True)
+
+
 def _new_axes(title: str, xlabel: str, ylabel: str):
+  # matplotlib is imported when a figure is drawn, not with the library: a worker process or a run
+  # without plots never pays its import (about 0.3 s).
+  from matplotlib.figure import Figure
+
   figure = Figure(figsize=_FIGSIZE, layout="constrained")
   ax = figure.add_subplot()
   ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -206,13 +218,13 @@ def run_figures(history: History, *, label: str) -> dict[str, Figure]:
       f"{label}: staleness of accepted arrivals", "staleness (server updates)", "arrivals"
     )
     ax.bar(values, counts, width=0.9, color="tab:blue")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(_integer_ticks())
     figures["staleness_hist"] = figure
 
   if k_varies(history):
     figure, ax = _new_axes(f"{label}: gradients per update", axis_label("time", history.clock), "k")
     ax.plot(*k_series(history), drawstyle="steps-post", color="tab:blue")
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(_integer_ticks())
     figures["k_over_time"] = figure
 
   if step_sizes_vary(history):
