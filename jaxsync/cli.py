@@ -2,6 +2,7 @@
 
   jaxsync train configs/quickstart.yaml [--set run.gradients=800] [--out runs/q]
   jaxsync compare configs/ormo_table.yaml --strategies asp,ormo --seeds 3
+  jaxsync advise configs/quickstart.yaml [--fraction 0.25] [--seeds 2]   (which strategy to use)
   jaxsync resume runs/q
   jaxsync launch -n 3 configs/quickstart.yaml --set cluster.num_workers=2   (real processes)
   jaxsync strategies
@@ -16,6 +17,7 @@ process it cannot go on without (one line naming it), 1 for anything else,
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import pathlib
 import sys
@@ -118,6 +120,28 @@ def _parser() -> argparse.ArgumentParser:
     "--strategies", help="comma-separated names (default: the config's compare.strategies)"
   )
   compare.add_argument("--seeds", type=int, help="seeds per strategy (default: compare.seeds)")
+  advise = sub.add_parser(
+    "advise",
+    help="run the beginning of each candidate strategy's run and recommend one, with how sure",
+    description="Short runs of the candidates on the config's model, data and cluster: a ranked table of "
+    "estimated time to the target accuracy (or accuracy at a time budget), its range over seeds, and a pick.",
+  )
+  run_options(advise, config=True)
+  advise.add_argument(
+    "--strategies", help="comma-separated candidates (default: the config's compare.strategies)"
+  )
+  advise.add_argument("--seeds", type=int, default=2, help="seeds per candidate (default: 2)")
+  advise.add_argument(
+    "--fraction",
+    type=float,
+    default=0.25,
+    help="the share of run.gradients each short run computes (default: 0.25)",
+  )
+  goal = advise.add_mutually_exclusive_group()
+  goal.add_argument("--target", type=float, help="the accuracy to reach (default: run.target_accuracy)")
+  goal.add_argument(
+    "--time-budget", type=float, metavar="SECONDS", help="rank by accuracy after this many simulated seconds"
+  )
   resume = sub.add_parser(
     "resume",
     help="continue a run (or a compare) from its latest checkpoint",
@@ -205,12 +229,15 @@ def _dispatch(args: argparse.Namespace) -> int:
       args.num_processes, args.bind = processes, "127.0.0.1"
       return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress])
   cfg = out = None
-  if args.command in ("train", "compare"):
+  if args.command in ("train", "compare", "advise"):
     cfg = config_lib.load(args.config, args.overrides)
-    out = args.out or commands.default_out(cfg.name if args.command == "train" else f"{cfg.name}-compare")
+    suffix = {"train": "", "compare": "-compare", "advise": "-advice"}[args.command]
+    out = args.out or commands.default_out(f"{cfg.name}{suffix}")
     if not _in_a_launched_or_cluster_run(args):  # there, process 0 checks (or the launcher did)
       run_directory.check_available(out, overwrite=args.overwrite)  # in a second, before the set-up
     args.run_dir_in_use = out
+  if args.command == "advise":
+    return _advise(args, cfg, out)
   reporter = progress.make(args.progress)
   group = _group(args) if args.command in ("train", "resume") else None  # compare: the simulator only
   if args.command == "resume":
@@ -241,6 +268,31 @@ def _dispatch(args: argparse.Namespace) -> int:
     print(result["table"], end="")
   elif args.progress != "quiet":
     _print_summary(result.summary, result.run_dir)
+  return 0
+
+
+def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
+  names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None
+
+  def say(line: str) -> None:
+    if args.progress == "bar":
+      print(f"jaxsync advise: {line}", file=sys.stderr, flush=True)
+
+  advice = commands.advise(
+    cfg,
+    out,
+    strategy_names=names,
+    seeds=args.seeds,
+    fraction=args.fraction,
+    target=args.target,
+    time_budget=args.time_budget,
+    overwrite=args.overwrite,
+    progress=say,
+  )
+  if args.progress == "jsonl":
+    print(json.dumps(json.loads((out / "advice.json").read_text())))
+  elif args.progress != "quiet":
+    print(f"{advice.table()}\n\nRecommended: {advice.recommended}. {advice.reason}\n(written to {out})")
   return 0
 
 

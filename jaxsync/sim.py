@@ -3,10 +3,13 @@
 Build a strategy (:mod:`jaxsync.strategies`), a loss function, per-worker data
 (:class:`WorkerData`) and a :class:`TimeModel`, then call :func:`run` (or use a
 :class:`Simulator` to advance in chunks and checkpoint the state between them).
+:func:`advise` runs several candidate strategies briefly on the same setup and
+says which to use.
 """
 
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.runtime.history import History
+from jaxsync._src.sim.advisor import Advice, Estimate, advise, estimate, prefix, rank, short_run
 from jaxsync._src.sim.events import EventState
 from jaxsync._src.sim.rounds import RoundState
 from jaxsync._src.sim.simulator import Simulator, run
@@ -22,6 +25,8 @@ from jaxsync._src.steps.records import EventRecord
 
 __all__ = [
   "LINK_PRESETS",
+  "Advice",
+  "Estimate",
   "EventRecord",
   "EventState",
   "History",
@@ -30,8 +35,13 @@ __all__ = [
   "Simulator",
   "TimeModel",
   "WorkerData",
+  "advise",
   "compute_time_from_flops",
+  "estimate",
   "link",
   "message_bytes",
+  "prefix",
+  "rank",
   "run",
+  "short_run",
 ]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -432,3 +433,31 @@ def test_the_bar_says_it_is_compiling_until_the_first_chunk():
   assert fields["status"] == "" and fields["clock"] == "sim" and fields["time"] == "1.0s"
   bar.close()
   assert bar._progress is None
+
+
+def test_advise_ranks_the_candidates_writes_its_report_and_refuses_bad_questions(tmp_path, capsys):
+  out = tmp_path / "advice"
+  sets = ["--set", "run.gradients=800", "--set", "cluster.slowdown=6"]
+  code, stdout, err = _run(
+    capsys, "advise", QUICKSTART, *FAST, *sets, "--strategies", "asp,bsp", "--seeds", "2", "--out", out
+  )
+  assert code == 0, err
+  assert "| rank | strategy | simulated s to accuracy 0.5 (range) |" in stdout
+  assert re.search(r"^Recommended: (asp|bsp)\. ", stdout, re.M)
+  assert err.count("jaxsync advise: ") == 4 and "asp seed 1: 200 gradients" in err  # a quarter of 800
+  report = json.loads((out / "advice.json").read_text())
+  assert report["gradients_per_short_run"] == 200 and report["seeds"] == 2 and report["target"] == 0.5
+  assert {e["strategy"] for e in report["ranking"]} == {"asp", "bsp"}
+  assert report["recommended"] == report["ranking"][0]["strategy"]
+  assert "**Recommended:" in (out / "advice.md").read_text() and (out / "plots").is_dir()
+  for argv, words in (
+    (["--fraction", "0"], ["--fraction=0.0", "(0, 1]"]),
+    (["--target", "1.5"], ["target=1.5", "(0, 1)"]),
+    (["--seeds", "0"], ["--seeds=0", "positive"]),
+    (["--strategies", "asp,warp"], ["name='warp'", "ormo"]),
+  ):
+    code, _, err = _run(capsys, "advise", QUICKSTART, *FAST, *argv, "--out", tmp_path / "bad")
+    assert code == 2 and err.count("\n") == 1, err
+    for word in words:
+      assert word in err
+    assert not (tmp_path / "bad").exists()

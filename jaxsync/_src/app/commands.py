@@ -2,7 +2,8 @@
 
 ``train`` and ``resume`` run one config into a run directory; ``compare`` runs
 several strategies and seeds of one config, each into a run directory of its
-own, and writes one table and one set of plots; ``strategies`` lists the
+own, and writes one table and one set of plots; ``advise`` runs the
+beginning of each candidate's run and recommends one; ``strategies`` lists the
 registry. A compare directory is resumed the same way as a run directory.
 """
 
@@ -21,6 +22,7 @@ import yaml
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
 from jaxsync._src.dist.cluster import ProcessGroup
+from jaxsync._src.sim import advisor
 from jaxsync._src.strategies import registry as strategies
 from jaxsync._src.train import plots, run_directory, training
 from jaxsync._src.train.progress import Reporter
@@ -343,3 +345,121 @@ def strategies_table() -> str:
     options = ", ".join(f"{k}={v!r}" for k, v in info.options.items())
     lines.append(f"    options: {options or '(none)'}")
   return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# advise: short runs of the candidates, ranked by their extrapolated time to the target.
+# ---------------------------------------------------------------------------
+
+
+def advise(
+  config: config_lib.Config,
+  out: pathlib.Path,
+  *,
+  strategy_names: list[str] | None,
+  seeds: int,
+  fraction: float,
+  target: float | None,
+  time_budget: float | None,
+  overwrite: bool,
+  progress: Any = None,
+) -> advisor.Advice:
+  """Runs the first ``fraction`` of ``config``'s run for each candidate and seed; ranks and recommends.
+
+  Each seed is a whole setup (initialisation, data order and jitter), as in
+  ``compare``. Writes ``advice.md``, ``advice.json`` and the short runs'
+  plots into ``out``.
+  """
+  names = strategy_names or config.compare.strategies
+  if not names:
+    raise config_lib.ConfigError(
+      "advise: no candidates; pass --strategies NAME,NAME or set compare.strategies in the config."
+    )
+  for name in names:
+    if name not in strategies.names():
+      raise config_lib.ConfigError(
+        f"advise: strategy name={name!r} is unknown; expected one of: {', '.join(strategies.names())}."
+      )
+  if not 0.0 < fraction <= 1.0:
+    raise config_lib.ConfigError(f"advise: --fraction={fraction} is invalid; expected a number in (0, 1].")
+  if seeds < 1:
+    raise config_lib.ConfigError(f"advise: --seeds={seeds} is invalid; expected a positive integer.")
+  if time_budget is not None and not time_budget > 0:
+    raise config_lib.ConfigError(f"advise: --time-budget={time_budget} is invalid; expected seconds > 0.")
+  if time_budget is None:
+    target = target if target is not None else config.run.target_accuracy
+    if target is None:
+      raise config_lib.ConfigError(
+        "advise: no target; set run.target_accuracy, or pass --target ACCURACY or --time-budget SECONDS."
+      )
+    if not 0.0 < target < 1.0:
+      raise config_lib.ConfigError(f"advise: target={target} is invalid; expected an accuracy in (0, 1).")
+  else:
+    target = None
+  gradients = max(1, round(fraction * config.run.gradients))
+  built = {
+    (name, i): experiment.build(experiment.for_strategy(config, name, config.seed + i))
+    for name in names
+    for i in range(seeds)
+  }  # every candidate's config errors before any run
+  run_directory.create(out, overwrite=overwrite)
+  runs: dict[str, list] = {}
+  for (name, _), exp in built.items():
+    history = advisor.short_run(
+      exp.strategy,
+      exp.loss_fn,
+      exp.data,
+      exp.time_model,
+      exp.model.params,
+      eval_fn=exp.eval_fn,
+      gradients=gradients,
+      seed=exp.config.seed,
+    )
+    runs.setdefault(name, []).append(history)
+    if progress is not None:
+      accuracy = history.eval_metrics["accuracy"][-1]
+      progress(
+        f"{name} seed {exp.config.seed}: {gradients} gradients, {history.updates} updates, "
+        f"{history.elapsed:.3g} simulated s, accuracy {accuracy:.3f}"
+      )
+  chance = 1.0 / next(iter(built.values())).dataset.num_classes
+  advice = advisor.rank(runs, metric="accuracy", target=target, time_budget=time_budget, chance=chance)
+  (out / "advice.md").write_text(advice_report(advice, config, gradients, fraction, seeds))
+  run_directory.write_json(
+    out / "advice.json",
+    {
+      "recommended": advice.recommended,
+      "decisive": advice.decisive,
+      "tied": list(advice.tied),
+      "reason": advice.reason,
+      "target": advice.target,
+      "time_budget": advice.time_budget,
+      "gradients_per_short_run": gradients,
+      "seeds": seeds,
+      "ranking": [dataclasses.asdict(e) for e in advice.ranking],
+    },
+  )
+  plots.plot_compare(runs, out / "plots")
+  return advice
+
+
+def advice_report(
+  advice: advisor.Advice, config: config_lib.Config, gradients: int, fraction: float, seeds: int
+) -> str:
+  """``advice.md``: what ran, the ranked table, the pick and how far to trust it."""
+  goal = (
+    f"time to accuracy {advice.target:g}"
+    if advice.target is not None
+    else f"accuracy at {advice.time_budget:g} s"
+  )
+  return (
+    f"# Which strategy for {config.name}?\n\n"
+    f"Each candidate ran the first {gradients} of the config's {config.run.gradients} gradients "
+    f"({fraction:g} of the run) on {seeds} seed(s); ranked by {goal} (simulated seconds).\n\n"
+    f"{advice.table()}\n\n"
+    f"**Recommended: {advice.recommended}.** {advice.reason}\n\n"
+    "How to read it: a time marked `measured` was reached within the short runs; otherwise it is a power "
+    "law of the error (1 - accuracy) against time, fitted to the second half of each short run and "
+    "extended `reach` times beyond it. A learning-rate decay after the short runs speeds the real run up "
+    "in a way the fit cannot see; the range is the smallest and largest seed's estimate.\n"
+  )

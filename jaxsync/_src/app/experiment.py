@@ -102,14 +102,6 @@ class Experiment:
     )
 
 
-def gradients_per_event(strategy: strategies.Strategy) -> int:
-  """Worker gradients one simulator event costs: 1 for an arrival, ``K x local_steps`` for a round."""
-  if strategy.engine == strategies.Engine.ASYNC:
-    return 1
-  # Every worker computes in a round, also those fastest-k cancels: the budget counts computed gradients.
-  return strategy.num_workers * strategy.local_steps
-
-
 def build(config: Config) -> Experiment:
   """Builds the data, model, strategy, time model and simulator of ``config``; raises ConfigError."""
   data_cfg, cluster = config.data, config.cluster
@@ -166,7 +158,7 @@ def build(config: Config) -> Experiment:
     eval_fn=models.classification_metrics(model, dataset.test["image"], dataset.test["label"]),
     eval_every=run.eval_every,
     eval_every_time=run.eval_every_time,
-    num_events=math.ceil(run.gradients / gradients_per_event(strategy)),
+    num_events=math.ceil(run.gradients / strategy.gradients_per_event),
   )
   experiment.simulator()  # its checks (run.gradient_batch against the workers); building it is cheap
   return experiment

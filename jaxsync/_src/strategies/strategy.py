@@ -162,6 +162,15 @@ class Strategy:
     ):
       object.__setattr__(self, name, _enum(what, name, getattr(self, name), kind))
 
+  @property
+  def gradients_per_event(self) -> int:
+    """Worker gradients one simulator event costs: 1 for an arrival, ``K x local_steps`` for a round.
+
+    Every worker computes in a round, also those fastest-k cancels: a gradient budget counts what
+    the workers computed, not what the server applied.
+    """
+    return 1 if self.engine == Engine.ASYNC else self.num_workers * self.local_steps
+
 
 def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
   """Gives a plain optax rule jaxsync's NaN/Inf policy: a non-finite arrival changes nothing.
