@@ -128,6 +128,7 @@ class Benchmark:
     self.started = time.perf_counter()
     self.run_count = self.reused_count = 0
     self.train_seconds = 0.0  # the runs' own training wall time, reused runs included
+    self.keeps_run_dirs = True  # False: the runs stay in memory (the results file says nothing of them)
 
   # -- running ---------------------------------------------------------------------------------------
 
@@ -248,7 +249,7 @@ class Benchmark:
         else ""
       ),
     ]
-    if self.run_count and self.seeds:  # paper benchmarks leave run directories; speed benchmarks none
+    if self.run_count and self.seeds and self.keeps_run_dirs:  # speed benchmarks and in-memory runs: none
       lines.append(
         f"- Run directories: `{_relative(self.runs_dir)}` (each run's metrics.jsonl, summary.json, config.yaml)"
       )

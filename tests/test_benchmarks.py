@@ -229,3 +229,19 @@ def test_bad_benchmark_arguments_are_refused_before_anything_runs(tmp_path, caps
     ormo.main(["--size", "huge", *dirs])
   assert "invalid choice: 'huge'" in capsys.readouterr().err
   assert not (tmp_path / "runs").exists() and not (tmp_path / "r").exists()  # nothing ran, nothing written
+
+
+def test_advisor_check_tiny(tmp_path):
+  markdown, results, _ = run_tiny("advisor_check", tmp_path)
+  check = next(t for t in tables(markdown) if t[0][:3] == ["scenario", "fraction", "advisor's pick"])
+  assert [row[1] for row in check[1:]] == ["0.1", "0.25", "0.5"]
+  for row in check[1:]:
+    # asp against bsp with 2 of 8 workers 4x slower: the barrier waits every round, asp wins the full runs.
+    assert row[6] == "asp" and (row[7] == "hit") == (row[2] == "asp")
+  assert check[3][4] == "measured" and check[3][7] == "hit"  # at half the run asp is already there
+  rate = next(t for t in tables(markdown) if t[0][0] == "fraction of the run")
+  assert rate[3][1] == "1 of 1"
+  curves = json.loads((results / "advisor_check.json").read_text())
+  (scenario,) = curves
+  assert set(curves[scenario]) == {"asp", "bsp"} and len(curves[scenario]["asp"][0]["accuracy"]) == 41
+  assert "Run directories" not in markdown  # the runs stay in memory

@@ -413,12 +413,28 @@ def short_run(
   a synchronous round counts all its workers' gradients. The evaluations
   count events, not server updates, so a strategy whose updates combine many
   arrivals (adaptive k) gets as many points as one that updates per arrival.
+
+  Args:
+    strategy, loss_fn, data, time_model, params: as for :class:`Simulator`.
+    eval_fn: ``params -> {metric: value}`` on held-out data.
+    gradients: worker gradients to compute (rounded up to whole rounds).
+    seed: the jitter seed.
+    evaluations: evaluation points after the initial one, at least 2.
+
+  Returns:
+    The run's :class:`History`, its evaluation rows at equal event counts.
   """
+  sim = Simulator(strategy, loss_fn, data, time_model)
+  return _short_run(sim, jax.jit(eval_fn), params, gradients=gradients, seed=seed, evaluations=evaluations)
+
+
+def _short_run(
+  sim: Simulator, evaluate: Callable, params: optax.Params, *, gradients: int, seed: int, evaluations: int
+) -> History:
+  """:func:`short_run` on a built simulator and compiled evaluation (reused across seeds: one compile)."""
   gradients = validation.check_int(_WHAT, "gradients", gradients)
   evaluations = validation.check_int(_WHAT, "evaluations", evaluations, low=2)
-  num_events = max(1, math.ceil(gradients / strategy.gradients_per_event))
-  sim = Simulator(strategy, loss_fn, data, time_model)
-  evaluate = jax.jit(eval_fn)
+  num_events = max(1, math.ceil(gradients / sim.strategy.gradients_per_event))
 
   def metrics(p) -> dict[str, float]:
     return {name: float(value) for name, value in evaluate(p).items()}
@@ -531,20 +547,12 @@ def advise(
   if not seeds:
     raise ValueError(f"{_WHAT}: {seeds=}; expected at least one seed.")
   runs: dict[str, list[History]] = {}
+  evaluate = jax.jit(eval_fn)
   for label, strategy in named.items():
     runs[label] = []
+    sim = Simulator(strategy, loss_fn, data, time_model)  # one per candidate: its seeds share the compile
     for seed in seeds:
-      history = short_run(
-        strategy,
-        loss_fn,
-        data,
-        time_model,
-        params,
-        eval_fn=eval_fn,
-        gradients=gradients,
-        seed=seed,
-        evaluations=evaluations,
-      )
+      history = _short_run(sim, evaluate, params, gradients=gradients, seed=seed, evaluations=evaluations)
       runs[label].append(history)
       if progress is not None:
         progress(f"{label} seed {seed}: {history.updates} updates in {history.elapsed:.3g} {history.clock} s")
