@@ -67,17 +67,7 @@ def main(argv: list[str]) -> int:
     for name in names:
       for i in range(bench.seeds):
         exp = experiment.build(experiment.for_strategy(config, name, config.seed + i))
-        history = advisor.short_run(
-          exp.strategy,
-          exp.loss_fn,
-          exp.data,
-          exp.time_model,
-          exp.model.params,
-          eval_fn=exp.eval_fn,
-          gradients=gradients,
-          seed=exp.config.seed,
-          evaluations=EVALUATIONS,
-        )
+        history = exp.short_run(gradients, evaluations=EVALUATIONS)
         bench.run_count += 1
         full.setdefault(name, []).append(history)
         curves.setdefault(scenario, {}).setdefault(name, []).append(

@@ -405,16 +405,7 @@ def advise(
   run_directory.create(out, overwrite=overwrite)
   runs: dict[str, list] = {}
   for (name, _), exp in built.items():
-    history = advisor.short_run(
-      exp.strategy,
-      exp.loss_fn,
-      exp.data,
-      exp.time_model,
-      exp.model.params,
-      eval_fn=exp.eval_fn,
-      gradients=gradients,
-      seed=exp.config.seed,
-    )
+    history = exp.short_run(gradients)
     runs.setdefault(name, []).append(history)
     if progress is not None:
       accuracy = history.eval_metrics["accuracy"][-1]

@@ -21,6 +21,8 @@ from jaxsync._src.app.config import Config, ConfigError, ScheduleConfig
 from jaxsync._src.data import datasets
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.models import networks as models
+from jaxsync._src.runtime.history import History
+from jaxsync._src.sim import advisor
 from jaxsync._src.sim.simulator import Simulator
 from jaxsync._src.sim.time_model import TimeModel, compute_time_from_flops
 from jaxsync._src.steps.records import EvalSchedule
@@ -82,6 +84,20 @@ class Experiment:
         gradient_batch=self.config.run.gradient_batch,
         **self.evaluation(),
       )
+
+  def short_run(self, gradients: int, evaluations: int = 12) -> History:
+    """The beginning of this run, its first ``gradients`` gradients (what ``jaxsync advise`` runs)."""
+    return advisor.short_run(
+      self.strategy,
+      self.loss_fn,
+      self.data,
+      self.time_model,
+      self.model.params,
+      eval_fn=self.eval_fn,
+      gradients=gradients,
+      seed=self.config.seed,
+      evaluations=evaluations,
+    )
 
   @property
   def label(self) -> str:
