@@ -1,20 +1,30 @@
 """OrMo's results table (Shi, Yang, Li, NeurIPS 2024): six asynchronous rules at 16 and 64 workers, hom. and het.
 
-Reproduces the layout of the OrMo poster's table (Shi, Yang, Li, NeurIPS 2024;
-docs/algorithms.md §16): ASGD, naive ASGDm, shifted momentum, SMEGA², OrMo and
-OrMo-DA, each at 16 and 64 workers, homogeneous and heterogeneous (a quarter of
-the workers 4x slower), mean ± sample std over seeds of the final training loss
-(the mean batch loss of the last 10% of events) and test accuracy, plus the
-updates and simulated seconds each needed to reach the target accuracy, and
-accuracy against simulated time. Config: ``configs/ormo_table.yaml``.
+Reproduces the layout of the OrMo paper's table (docs/algorithms.md §16):
+ASGD, naive ASGDm, shifted momentum, SMEGA², OrMo and OrMo-DA, each at 16 and
+64 workers, homogeneous and heterogeneous (a quarter of the workers 4x
+slower), mean ± sample std over seeds of the final training loss (the mean
+batch loss of the last 10% of events) and test accuracy, the updates and
+simulated seconds each needed to reach the target accuracy, and accuracy
+against simulated time. Then a verdict on each of the paper's claims: the
+accuracy order OrMo-DA ≳ OrMo > SMEGA² > shifted > ASGD > naive (each step
+with its difference, the std of that difference and a Welch t-test), naive
+ASGDm's instability, and the gap to ASGD growing from 16 to 64 workers.
+
+Every rule's learning rate is tuned on the same grid (``GRID``) at 16 het.
+on a held-out seed (100), and the rule's best rate is used in every column
+(scaled by 16/64 at 64 workers for every rule alike, as OrMo's group step
+sums K gradients). Config: ``configs/fashion_mnist/ormo_table.yaml``
+(``--data digits``: ``configs/ormo_table.yaml``).
 
 Sizes:
-  tiny     4 and 8 workers, an MLP, 2 rules, 1 seed: the suite's smoke test (seconds).
-  default  digits + the small CNN, the paper's 16/64 workers, 3 seeds (about 20 min on 2 cores).
-  full     5 seeds (the paper's run count); with --data-dir, CIFAR-10 (or --dataset cifar100)
-           and ResNet-20, the paper's task: hours per run on 2 cores, meant for bigger machines.
+  tiny     digits, 4 and 8 workers, an MLP, 2 rules, a 2-rate grid, 1 seed: the suite's smoke test.
+  default  Fashion-MNIST + LeNet, the SMEGA² trainer's protocol over 1.5 epochs (its schedule scaled
+           to them), 3 seeds, the grid on 1 (90 runs, about 35 min on 2 cores).
+  full     the config's 5 epochs, 5 seeds (the paper's run count); with --data-dir, CIFAR-10 (or
+           --dataset cifar100) and ResNet-20, the paper's task: hours per run on 2 cores.
 
-    python benchmarks/ormo_table.py [--size tiny|default|full] [--seeds N] [--data-dir DIR]
+    python benchmarks/ormo_table.py [--size tiny|default|full] [--seeds N] [--data fashion_mnist|digits]
 """
 
 from __future__ import annotations
@@ -22,8 +32,16 @@ from __future__ import annotations
 import sys
 
 import _harness
+import numpy as np
+from scipy import stats
 
-CONFIG = "ormo_table"
+CONFIGS = {"fashion_mnist": "fashion_mnist/ormo_table", "digits": "ormo_table"}
+# The learning-rate grid every rule is tuned on (at 16 het., seed 100); tiny: two rates of the MLP's.
+GRID = (0.0025, 0.005, 0.01)
+TINY_GRID = (0.02, 0.05)
+TUNING_SEED = 100
+# The paper's claimed accuracy order, best first (OrMo-DA ≳ OrMo: "at least as good").
+CLAIMED_ORDER = ("ormo_da", "ormo", "smega2", "shifted_momentum", "asp", "naive_asgdm")
 RULES = ("asp", "naive_asgdm", "shifted_momentum", "smega2", "ormo", "ormo_da")
 NAMES = {
   "asp": "ASGD",
@@ -52,10 +70,10 @@ PAPER_CIFAR10 = {
 }
 
 
-def columns(size: str) -> dict[str, list[str]]:
-  """The paper's four columns as config overrides (``--set``), smaller for ``tiny``."""
+def base_overrides(size: str, data: str) -> list[str]:
+  """What every run of the size shares: the run's length and, on Fashion-MNIST, its schedule."""
   if size == "tiny":
-    small = [
+    return [
       "model.name=mlp",
       "run.gradients=240",
       "run.eval_every=40",
@@ -63,28 +81,161 @@ def columns(size: str) -> dict[str, list[str]]:
       "run.checkpoint_every=null",
       "run.target_accuracy=0.5",
     ]
+  if data == "fashion_mnist" and size == "default":
+    # 1.5 of the config's 5 epochs (2800 gradients of batch 32), the schedule scaled with them: warm-up
+    # 5/160 of the run, x0.1 at 1/2 and 3/4 of it (the SMEGA² trainer's fractions, as in the config).
+    return [
+      "run.gradients=2800",
+      "run.eval_every=200",
+      "run.chunk=200",
+      "run.checkpoint_every=null",
+      "strategy.schedule.warmup=0.046875",
+      "strategy.schedule.boundaries=[0.75, 1.125]",
+    ]
+  return ["run.checkpoint_every=null"]
+
+
+def columns(size: str, data: str) -> dict[str, tuple[list[str], float]]:
+  """The paper's four columns: ``{column: (config overrides, learning-rate scale)}``."""
+  if size == "tiny":
     return {
-      "4 hom.": [*small, "cluster.num_workers=4", "cluster.slow_fraction=0"],
-      "8 het.": [*small, "cluster.num_workers=8", "data.batch_size=16"],
+      "4 hom.": (["cluster.num_workers=4", "cluster.slow_fraction=0"], 1.0),
+      "8 het.": (["cluster.num_workers=8", "data.batch_size=16"], 1.0),
     }
-  # 64 workers: each shard is 1438 // 64 = 22 images, so batch 16 and twice the gradients (the same
-  # ~89 epochs), and eta scaled by 16/64 (OrMo's group step sums K gradients); see the config's header.
-  wide = [
-    "cluster.num_workers=64",
-    "data.batch_size=16",
-    "run.gradients=8000",
-    "strategy.options.learning_rate=0.00125",
-  ]
+  # 64 workers: eta scaled by 16/64 for every rule (OrMo's group step sums K gradients); on digits each
+  # shard is 1438 // 64 = 22 images, so batch 16 and twice the gradients (the same ~89 epochs).
+  wide = ["cluster.num_workers=64"]
+  if data == "digits":
+    wide += ["data.batch_size=16", "run.gradients=8000"]
   return {
-    "16 hom.": ["cluster.slow_fraction=0"],
-    "64 hom.": [*wide, "cluster.slow_fraction=0"],
-    "16 het.": [],
-    "64 het.": wide,
+    "16 hom.": (["cluster.slow_fraction=0"], 1.0),
+    "64 hom.": ([*wide, "cluster.slow_fraction=0"], 0.25),
+    "16 het.": ([], 1.0),
+    "64 het.": (wide, 0.25),
   }
+
+
+def tune(bench, config_name: str, base: list[str], rules, grid, tuning_column) -> tuple[dict, str]:
+  """Each rule's best rate on ``grid`` at ``tuning_column`` on the held-out seed; and the grid's table."""
+  overrides, _ = tuning_column
+  config = bench.config(config_name, [*base, *overrides, f"seed={TUNING_SEED}"])
+  accuracy: dict[str, dict[float, float]] = {}
+  for rule in rules:
+    for rate in grid:
+      cell = bench.run(
+        config,
+        rule,
+        setting="lr grid",
+        label=f"{NAMES[rule]} lr={rate:g}",
+        options={"learning_rate": rate},
+        seeds=1,
+      )
+      value = cell.values("final_accuracy")[0]
+      accuracy.setdefault(rule, {})[rate] = -1.0 if value is None or not np.isfinite(value) else value
+  best = {rule: max(grid, key=lambda r, rule=rule: (accuracy[rule][r], -r)) for rule in rules}
+  rows = [
+    [NAMES[rule]]
+    + [
+      ("**" if r == best[rule] else "") + f"{100 * accuracy[rule][r]:.2f}" + ("**" if r == best[rule] else "")
+      for r in grid
+    ]
+    for rule in rules
+  ]
+  text = _harness.table(["rule", *[f"lr {r:g}" for r in grid]], rows)
+  return best, text
+
+
+def order_steps(cells: dict[str, _harness.Cell], rules) -> list[list[str]]:
+  """Each adjacent step of the claimed order in one column: difference, its std, Welch's t-test."""
+  rows = []
+  claimed = [r for r in CLAIMED_ORDER if r in rules]
+  for better, worse in zip(claimed, claimed[1:]):
+    a = np.asarray(cells[better].values("final_accuracy"), float) * 100
+    b = np.asarray(cells[worse].values("final_accuracy"), float) * 100
+    diff = a.mean() - b.mean()
+    std = float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))) if len(a) > 1 else float("nan")
+    p = float(stats.ttest_ind(a, b, equal_var=False).pvalue) if len(a) > 1 and std > 0 else float("nan")
+    at_least = better == "ormo_da" and worse == "ormo"  # ≳: holds unless significantly reversed
+    if diff > 0:
+      verdict = "holds" + (" (p < 0.05)" if p < 0.05 else ", not significant")
+    elif at_least and not p < 0.05:
+      verdict = "holds (≳: not significantly below)"
+    else:
+      verdict = "reversed" + (" (p < 0.05)" if p < 0.05 else ", not significant")
+    rows.append([f"{NAMES[better]} > {NAMES[worse]}", f"{diff:+.2f} ± {std:.2f}", f"{p:.3f}", verdict])
+  return rows
+
+
+def verdicts(cells: dict[str, dict[str, _harness.Cell]], rules, steps: dict[str, list[list[str]]]) -> str:
+  """The paper's three claims, each reproduced / partly / not reproduced, with the numbers behind it."""
+  lines = []
+  held = {c: sum(row[3].startswith("holds") for row in rows) for c, rows in steps.items()}
+  significant = {
+    c: sum("(p < 0.05)" in row[3] and row[3].startswith("holds") for row in rows) for c, rows in steps.items()
+  }
+  total = len(next(iter(steps.values())))
+  all_hold = [c for c in steps if held[c] == total]
+  word = "reproduced" if len(all_hold) == len(steps) else "partly" if any(held.values()) else "not reproduced"
+  lines.append(
+    f"- **Accuracy order OrMo-DA ≳ OrMo > SMEGA² > shifted > ASGD > naive: {word}.** Steps of the order that "
+    "hold in the mean, per column (of which significant at p < 0.05): "
+    + ", ".join(f"{c} {held[c]}/{total} ({significant[c]})" for c in steps)
+    + "."
+  )
+  if "naive_asgdm" in rules:
+    diverged = {c: sum(s.get("diverged", False) for s in cells[c]["naive_asgdm"].summaries) for c in cells}
+    spread = {
+      c: float(np.nanstd(np.asarray(cells[c]["naive_asgdm"].values("final_accuracy"), float), ddof=1)) * 100
+      for c in cells
+    }
+    others = {
+      c: float(
+        np.nanmedian(
+          [
+            np.nanstd(np.asarray(cells[c][r].values("final_accuracy"), float), ddof=1) * 100
+            for r in rules
+            if r != "naive_asgdm"
+          ]
+        )
+      )
+      for c in cells
+    }
+    unstable = [c for c in cells if diverged[c] or spread[c] > 3 * others[c]]
+    word = "reproduced" if len(unstable) == len(cells) else "partly" if unstable else "not reproduced"
+    lines.append(
+      f"- **Naive ASGDm is unstable: {word}.** Diverged seeds per column: "
+      + ", ".join(f"{c} {diverged[c]}" for c in cells)
+      + "; its accuracy std against the other rules' median std: "
+      + ", ".join(f"{c} {spread[c]:.2f} vs {others[c]:.2f}" for c in cells)
+      + " (unstable: a diverged seed, or a std over 3x the others')."
+    )
+  pairs = [(a, b) for a, b in (("16 hom.", "64 hom."), ("16 het.", "64 het.")) if a in cells and b in cells]
+  if pairs and {"ormo", "asp"} <= set(rules):
+
+    def gap(c):
+      return (
+        (cells[c]["ormo"].mean("final_accuracy") or np.nan)
+        - (cells[c]["asp"].mean("final_accuracy") or np.nan)
+      ) * 100
+
+    grows = [(a, b) for a, b in pairs if gap(b) > gap(a)]
+    word = "reproduced" if len(grows) == len(pairs) else "partly" if grows else "not reproduced"
+    lines.append(
+      f"- **OrMo's gain over ASGD grows from 16 to 64 workers: {word}.** OrMo - ASGD accuracy: "
+      + ", ".join(f"{a} {gap(a):+.2f} -> {b} {gap(b):+.2f} points" for a, b in pairs)
+      + " (the paper: +1.2 -> +4.9 hom., +1.3 -> +3.8 het. on CIFAR-10)."
+    )
+  return "\n".join(lines)
 
 
 def main(argv: list[str]) -> int:
   p = _harness.parser(__doc__)
+  p.add_argument(
+    "--data",
+    choices=tuple(CONFIGS),
+    default="fashion_mnist",
+    help="the shipped config's data (default Fashion-MNIST)",
+  )
   p.add_argument(
     "--data-dir", default=None, help="a directory with cifar-10-batches-py/ (or cifar-100-python/)"
   )
@@ -93,9 +244,11 @@ def main(argv: list[str]) -> int:
   if args.dataset and not args.data_dir:
     p.error(f"--dataset={args.dataset} needs --data-dir (the directory holding the CIFAR python pickles)")
   args.dataset = args.dataset or "cifar10"
+  data_name = "digits" if args.size == "tiny" else args.data
+  config_name = CONFIGS[data_name]
   bench = _harness.Benchmark(
-    "ormo_table",
-    "OrMo's table (NeurIPS 2024): asynchronous momentum rules",
+    "ormo_table" if data_name == "fashion_mnist" or args.size == "tiny" else "ormo_table_digits",
+    f"OrMo's table (NeurIPS 2024): asynchronous momentum rules on {data_name}",
     args,
     argv,
     seeds=3,
@@ -105,13 +258,31 @@ def main(argv: list[str]) -> int:
   if args.data_dir:
     data = [f"data.name={args.dataset}", f"data.data_dir={args.data_dir}", "model.name=resnet20"]
   rules = ("asp", "ormo") if args.size == "tiny" else RULES
+  base = [*data, *base_overrides(args.size, data_name)]
+  layout = columns(args.size, data_name)
+  grid = TINY_GRID if args.size == "tiny" else GRID
+  tuning = layout.get("16 het.", list(layout.values())[-1])
+  best, grid_table = tune(bench, config_name, base, rules, grid, tuning)
+  bench.section(
+    f"Learning rates: every rule on the same grid, at {'16 het.' if '16 het.' in layout else list(layout)[-1]}, seed {TUNING_SEED}",
+    grid_table
+    + f"\n\nFinal test accuracy % of one run per rate (seed {TUNING_SEED}, held out from the table's seeds); "
+    "**bold**: the rate each rule uses below (the best; the smaller on a tie). At 64 workers every rule's rate is "
+    "scaled by 16/64.",
+  )
   cells: dict[str, dict[str, _harness.Cell]] = {}
-  for column, overrides in columns(args.size).items():
-    overrides = [*data, *overrides]
-    config = bench.config(CONFIG, overrides)
+  for column, (overrides, scale) in layout.items():
+    overrides = [*base, *overrides]
+    config = bench.config(config_name, overrides)
     cells[column] = {
       rule: bench.run(
-        config, rule, setting=column, label=NAMES[rule], config_name=CONFIG, overrides=overrides
+        config,
+        rule,
+        setting=column,
+        label=NAMES[rule],
+        config_name=config_name,
+        overrides=overrides,
+        options={"learning_rate": best[rule] * scale},
       )
       for rule in rules
     }
@@ -150,6 +321,14 @@ def main(argv: list[str]) -> int:
     "Ranking by mean final accuracy (ours; the paper's CIFAR order is OrMo-DA ≳ OrMo > SMEGA² > shifted > ASGD > naive)",
     _harness.table(["column", "best to worst"], rank),
   )
+  steps = {c: order_steps(cells[c], rules) for c in cols}
+  bench.section(
+    "The claimed order, step by step: accuracy difference (points, mean ± std of the difference), Welch's t-test",
+    "\n\n".join(
+      f"**{c}**\n\n" + _harness.table(["step", "difference", "p", "verdict"], steps[c]) for c in cols
+    ),
+  )
+  bench.section("Verdicts", verdicts(cells, rules, steps))
   if args.size != "tiny":
     paper_values = PAPER_CIFAR100 if args.data_dir and args.dataset == "cifar100" else PAPER_CIFAR10
     paper = [[NAMES[r], *paper_values[r]] for r in rules]

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+import yaml
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -72,7 +73,17 @@ def summary(runs: pathlib.Path, *parts: str) -> dict:
 def test_ormo_table_tiny(tmp_path):
   markdown, results, runs = run_tiny("ormo_table", tmp_path)
   assert assert_commands_reproduce_runs(markdown, runs) >= 1
-  main = tables(markdown)[0]
+  grid, main = tables(markdown)[:2]
+  # Each rule tuned on the same grid on the held-out seed; its best rate (bold) is the one its cells ran.
+  assert grid[0] == ["rule", "lr 0.02", "lr 0.05"] and [r[0] for r in grid[1:]] == ["ASGD", "OrMo"]
+  for row in grid[1:]:
+    (bold,) = [i for i, cell in enumerate(row[1:]) if cell.startswith("**")]
+    rule = {"ASGD": "asp", "OrMo": "ormo"}[row[0]]
+    ran = summary(runs, "lr_grid", f"{row[0]}_lr_{[0.02, 0.05][bold]:g}", "seed100")
+    assert row[1 + bold] == f"**{100 * ran['final_accuracy']:.2f}**"
+    cell = yaml.safe_load((runs / "8_het." / row[0] / "seed0" / "config.yaml").read_text())
+    assert cell["strategy"]["options"]["learning_rate"] == [0.02, 0.05][bold], rule
+  assert "## Verdicts" in markdown and "OrMo > ASGD" in markdown
   assert main[0] == ["rule", "4 hom.", "8 het."] and [r[0] for r in main[1:]] == ["ASGD", "OrMo"]
   for row in main[1:]:
     for cell in row[1:]:
