@@ -46,6 +46,8 @@ from jaxsync._src.train import (
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SIZES = ("tiny", "default", "full")
+# The seed learning rates are tuned on, held out from the seeds a results table reports (0, 1, 2, ...).
+TUNING_SEED = 100
 
 
 def parser(doc: str) -> argparse.ArgumentParser:
@@ -188,6 +190,46 @@ class Benchmark:
     return Cell(
       label, results, train_command(config_name, overrides, results[0].run_dir) if config_name else ""
     )
+
+  def tune(
+    self,
+    config: Config,
+    candidates: dict[str, tuple[str, dict[str, Any]]],
+    grid: tuple[float, ...],
+    *,
+    seed: int = TUNING_SEED,
+  ) -> tuple[dict[str, float], str]:
+    """Each candidate's learning rate picked on the same ``grid``: one run per rate on a held-out seed.
+
+    ``candidates`` is ``{label: (strategy, options)}``. The best final test accuracy wins (the smaller
+    rate on a tie; a diverged run counts as -1). Returns ``{label: rate}`` and the grid as a markdown
+    table (test accuracy %, the pick in bold), so every method is tuned the same way and the report
+    shows how.
+    """
+    config = dataclasses.replace(config, seed=seed)
+    accuracy: dict[str, dict[float, float]] = {}
+    for label, (strategy, options) in candidates.items():
+      for rate in grid:
+        cell = self.run(
+          config,
+          strategy,
+          setting="lr grid",
+          label=f"{label} lr={rate:g}",
+          options={**options, "learning_rate": rate},
+          seeds=1,
+        )
+        value = cell.values("final_accuracy")[0]
+        accuracy.setdefault(label, {})[rate] = -1.0 if value is None or not np.isfinite(value) else value
+    best = {label: max(grid, key=lambda r, a=accuracy[label]: (a[r], -r)) for label in candidates}
+    rows = [
+      [label]
+      + [
+        f"**{100 * a[r]:.2f}**" if r == best[label] else f"{100 * a[r]:.2f}" if a[r] >= 0 else "diverged"
+        for r in grid
+      ]
+      for label, a in accuracy.items()
+    ]
+    return best, table(["strategy", *[f"lr {r:g}" for r in grid]], rows)
 
   def elapsed(self) -> str:
     seconds = int(time.perf_counter() - self.started)

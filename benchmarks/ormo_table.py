@@ -39,7 +39,6 @@ CONFIGS = {"fashion_mnist": "fashion_mnist/ormo_table", "digits": "ormo_table"}
 # The learning-rate grid every rule is tuned on (at 16 het., seed 100); tiny: two rates of the MLP's.
 GRID = (0.0025, 0.005, 0.01)
 TINY_GRID = (0.02, 0.05)
-TUNING_SEED = 100
 # The paper's claimed accuracy order, best first (OrMo-DA ≳ OrMo: "at least as good").
 CLAIMED_ORDER = ("ormo_da", "ormo", "smega2", "shifted_momentum", "asp", "naive_asgdm")
 RULES = ("asp", "naive_asgdm", "shifted_momentum", "smega2", "ormo", "ormo_da")
@@ -113,36 +112,6 @@ def columns(size: str, data: str) -> dict[str, tuple[list[str], float]]:
     "16 het.": ([], 1.0),
     "64 het.": (wide, 0.25),
   }
-
-
-def tune(bench, config_name: str, base: list[str], rules, grid, tuning_column) -> tuple[dict, str]:
-  """Each rule's best rate on ``grid`` at ``tuning_column`` on the held-out seed; and the grid's table."""
-  overrides, _ = tuning_column
-  config = bench.config(config_name, [*base, *overrides, f"seed={TUNING_SEED}"])
-  accuracy: dict[str, dict[float, float]] = {}
-  for rule in rules:
-    for rate in grid:
-      cell = bench.run(
-        config,
-        rule,
-        setting="lr grid",
-        label=f"{NAMES[rule]} lr={rate:g}",
-        options={"learning_rate": rate},
-        seeds=1,
-      )
-      value = cell.values("final_accuracy")[0]
-      accuracy.setdefault(rule, {})[rate] = -1.0 if value is None or not np.isfinite(value) else value
-  best = {rule: max(grid, key=lambda r, rule=rule: (accuracy[rule][r], -r)) for rule in rules}
-  rows = [
-    [NAMES[rule]]
-    + [
-      ("**" if r == best[rule] else "") + f"{100 * accuracy[rule][r]:.2f}" + ("**" if r == best[rule] else "")
-      for r in grid
-    ]
-    for rule in rules
-  ]
-  text = _harness.table(["rule", *[f"lr {r:g}" for r in grid]], rows)
-  return best, text
 
 
 def order_steps(cells: dict[str, _harness.Cell], rules) -> list[list[str]]:
@@ -261,14 +230,16 @@ def main(argv: list[str]) -> int:
   base = [*data, *base_overrides(args.size, data_name)]
   layout = columns(args.size, data_name)
   grid = TINY_GRID if args.size == "tiny" else GRID
-  tuning = layout.get("16 het.", list(layout.values())[-1])
-  best, grid_table = tune(bench, config_name, base, rules, grid, tuning)
+  tuning_column = "16 het." if "16 het." in layout else list(layout)[-1]
+  config = bench.config(config_name, [*base, *layout[tuning_column][0]])
+  by_label, grid_table = bench.tune(config, {NAMES[r]: (r, {}) for r in rules}, grid)
+  best = {r: by_label[NAMES[r]] for r in rules}
   bench.section(
-    f"Learning rates: every rule on the same grid, at {'16 het.' if '16 het.' in layout else list(layout)[-1]}, seed {TUNING_SEED}",
+    f"Learning rates: every rule on the same grid, at {tuning_column}, seed {_harness.TUNING_SEED}",
     grid_table
-    + f"\n\nFinal test accuracy % of one run per rate (seed {TUNING_SEED}, held out from the table's seeds); "
-    "**bold**: the rate each rule uses below (the best; the smaller on a tie). At 64 workers every rule's rate is "
-    "scaled by 16/64.",
+    + f"\n\nFinal test accuracy % of one run per rate (seed {_harness.TUNING_SEED}, held out from the table's "
+    "seeds); **bold**: the rate each rule uses below (the best; the smaller on a tie). At 64 workers every "
+    "rule's rate is scaled by 16/64.",
   )
   cells: dict[str, dict[str, _harness.Cell]] = {}
   for column, (overrides, scale) in layout.items():

@@ -75,7 +75,7 @@ def test_ormo_table_tiny(tmp_path):
   assert assert_commands_reproduce_runs(markdown, runs) >= 1
   grid, main = tables(markdown)[:2]
   # Each rule tuned on the same grid on the held-out seed; its best rate (bold) is the one its cells ran.
-  assert grid[0] == ["rule", "lr 0.02", "lr 0.05"] and [r[0] for r in grid[1:]] == ["ASGD", "OrMo"]
+  assert grid[0] == ["strategy", "lr 0.02", "lr 0.05"] and [r[0] for r in grid[1:]] == ["ASGD", "OrMo"]
   for row in grid[1:]:
     (bold,) = [i for i, cell in enumerate(row[1:]) if cell.startswith("**")]
     rule = {"ASGD": "asp", "OrMo": "ormo"}[row[0]]
@@ -126,7 +126,11 @@ def test_ea_wild_comparison_tiny(tmp_path):
 def test_inhad_layouts_tiny(tmp_path):
   markdown, _, runs = run_tiny("inhad_layouts", tmp_path)
   assert assert_commands_reproduce_runs(markdown, runs) >= 1
-  main = tables(markdown)[0]
+  grid, main = tables(markdown)[:2]
+  assert grid[0] == ["strategy", "lr 0.01", "lr 0.05"] and len(grid) == 5
+  (bold,) = [i for i, cell in enumerate(grid[3][1:]) if cell.startswith("**")]  # InHAD's row
+  ran = yaml.safe_load((runs / "4_nodes_x_1" / "InHAD" / "seed0" / "config.yaml").read_text())
+  assert ran["strategy"]["options"]["learning_rate"] == [0.01, 0.05][bold]  # the tuned rate, at every layout
   assert [(r[0], r[1]) for r in main[1:]] == [
     ("ASP", "any layout"),
     ("all-reduce (flat ring)", "any layout"),
@@ -139,6 +143,16 @@ def test_inhad_layouts_tiny(tmp_path):
   ring = summary(runs, "any_layout", "all-reduce_flat_ring", "seed0")
   assert main[4][3] == f"{100 * (inhad['final_accuracy'] - ring['final_accuracy']):+.2f}"
   assert inhad["bytes_moved_intra"] > 0  # node-local aggregation moves bytes inside the nodes
+  verdict = re.search(
+    r'"Nearly the same accuracy as Horovod": (reproduced|partly|not reproduced)\.', markdown
+  )
+  assert verdict, markdown
+  gap = 100 * (inhad["final_accuracy"] - ring["final_accuracy"])
+  assert f"2 nodes x 2 {gap:+.2f}" in markdown  # the verdict quotes the table's gap
+  near = [
+    abs(float(x)) <= 1 for x in re.findall(r"nodes x \d ([+-]\d+\.\d+)", markdown.split("Nearly")[1])[:2]
+  ]
+  assert verdict[1] == ("reproduced" if all(near) else "partly" if any(near) else "not reproduced")
 
 
 def test_server_bound_tiny(tmp_path):
