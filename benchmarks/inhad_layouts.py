@@ -181,7 +181,7 @@ def main(argv: list[str]) -> int:
     " with momentum 0.9. Speed-up over ASP: ASP's simulated time to the target divided by this one's.",
   )
   bench.section(
-    "Verdicts", verdicts(asp, ring, {layout: cells["InHAD"] for layout, cells in per_layout.items()})
+    "Verdicts", verdicts(asp, ring, {layout: cells["InHAD"] for layout, cells in per_layout.items()}, target)
   )
   bench.section(
     "What the paper reports",
@@ -199,11 +199,25 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def verdicts(asp: _harness.Cell, ring: _harness.Cell, inhad: dict[str, _harness.Cell]) -> str:
-  """The abstract's two claims and the mechanism behind them, each with the numbers per layout."""
+def _time_to(cell: _harness.Cell, accuracy: float) -> float:
+  """Mean simulated seconds to ``accuracy`` over the seeds (from each run's evaluations); nan if one missed."""
+  hits = [h.time_to("accuracy", accuracy) for h in cell.histories]
+  return float(np.mean([t for t, _ in hits])) if all(hits) else float("nan")
+
+
+def verdicts(asp: _harness.Cell, ring: _harness.Cell, inhad: dict[str, _harness.Cell], target: float) -> str:
+  """The abstract's two claims and the mechanism behind them, each with the numbers per layout.
+
+  The speed-up is read at the config's target when every run reaches it; otherwise at the largest
+  multiple of 0.05 that every compared run's mean final accuracy reaches (the same for all strategies),
+  so that a short run still compares speeds.
+  """
+  cells = [asp, ring, *inhad.values()]
+  finals = [c.mean("final_accuracy") or 0.0 for c in cells]
+  reached = all(all(h.time_to("accuracy", target) for h in c.histories) for c in cells)
+  speed_target = target if reached else np.floor(min(finals) * 20 + 1e-9) / 20
   speed = {
-    layout: (asp.mean("time_to_target") or np.nan) / (cell.mean("time_to_target") or np.nan)
-    for layout, cell in inhad.items()
+    layout: _time_to(asp, speed_target) / _time_to(cell, speed_target) for layout, cell in inhad.items()
   }
   faster = [layout for layout, x in speed.items() if x > 1]
   gap = {
@@ -217,14 +231,22 @@ def verdicts(asp: _harness.Cell, ring: _harness.Cell, inhad: dict[str, _harness.
   }
 
   def word(hits, of):
+    if all(np.isnan(x) for x in of.values()):
+      return "not measured"
     return "reproduced" if len(hits) == len(of) else "partly" if hits else "not reproduced"
 
+  at = (
+    f"accuracy {speed_target:g}"
+    if reached
+    else f"accuracy {speed_target:g} (no run reached the config's {target:g} on every seed; {speed_target:g} is "
+    "the largest multiple of 0.05 below every strategy's mean final accuracy)"
+  )
   return "\n".join(
     [
       f'- **"Much higher acceleration than ASP": {word(faster, speed)}.** InHAD\'s speed-up over ASP '
-      "(ASP's mean simulated time to the target / InHAD's): "
+      f"(ASP's mean simulated time to {at} / InHAD's): "
       + ", ".join(f"{layout} {x:.2f}x" for layout, x in speed.items())
-      + " (nan: a side that did not reach the target on every seed).",
+      + f"; the ring all-reduce's: {_time_to(asp, speed_target) / _time_to(ring, speed_target):.2f}x.",
       f'- **"Nearly the same accuracy as Horovod": {word(near, gap)}.** InHAD\'s final accuracy minus the '
       f"ring all-reduce's, read as near within {NEAR_POINTS:g} point: "
       + ", ".join(f"{layout} {x:+.2f}" for layout, x in gap.items())
