@@ -305,6 +305,15 @@ class Benchmark:
     return path
 
 
+def smega2_schedule(epochs: float) -> list[str]:
+  """The SMEGA² trainer's step schedule (warm-up over 5/160 of the run, x0.1 at 1/2 and 3/4 of it) scaled
+  to a run of ``epochs``, as ``--set`` overrides of a Fashion-MNIST paper config's ``strategy.schedule``."""
+  return [
+    f"strategy.schedule.warmup={epochs * 5 / 160:g}",
+    f"strategy.schedule.boundaries=[{epochs / 2:g}, {epochs * 3 / 4:g}]",
+  ]
+
+
 def table(header: list[str], rows: list[list[str]]) -> str:
   """A markdown table; the first column left-aligned, the others right-aligned."""
   for row in rows:

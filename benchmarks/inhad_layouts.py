@@ -56,8 +56,7 @@ def base_overrides(size: str, data: str) -> list[str]:
       "run.eval_every_time=0.05",
       "run.chunk=200",
       "run.checkpoint_every=null",
-      "strategy.schedule.warmup=0.046875",
-      "strategy.schedule.boundaries=[0.75, 1.125]",
+      *_harness.smega2_schedule(1.5),
     ]
   return ["run.gradients=8000"] if data == "digits" and size == "full" else ["run.checkpoint_every=null"]
 

@@ -88,8 +88,7 @@ def base_overrides(size: str, data: str) -> list[str]:
       "run.eval_every=200",
       "run.chunk=200",
       "run.checkpoint_every=null",
-      "strategy.schedule.warmup=0.046875",
-      "strategy.schedule.boundaries=[0.75, 1.125]",
+      *_harness.smega2_schedule(1.5),
     ]
   return ["run.checkpoint_every=null"]
 
