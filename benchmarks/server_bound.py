@@ -59,29 +59,40 @@ BANDWIDTHS = {"tiny": ["3GB/s"], "default": [None, "3GB/s", "10GB/s", "30GB/s"]}
 GRADIENTS = {"tiny": 300, "default": 2000, "full": 8000}
 
 
-def overrides(bandwidth: str | None, gradients: int) -> list[str]:
+def overrides(
+  bandwidth: str | None,
+  gradients: int,
+  workers: int = WORKERS,
+  message_bytes: float = MESSAGE_BYTES,
+  eval_every_time: float = 25.0,
+) -> list[str]:
   """``configs/fashion_mnist.yaml`` with the paper's clock, an MLP, a constant rate and no decay."""
   return [
     "model.name=mlp",
-    f"cluster.num_workers={WORKERS}",
+    f"cluster.num_workers={workers}",
     f"cluster.compute_time={COMPUTE_TIME}",
     "cluster.slow_fraction=0",
     "cluster.link=100gbps",
-    f"cluster.message_bytes={MESSAGE_BYTES}",
+    f"cluster.message_bytes={message_bytes:.0f}",
     f"cluster.server_bandwidth={'null' if bandwidth is None else bandwidth}",
     "strategy.schedule.kind=constant",
     "strategy.schedule.unit=updates",
     "strategy.schedule.warmup=0",
     f"run.gradients={gradients}",
     "run.eval_every=null",
-    "run.eval_every_time=25",
+    f"run.eval_every_time={eval_every_time:.4g}",
     f"run.chunk={min(gradients, 500)}",
     "run.checkpoint_every=null",
   ]
 
 
-def measure(result, traffic, bandwidth: float | None) -> dict[str, float]:
-  """Steady-state rates over the last three quarters of the events, and the server's bound there."""
+def measure(
+  result, traffic, bandwidth: float | None, message_bytes: float = MESSAGE_BYTES, receive: float = RECEIVE
+) -> dict[str, float]:
+  """Steady-state rates over the last three quarters of the events, and the server's bound there.
+
+  ``traffic``: the strategy's ``server_traffic``; ``bandwidth``: the server's memory bandwidth (None: free);
+  ``receive``: seconds one push occupies the server's interface."""
   h = result.history
   start = len(h.time) // 4
   seconds = float(h.time[-1] - h.time[start])
@@ -89,16 +100,16 @@ def measure(result, traffic, bandwidth: float | None) -> dict[str, float]:
   updates = int(h.released[start + 1 :].sum())
   k = arrivals / max(updates, 1)
   arrays_per_gradient = traffic.arrival + traffic.release / k
-  busy = arrays_per_gradient * arrivals * MESSAGE_BYTES / bandwidth if bandwidth else 0.0
+  busy = arrays_per_gradient * arrivals * message_bytes / bandwidth if bandwidth else 0.0
   return {
     "gradients_per_s": arrivals / seconds,
     "updates_per_s": updates / seconds,
     "k": k,
     "arrays_per_gradient": arrays_per_gradient,
     "busy": busy / seconds,
-    "bound": 1.0 / (RECEIVE + arrays_per_gradient * MESSAGE_BYTES / bandwidth)
+    "bound": 1.0 / (receive + arrays_per_gradient * message_bytes / bandwidth)
     if bandwidth
-    else 1.0 / RECEIVE,
+    else 1.0 / receive,
     "accuracy": result.summary.get("final_accuracy") or float("nan"),
   }
 
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides=sets,
       )
       result = cell.results[0]
-      m = measure(result, _traffic(result.run_dir), server_bandwidth(bandwidth))
+      m = measure(result, traffic(result.run_dir), server_bandwidth(bandwidth))
       found[(bandwidth, label)] = m
       base = found.get((bandwidth, "asp (sgd)"))
       same = found.get((bandwidth, f"asp ({optimizer})"))
@@ -180,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
   return 0
 
 
-def _traffic(run_dir):
+def traffic(run_dir):
   """The server traffic the run's strategy declares, built from the config the run wrote."""
   return experiment.build(config_lib.load(run_dir / "config.yaml")).strategy.server_traffic
 

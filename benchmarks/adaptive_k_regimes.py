@@ -1,0 +1,246 @@
+"""Where adaptive k wins: its speed-up over ASP across server bandwidth, message size and worker count.
+
+Zhang, Ji, Wang (JPDC 2022) report adaptive k up to 2.25x faster than ASP on their GPU cluster and 1.58x on
+their CPU one. This benchmark maps the regime instead of one point: on the simulator's clock (compute 0.86 s
+per worker-step, ResNet-50's, the paper's Table 4; a 100 Gbit/s link), it sweeps the worker count, the message
+size and the parameter server's memory bandwidth, and runs ASP and adaptive k at every point, side by side.
+
+A speed-up in time to the target is the product of two ratios, both printed:
+
+- *throughput*: gradients per simulated second through the server. ASP's server applies every arrival (``a + r``
+  parameter-sized arrays of memory traffic, ``Strategy.server_traffic``); adaptive k accumulates each
+  (``a``) and applies one update per ``k`` (``r / k``), and its fresh workers wait for the release.
+- *gradient efficiency*: the gradients ASP needs to the target over the gradients adaptive k needs (ASP's
+  gradients are up to ``K - 1`` updates stale; adaptive k's update averages ``k`` of them with momentum).
+
+The learning model is the MLP on Fashion-MNIST (only the clock is ResNet-50's; ``server_bound.py``'s setup), so
+the gradient-efficiency column is this workload's, and the tests' k is whatever its gradients' noise decides.
+Both strategies' learning rates are tuned on the same grid (``GRID``) at 32 workers, 98 MB, 10 GB/s on the
+held-out seed.
+
+Sizes: tiny (the suite's: 4 workers, one message size, two servers, a one-rate grid, 300 gradients),
+default (3 worker counts x 3 message sizes x 3 servers, 3000 gradients, about 15 min on 2 cores), full
+(8000 gradients).
+
+    python benchmarks/adaptive_k_regimes.py [--size tiny|default|full]
+"""
+
+from __future__ import annotations
+
+import sys
+
+import _harness
+import matplotlib.pyplot as plt
+import numpy as np
+import server_bound
+
+from jaxsync._src.sim.time_model import server_bandwidth
+
+COMPUTE_TIME = server_bound.COMPUTE_TIME
+LINK_BYTES_PER_S = server_bound.LINK_BYTES_PER_S
+WORKERS = {"tiny": (4,), "default": (8, 32, 64)}
+MESSAGES = {"tiny": (98e6,), "default": (25e6, 98e6, 250e6)}  # bytes; 98 MB: ResNet-50 (Table 2)
+SERVERS = {"tiny": (None, "3GB/s"), "default": ("30GB/s", "10GB/s", "3GB/s")}
+GRADIENTS = {"tiny": 300, "default": 3000, "full": 8000}
+GRID = (0.001, 0.003, 0.01, 0.03)
+TINY_GRID = (0.01,)
+TARGET = {"tiny": 0.5, "default": 0.72, "full": 0.72}
+STRATEGIES = {"asp": "ASP", "adaptive_k": "adaptive k"}
+
+
+def point_overrides(size: str, workers: int, message: float, server: str | None) -> list[str]:
+  """One point of the map: ``server_bound.py``'s setup at these values, about 40 evaluations per run."""
+  gradients = GRADIENTS[size]
+  receive = message / LINK_BYTES_PER_S
+  memory = server_bandwidth(server)
+  per_gradient = max(COMPUTE_TIME / workers, receive + (3 * message / memory if memory else 0.0))
+  return [
+    *server_bound.overrides(server, gradients, workers, message, gradients * per_gradient / 40),
+    f"run.target_accuracy={TARGET[size]}",
+  ]
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  args = _harness.parser(__doc__).parse_args(argv)
+  bench = _harness.Benchmark(
+    "adaptive_k_regimes",
+    "Where adaptive k wins: speed-up over ASP across server bandwidth, message size and worker count",
+    args,
+    argv,
+    seeds=1,
+    full_seeds=1,
+  )
+  size = "tiny" if args.size == "tiny" else "default"
+  tuning_point = (WORKERS[size][-1] if size == "tiny" else 32, 98e6, "10GB/s" if size != "tiny" else "3GB/s")
+  rate, grid_table = bench.tune(
+    bench.config("fashion_mnist", point_overrides(args.size, *tuning_point)),
+    {label: (name, {}) for name, label in STRATEGIES.items()},
+    TINY_GRID if size == "tiny" else GRID,
+  )
+  bench.section(
+    f"Learning rates: both on the same grid at {tuning_point[0]} workers, {tuning_point[1] / 1e6:.0f} MB,"
+    f" server {tuning_point[2]}, seed {_harness.TUNING_SEED}",
+    grid_table + "\n\nFinal test accuracy %; **bold**: the rate used at every point.",
+  )
+  found = {}
+  rows, commands = [], []
+  for workers in WORKERS[size]:
+    for message in MESSAGES[size]:
+      for server in SERVERS[size]:
+        sets = point_overrides(args.size, workers, message, server)
+        config = bench.config("fashion_mnist", sets)
+        setting = f"{workers} workers, {message / 1e6:.0f} MB, server {server or 'free'}"
+        point = {}
+        for name, label in STRATEGIES.items():
+          cell = bench.run(
+            config,
+            name,
+            setting=setting,
+            label=label,
+            options={"learning_rate": rate[label]},
+            config_name="fashion_mnist",
+            overrides=sets,
+          )
+          result = cell.results[0]
+          m = server_bound.measure(
+            result,
+            server_bound.traffic(result.run_dir),
+            server_bandwidth(server),
+            message,
+            message / LINK_BYTES_PER_S,
+          )
+          hit = result.history.time_to("accuracy", TARGET[args.size])
+          m["time"] = hit[0] if hit else None
+          m["gradients"] = _gradients_to(result.history, TARGET[args.size])
+          point[name] = m
+          commands.append(cell.command)
+        asp, ak = point["asp"], point["adaptive_k"]
+        # The load: gradients/s the workers offer over what ASP's server can take (> 1: server-bound).
+        load = (workers / COMPUTE_TIME) / asp["bound"]
+        speedup = asp["time"] / ak["time"] if asp["time"] and ak["time"] else None
+        found[(workers, message, server)] = {"asp": asp, "ak": ak, "load": load, "speedup": speedup}
+        rows.append(
+          [
+            str(workers),
+            f"{message / 1e6:.0f} MB",
+            server or "free",
+            f"{load:.2f}",
+            f"{asp['gradients_per_s']:.1f}",
+            f"{ak['gradients_per_s']:.1f}",
+            f"{ak['gradients_per_s'] / asp['gradients_per_s']:.2f}x",
+            f"{ak['k']:.1f}",
+            _count(asp["gradients"]),
+            _count(ak["gradients"]),
+            _harness.ratio(asp["gradients"], ak["gradients"]),
+            f"{asp['accuracy']:.3f} / {ak['accuracy']:.3f}",
+            "-" if speedup is None else f"{speedup:.2f}x",
+          ]
+        )
+  target = TARGET[args.size]
+  bench.section(
+    f"The map: ASP against adaptive k, {GRADIENTS[args.size]} gradients, to accuracy {target}",
+    "*load*: the gradients/s the workers offer over what ASP's server can take, "
+    "`(K / c) (n/B + (a + r) n/M)` (above 1 ASP is server-bound); *throughput*: adaptive k's gradients/s"
+    " over ASP's; *efficiency*: ASP's gradients to the target over adaptive k's; *speed-up*: ASP's simulated"
+    " time to the target over adaptive k's (about throughput x efficiency; > 1: adaptive k wins).\n\n"
+    + _harness.table(
+      [
+        "workers",
+        "message",
+        "server",
+        "load",
+        "ASP gradients/s",
+        "adaptive k gradients/s",
+        "throughput",
+        "mean k",
+        f"ASP gradients to {target}",
+        f"adaptive k gradients to {target}",
+        "efficiency",
+        "final accuracy (ASP / adaptive k)",
+        "speed-up",
+      ],
+      rows,
+    ),
+  )
+  bench.section("Where it wins and where it loses", findings(found))
+  bench.section("Commands (one run each)", _harness.code(commands[:2]))
+  bench.figure("speedup_map", figure(found, WORKERS[size], MESSAGES[size], SERVERS[size]))
+  bench.write()
+  return 0
+
+
+def _gradients_to(history, accuracy: float) -> int | None:
+  """Gradients the server had received at the first evaluation reaching ``accuracy``, else None."""
+  hit = history.eval_metrics["accuracy"] >= accuracy
+  return int(history.eval_event[int(np.argmax(hit))]) if hit.any() else None
+
+
+def _count(value: int | None) -> str:
+  return "-" if value is None else str(value)
+
+
+def findings(found: dict) -> str:
+  """Where adaptive k wins, where it loses, and which of the two ratios decides, from the map's numbers."""
+  points = list(found.items())
+  wins = [(key, v) for key, v in points if v["speedup"] is not None and v["speedup"] > 1]
+  missed = [key for key, v in points if v["ak"]["time"] is None]
+  lines = [
+    f"- Adaptive k reached the target sooner than ASP at {len(wins)} of {len(points)} points"
+    + (f"; it never reached it at {len(missed)}" if missed else "")
+    + "."
+  ]
+  if wins:
+    best_key, best = max(wins, key=lambda kv: kv[1]["speedup"])
+    lines.append(
+      f"- Its best point: {best_key[0]} workers, {best_key[1] / 1e6:.0f} MB, server {best_key[2] or 'free'}"
+      f" (load {best['load']:.2f}): {best['speedup']:.2f}x, throughput"
+      f" {best['ak']['gradients_per_s'] / best['asp']['gradients_per_s']:.2f}x."
+    )
+  throughputs = [v["ak"]["gradients_per_s"] / v["asp"]["gradients_per_s"] for _, v in points]
+  efficiencies = [
+    v["asp"]["gradients"] / v["ak"]["gradients"]
+    for _, v in points
+    if v["asp"]["gradients"] and v["ak"]["gradients"]
+  ]
+  lines.append(
+    f"- Throughput (adaptive k's gradients/s over ASP's) ranges {min(throughputs):.2f}x to {max(throughputs):.2f}x:"
+    " with SGD on the server, ASP's update costs as much memory traffic as accumulating one gradient (3 arrays),"
+    " so buffering k gradients can save at most the update's share, and when the workers are the bottleneck"
+    " adaptive k's fresh workers idle until the release."
+  )
+  if efficiencies:
+    lines.append(
+      f"- Gradient efficiency (ASP's gradients to the target over adaptive k's) ranges {min(efficiencies):.2f}x"
+      f" to {max(efficiencies):.2f}x where both reached it. The released k ("
+      + ", ".join(
+        f"{w} workers: {np.mean([v['ak']['k'] for key, v in points if key[0] == w]):.1f}"
+        for w in sorted({key[0] for key, _ in points})
+      )
+      + ") shows what the tests wait for on this workload: with k near K an update averages nearly every worker's"
+      " gradient, so adaptive k behaves like synchronous SGD with momentum and makes about G/K updates."
+    )
+  return "\n".join(lines)
+
+
+def figure(found: dict, workers: tuple, messages: tuple, servers: tuple):
+  """Speed-up over ASP against the server's memory bandwidth, a panel per worker count, a line per message."""
+  fig, axes = plt.subplots(1, len(workers), figsize=(4.0 * len(workers), 3.6), sharey=True, squeeze=False)
+  x = np.arange(len(servers))
+  for ax, w in zip(axes[0], workers):
+    for message in messages:
+      ys = [found[(w, message, s)]["speedup"] for s in servers]
+      ax.plot(x, [np.nan if y is None else y for y in ys], "o-", label=f"{message / 1e6:.0f} MB")
+    ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+    ax.set_xticks(x, [s or "free" for s in servers])
+    ax.set_xlabel("server memory bandwidth")
+    ax.set_title(f"{w} workers")
+    ax.grid(alpha=0.3)
+  axes[0][0].set_ylabel("adaptive k's speed-up over ASP")
+  axes[0][-1].legend(fontsize="small")
+  fig.tight_layout()
+  return fig
+
+
+if __name__ == "__main__":
+  sys.exit(main())
