@@ -149,9 +149,14 @@ class Benchmark:
     config_name: str = "",
     overrides: list[str] = (),
     seeds: int | None = None,
+    evaluations: int | None = None,
   ) -> Cell:
     """Runs ``strategy`` (the config's shared options, ``compare.options[strategy]``, then ``options``)
-    over ``seeds`` seeds (default: the benchmark's)."""
+    over ``seeds`` seeds (default: the benchmark's).
+
+    ``evaluations``: evaluate about this many times over the run's gradients, whatever an event costs
+    (one gradient for an asynchronous strategy, a round of K for a synchronous one), in place of the
+    config's schedule; a time-based schedule would evaluate a slow strategy many more times."""
     label = label or strategy
     results = []
     for i in range(seeds or self.seeds):
@@ -161,6 +166,12 @@ class Benchmark:
           cfg, strategy=dataclasses.replace(cfg.strategy, options={**cfg.strategy.options, **options})
         )
       exp = experiment.build(cfg)
+      if evaluations:
+        every = max(1, cfg.run.gradients // (evaluations * exp.strategy.gradients_per_event))
+        cfg = dataclasses.replace(
+          cfg, run=dataclasses.replace(cfg.run, eval_every=every, eval_every_time=None)
+        )
+        exp = experiment.build(cfg)
       run_dir = self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}"
       # A finished run of this very config is read back from its final checkpoint, not rerun: an
       # interrupted benchmark continues, and a report can be rewritten without retraining.
@@ -198,6 +209,7 @@ class Benchmark:
     grid: tuple[float, ...],
     *,
     seed: int = TUNING_SEED,
+    evaluations: int | None = None,
   ) -> tuple[dict[str, float], str]:
     """Each candidate's learning rate picked on the same ``grid``: one run per rate on a held-out seed.
 
@@ -217,6 +229,7 @@ class Benchmark:
           label=f"{label} lr={rate:g}",
           options={**options, "learning_rate": rate},
           seeds=1,
+          evaluations=evaluations,
         )
         value = cell.values("final_accuracy")[0]
         accuracy.setdefault(label, {})[rate] = -1.0 if value is None or not np.isfinite(value) else value
@@ -362,6 +375,9 @@ def train_command(config_name: str, overrides: list[str], run_dir: pathlib.Path)
   keep = [o for o in overrides if not o.startswith(("strategy.name", "strategy.options", "compare."))]
   options = yaml.safe_dump(ran.strategy.options, default_flow_style=True, width=10_000).strip()
   sets = [*keep, f"strategy.name={ran.strategy.name}", f"strategy.options={options}"]
+  if ran.run.eval_every_time is None and not any(o.startswith("run.eval_every=") for o in keep):
+    # Benchmark.run's evaluations set the cadence in events (Benchmark.run): say so, or the line would not rebuild it.
+    sets += [f"run.eval_every={ran.run.eval_every}", "run.eval_every_time=null"]
   if ran.seed:
     sets.append(f"seed={ran.seed}")
   return f"jaxsync train configs/{config_name}.yaml " + " ".join(f"--set {shlex.quote(x)}" for x in sets)

@@ -56,6 +56,8 @@ TINY_GRID = (0.05,)
 # Part 2: compute time / message time, and worker counts.
 RATIOS = {"tiny": (0.1, 10.0), "default": (0.1, 1.0, 10.0, 100.0)}
 WORKERS = {"tiny": (4,), "default": (8, 32)}
+# Evaluations per run, whatever its events cost (a synchronous round is K gradients, an arrival one).
+EVALUATIONS = 40
 PAPER = (
   "The paper (docs/algorithms.md §16): on GoogLeNet, EA-wild's accuracy falls as workers grow (65.68 / 59.26 / 50.03 / 35.69% at"
   " 8/16/32/64 workers, LR 0.06) while sync with 64 workers reaches 71.26%; across four models sync is faster"
@@ -125,7 +127,7 @@ def main(argv: list[str]) -> int:
   solvers = ["ea_wild", "asp"] if tiny else list(SOLVERS)
   candidates = {SOLVERS[s]: (s, {}) for s in solvers}
   candidates[SYNC] = ("allreduce", {"momentum": 0.9})
-  rate, grid_table = bench.tune(config, candidates, TINY_GRID if tiny else GRID)
+  rate, grid_table = bench.tune(config, candidates, TINY_GRID if tiny else GRID, evaluations=EVALUATIONS)
   bench.section(
     f"Learning rates: every solver on the same grid, {workers1} workers, seed {_harness.TUNING_SEED}",
     grid_table
@@ -145,6 +147,7 @@ def main(argv: list[str]) -> int:
       options={"learning_rate": rate[SOLVERS[s]]},
       config_name=config_name,
       overrides=base,
+      evaluations=EVALUATIONS,
     )
     for s in solvers
   }
@@ -183,17 +186,10 @@ def main(argv: list[str]) -> int:
   # Part 2: sync against EA-wild across the compute/communication ratio.
   clock, params = message_clock(config)
   message = clock.message_time()
-  gradients = config.run.gradients
   part2: dict[tuple[int, float], dict[str, _harness.Cell]] = {}
   for k in WORKERS[sweep_size]:
     for ratio in RATIOS[sweep_size]:
       compute = ratio * message
-      # About 40 evaluations per run: sync makes G/K rounds of a step and a ring all-reduce; EA-wild is bound
-      # by compute spread over the K workers or by the centre's interface taking every exchange.
-      durations = {
-        "sync": gradients / k * (compute + clock.ring_allreduce_time(k)),
-        "ea_wild": gradients * max(compute / k, message),
-      }
       cells = {}
       for key, strategy, label, learning_rate, extra in (
         ("sync", "allreduce", SYNC, rate[SYNC] * k / workers1, {"momentum": 0.9}),
@@ -203,7 +199,6 @@ def main(argv: list[str]) -> int:
           *base,
           f"cluster.num_workers={k}",
           f"cluster.compute_time={compute:.6g}",
-          f"run.eval_every_time={durations[key] / 40:.4g}",
         ]
         cells[key] = bench.run(
           bench.config(config_name, overrides),
@@ -214,6 +209,7 @@ def main(argv: list[str]) -> int:
           seeds=part2_seeds,
           config_name=config_name,
           overrides=overrides,
+          evaluations=EVALUATIONS,
         )
       part2[(k, ratio)] = cells
   flops_factor = 3 * config.data.batch_size * clock.link.bandwidth / (4 * 1e11)

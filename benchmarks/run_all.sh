@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every benchmark at its default size and writes benchmarks/results/*.md and PNGs.
 #
-#   benchmarks/run_all.sh                  # everything, default size (about 2.5 hours on 2 CPU cores)
+#   benchmarks/run_all.sh                  # everything, default size (about 4 hours on 2 CPU cores)
 #   benchmarks/run_all.sh --size full      # the documented bigger size (hours; for bigger machines)
 #   BENCHMARKS="inhad_layouts ea_wild_comparison" benchmarks/run_all.sh   # a subset
 #
@@ -9,7 +9,7 @@
 # are only comparable on an otherwise idle machine. Each script's log goes to runs/bench/<name>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCHMARKS=${BENCHMARKS:-"ormo_table adaptive_k_comparison ea_wild_comparison inhad_layouts server_bound advisor_check performance"}
+BENCHMARKS=${BENCHMARKS:-"ormo_table adaptive_k_comparison adaptive_k_regimes ea_wild_comparison inhad_layouts server_bound advisor_check performance"}
 mkdir -p runs/bench
 for name in $BENCHMARKS; do
   echo "== $name $*" >&2
