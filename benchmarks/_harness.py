@@ -154,9 +154,8 @@ class Benchmark:
     """Runs ``strategy`` (the config's shared options, ``compare.options[strategy]``, then ``options``)
     over ``seeds`` seeds (default: the benchmark's).
 
-    ``evaluations``: evaluate about this many times over the run's gradients, whatever an event costs
-    (one gradient for an asynchronous strategy, a round of K for a synchronous one), in place of the
-    config's schedule; a time-based schedule would evaluate a slow strategy many more times."""
+    ``evaluations``: evaluate about this many times per run, whatever the strategy, in place of the
+    config's schedule (see ``_evaluated``)."""
     label = label or strategy
     results = []
     for i in range(seeds or self.seeds):
@@ -167,10 +166,7 @@ class Benchmark:
         )
       exp = experiment.build(cfg)
       if evaluations:
-        every = max(1, cfg.run.gradients // (evaluations * exp.strategy.gradients_per_event))
-        cfg = dataclasses.replace(
-          cfg, run=dataclasses.replace(cfg.run, eval_every=every, eval_every_time=None)
-        )
+        cfg = dataclasses.replace(cfg, run=_evaluated(cfg.run, exp, evaluations))
         exp = experiment.build(cfg)
       run_dir = self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}"
       # A finished run of this very config is read back from its final checkpoint, not rerun: an
@@ -367,6 +363,28 @@ def _fmt(value: Any) -> str:
   return "-" if value is None else f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
+def _evaluated(run, exp, evaluations: int):
+  """``run`` with a schedule of about ``evaluations`` evaluations for ``exp``'s strategy.
+
+  A synchronous strategy makes one update per round of K gradients: every ``G / (n K)`` updates. An
+  asynchronous one may combine a number of arrivals per update nobody knows beforehand (adaptive k's
+  tests, EASGD's period), so it is evaluated in simulated time, over the time its workers or its server
+  need for the gradients: ``G max(1 / sum_i (1 / c_i), message + 3 arrays of server memory traffic)``.
+  One time schedule for every strategy would evaluate a slow synchronous run a hundred times."""
+  gradients = run.gradients
+  per_event = exp.strategy.gradients_per_event
+  if per_event > 1:
+    return dataclasses.replace(
+      run, eval_every=max(1, gradients // (evaluations * per_event)), eval_every_time=None
+    )
+  clock = exp.time_model.with_message_bytes(exp.model.params)
+  workers = 1.0 / float(np.sum(1.0 / clock.mean_compute_times()))
+  server = clock.message_time() + clock.memory_time(3)
+  return dataclasses.replace(
+    run, eval_every=None, eval_every_time=float(f"{gradients * max(workers, server) / evaluations:.4g}")
+  )
+
+
 def train_command(config_name: str, overrides: list[str], run_dir: pathlib.Path) -> str:
   """The ``jaxsync train`` line that reruns one cell's first seed: its config, the benchmark's
   overrides, and the strategy with its resolved options (shared, ``compare.options``, the cell's own)
@@ -375,9 +393,11 @@ def train_command(config_name: str, overrides: list[str], run_dir: pathlib.Path)
   keep = [o for o in overrides if not o.startswith(("strategy.name", "strategy.options", "compare."))]
   options = yaml.safe_dump(ran.strategy.options, default_flow_style=True, width=10_000).strip()
   sets = [*keep, f"strategy.name={ran.strategy.name}", f"strategy.options={options}"]
-  if ran.run.eval_every_time is None and not any(o.startswith("run.eval_every=") for o in keep):
-    # Benchmark.run's evaluations set the cadence in events (Benchmark.run): say so, or the line would not rebuild it.
+  # The schedule as the run had it (Benchmark.run's evaluations may have set it), so the line rebuilds it.
+  if ran.run.eval_every_time is None:
     sets += [f"run.eval_every={ran.run.eval_every}", "run.eval_every_time=null"]
+  else:
+    sets += ["run.eval_every=null", f"run.eval_every_time={ran.run.eval_every_time!r}"]
   if ran.seed:
     sets.append(f"seed={ran.seed}")
   return f"jaxsync train configs/{config_name}.yaml " + " ".join(f"--set {shlex.quote(x)}" for x in sets)
