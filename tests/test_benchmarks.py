@@ -12,6 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
+# Seconds each: run first, so the two xdist workers finish together (conftest.py).
+pytestmark = pytest.mark.heavy
+
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 

@@ -5,9 +5,12 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.heavy
 def test_quickstart_example_trains_on_digits():
   result = subprocess.run(
     [

@@ -57,6 +57,7 @@ def _final_state(run_dir):
   return state, records, progress
 
 
+@pytest.mark.heavy
 def test_readme_main_command_on_a_shortened_quickstart_leaves_a_complete_run_directory(tmp_path):
   out = tmp_path / "quick"
   proc = _jaxsync("train", QUICKSTART, *SHORT, "--out", out, "--progress", "jsonl")
@@ -90,6 +91,7 @@ def test_readme_main_command_on_a_shortened_quickstart_leaves_a_complete_run_dir
   assert RunCheckpoints(out / "checkpoints").latest_step() == 400
 
 
+@pytest.mark.heavy
 def test_a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(tmp_path):
   long = ["--set", "run.gradients=1600", "--set", "run.chunk=100", "--set", "run.checkpoint_every=200"]
   common = [*long, "--set", "model.name=mlp", "--set", "model.hidden=[64]", "--progress", "quiet"]
@@ -166,6 +168,7 @@ def test_missing_config_file_and_bad_command_lines(tmp_path, capsys):
     assert "usage: jaxsync" in capsys.readouterr().out
 
 
+@pytest.mark.heavy
 def test_a_run_directory_is_never_overwritten_unless_asked(tmp_path, capsys):
   out = tmp_path / "r"
   assert _run(capsys, "train", QUICKSTART, *FAST, "--out", out, "--progress", "quiet")[0] == 0
@@ -188,6 +191,7 @@ def test_a_run_directory_is_never_overwritten_unless_asked(tmp_path, capsys):
   assert commands.default_out("q", tmp_path / "runs") == tmp_path / "runs" / "q-1"
 
 
+@pytest.mark.heavy
 def test_corrupt_and_incompatible_checkpoints_get_a_clear_error(tmp_path, capsys):
   out = tmp_path / "r"
   assert _run(capsys, "train", QUICKSTART, *FAST, "--out", out, "--progress", "quiet")[0] == 0
@@ -213,6 +217,7 @@ def test_corrupt_and_incompatible_checkpoints_get_a_clear_error(tmp_path, capsys
   assert code == 2 and "config.yaml" in err
 
 
+@pytest.mark.heavy
 def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
   out = tmp_path / "cmp"
   code, stdout, _ = _run(

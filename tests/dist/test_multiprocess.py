@@ -24,6 +24,9 @@ from jaxsync._src.app import experiment
 from jaxsync._src.dist import param_server, sync_runtime
 from jaxsync._src.train.checkpoints import RunCheckpoints
 
+# Seconds each: run first, so the two xdist workers finish together (conftest.py).
+pytestmark = pytest.mark.heavy
+
 BASE = ["model.name=mlp", "run.eval_every=50", "run.target_accuracy=0.9", "run.checkpoint_every=null"]
 
 

@@ -143,6 +143,7 @@ _ATTACKER = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy
 def test_bad_messages_from_another_process_are_rejected_counted_and_never_applied():
   exp = _experiment()
   server = param_server.ParameterServer(exp.strategy, idle_timeout=30)

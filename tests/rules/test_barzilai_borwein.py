@@ -301,6 +301,7 @@ def test_under_server_momentum_bb_may_lower_a_rate_but_not_raise_it(curvature):
   )  # top alpha_0, bottom alpha_0/2
 
 
+@pytest.mark.heavy
 def test_adaptive_k_with_bb_and_momentum_trains_the_quickstart():
   """The documented use (bb_step_size with the default momentum 0.9): its steps sat at 2x the rate and the
   run died at chance accuracy before the momentum reading; now it trains like plain adaptive_k."""

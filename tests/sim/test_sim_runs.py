@@ -100,6 +100,7 @@ def test_sixty_four_workers_long_run():
   assert float(evaluate(final)["loss"]) < float(evaluate(params)["loss"])
 
 
+@pytest.mark.heavy
 def test_nonfinite_gradients_are_rejected_counted_and_the_run_survives():
   loss, params, data = problem(K)
   x = np.array(data.arrays["x"])
@@ -169,6 +170,7 @@ def test_inhad_free_running_workers_never_wait_and_staleness_is_bounded():
   assert history.bytes_moved_intra == 200 * 2 * size
 
 
+@pytest.mark.heavy
 def test_ea_wild_groups_all_reduce_inside_and_exchange_once_per_group_step():
   k, lr, steps = 4, 0.2, 6
   loss, params, data = problem(k)
@@ -381,6 +383,7 @@ def test_where_in_a_batch_a_gradient_is_computed_changes_no_bit():
   np.testing.assert_array_equal(ha.loss, hb.loss)
 
 
+@pytest.mark.heavy
 def test_a_batched_state_holds_the_pulled_snapshots_and_b_gradients():
   loss, params, data = problem(K)
   strategy = jaxsync.strategies.make("asp", K)

@@ -52,6 +52,7 @@ def _interrupted(run_dir, gradient_batch):
     _train(run_dir, gradient_batch, _StopAfter(80))
 
 
+@pytest.mark.heavy
 def test_a_resumed_batched_run_equals_the_uninterrupted_one_and_resumes_at_another_batch(tmp_path):
   whole = _train(tmp_path / "whole", 4)
   _interrupted(tmp_path / "cut", 4)
