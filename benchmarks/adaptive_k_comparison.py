@@ -41,7 +41,7 @@ from jaxsync._src.train import plots
 
 CONFIGS = {"fashion_mnist": "fashion_mnist/adaptive_k_comparison", "digits": "adaptive_k_comparison"}
 # The learning-rate grid every strategy is tuned on (at 10 Gbit/s, the held-out seed); tiny: one rate.
-GRID = (0.003, 0.01, 0.03, 0.1)
+GRID = (0.001, 0.003, 0.01, 0.03, 0.1)
 TINY_GRID = (0.05,)
 TUNING_NETWORK = "10 Gbit/s"
 # Evaluations per run, whatever its events cost (a synchronous round is 32 gradients, an arrival one).

@@ -51,7 +51,7 @@ SOLVERS = {
 }
 SYNC = "sync (all-reduce)"
 # The learning-rate grid every solver is tuned on (part 1's setting, the held-out seed); tiny: one rate.
-GRID = (0.003, 0.01, 0.03, 0.1)
+GRID = (0.003, 0.01, 0.03, 0.1, 0.3)
 TINY_GRID = (0.05,)
 # Part 2: compute time / message time, and worker counts.
 RATIOS = {"tiny": (0.1, 10.0), "default": (0.1, 1.0, 10.0, 100.0)}

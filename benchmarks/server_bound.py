@@ -98,13 +98,15 @@ def measure(
   seconds = float(h.time[-1] - h.time[start])
   arrivals = len(h.time) - 1 - start
   updates = int(h.released[start + 1 :].sum())
-  k = arrivals / max(updates, 1)
+  k = arrivals / max(updates, 1)  # gradients per update (adaptive k: its fresh k plus the stale ones merged)
+  released = h.released[start + 1 :]
   arrays_per_gradient = traffic.arrival + traffic.release / k
   busy = arrays_per_gradient * arrivals * message_bytes / bandwidth if bandwidth else 0.0
   return {
     "gradients_per_s": arrivals / seconds,
     "updates_per_s": updates / seconds,
     "k": k,
+    "released_k": float(h.k[start + 1 :][released].mean()) if released.any() else float("nan"),
     "arrays_per_gradient": arrays_per_gradient,
     "busy": busy / seconds,
     "bound": 1.0 / (receive + arrays_per_gradient * message_bytes / bandwidth)
@@ -171,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "server",
         "strategy (server optimizer)",
         "arrays/gradient",
-        "mean k",
+        "gradients per update",
         "gradients/s",
         "of offered",
         "updates/s",
@@ -207,7 +209,7 @@ def findings(found: dict, bandwidths: list) -> str:
       lines.append(
         f"- Server {bandwidth}: ASP (SGD) runs at {asp['gradients_per_s']:.1f} gradients/s, "
         f"{asp['gradients_per_s'] / asp['bound']:.2f} of its bound, its memory busy {asp['busy'] * 100:.0f}% "
-        f"of the time; adaptive-k (SGD) at {ak['gradients_per_s']:.1f} (k = {ak['k']:.2f}, "
+        f"of the time; adaptive-k (SGD) at {ak['gradients_per_s']:.1f} ({ak['k']:.2f} gradients per update, "
         f"{ak['gradients_per_s'] / asp['gradients_per_s']:.2f}x ASP)."
       )
     asp_adam, ak_adam = found.get((bandwidth, "asp (adam)")), found.get((bandwidth, "adaptive_k (adam)"))
@@ -217,17 +219,21 @@ def findings(found: dict, bandwidths: list) -> str:
         f"{ak_adam['gradients_per_s']:.1f} ({ak_adam['gradients_per_s'] / asp_adam['gradients_per_s']:.2f}x)."
       )
   ks = [m["k"] for (_, label), m in found.items() if label.startswith("adaptive_k")]
+  fresh = [m["released_k"] for (_, label), m in found.items() if label.startswith("adaptive_k")]
   if ks:
     lines.append(
-      f"- adaptive-k's tests released updates of {min(ks):.1f} to {max(ks):.1f} gradients on average "
-      f"(of {WORKERS} workers): how many it waits for is decided by the gradients' noise, not by the "
-      "server, so the relief above depends on the workload as much as on the server."
+      f"- adaptive-k's updates combined {min(ks):.1f} to {max(ks):.1f} gradients on average (of {WORKERS}"
+      f" workers), though its tests released at k = {min(fresh):.1f} to {max(fresh):.1f} fresh ones: a"
+      " gradient is fresh only if computed on the newest parameters, which after a release only the k"
+      " released workers hold, so the next release comes about one compute time later, and meanwhile the"
+      " other workers' stale gradients are merged into it (docs/algorithms.md §11b, §11d). One update per"
+      " compute time is what buffers about K gradients per update, whatever the tests decide."
     )
   lines.append(
     "- Buffering is not free: accumulating a gradient reads it and reads and writes the sum (3 arrays), "
     "as many as plain SGD's whole update. So adaptive-k relieves a server mainly against an expensive "
-    "update (momentum, Adam: 5-7 arrays plus its own statistics), and only when its k stays above about "
-    "2; with SGD on the server it cannot beat ASP's 3 arrays per gradient."
+    "update (momentum, Adam: 5-7 arrays plus its own statistics), and only when it buffers more than "
+    "about 2 gradients per update; with SGD on the server it cannot beat ASP's 3 arrays per gradient."
   )
   return "\n".join(lines)
 
