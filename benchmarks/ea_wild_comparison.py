@@ -310,20 +310,11 @@ def verdicts(part1, part2, crossings, target: float, workers, ratios) -> str:
     qs = [_time_ratio(part2[(k, r)]) for r in ratios]
     text = ", ".join(f"{r:g}: {'-' if q is None else f'{q:.2f}'}" for r, q in zip(ratios, qs))
     cross = crossings[k]
-    low, high = qs[0], qs[-1]
     shape = (
       f"crossover near a ratio of {cross:.2g}" if cross is not None else "no crossover in the swept range"
     )
     per_k.append(f"  - {k} workers, EA-wild time / sync time at ratio {text}: {shape}.")
-    per_k[-1] += (
-      " Async wins at the low end"
-      if low is not None and low < 1
-      else " Sync wins (or async misses) at the low end"
-    ) + (
-      ", async at the high end."
-      if high is not None and high < 1
-      else ", sync (or async misses) at the high end."
-    )
+    per_k[-1] += " " + _ends(part2, k, ratios[0], "lowest") + " " + _ends(part2, k, ratios[-1], "highest")
   async_low = [k for k in workers if (q := _time_ratio(part2[(k, ratios[0])])) is not None and q < 1]
   sync_high = [k for k in workers if (q := _time_ratio(part2[(k, ratios[-1])])) is not None and q > 1]
   if len(async_low) == len(workers) and len(sync_high) == len(workers):
@@ -334,7 +325,10 @@ def verdicts(part1, part2, crossings, target: float, workers, ratios) -> str:
       held.append(f"async wins at the lowest ratio at {', '.join(map(str, async_low))} workers")
     if sync_high:
       held.append(f"sync wins at the highest ratio at {', '.join(map(str, sync_high))} workers")
-    claim = f"**partly** ({'; '.join(held)}; not elsewhere)"
+    sync_low = [k for k in workers if (q := _time_ratio(part2[(k, ratios[0])])) is not None and q > 1]
+    if sync_low:
+      held.append(f"but at the lowest ratio sync wins too, at {', '.join(map(str, sync_low))} workers")
+    claim = f"**partly** ({'; '.join(held)})"
   else:
     claim = "**not reproduced**"
   lines.append(
@@ -364,6 +358,21 @@ def verdicts(part1, part2, crossings, target: float, workers, ratios) -> str:
       " points (within 1 point counts as as accurate)."
     )
   return "\n".join(lines)
+
+
+def _ends(part2, k: int, ratio: float, end: str) -> str:
+  """Who reaches the target first at one end of the sweep, in words."""
+  cells = part2[(k, ratio)]
+  q = _time_ratio(cells)
+  if q is not None:
+    return f"At the {end} ratio {'EA-wild' if q < 1 else 'sync'} is faster ({max(q, 1 / q):.2f}x)."
+  missed = [
+    label
+    for key, label in (("sync", "sync"), ("ea_wild", "EA-wild"))
+    if not cells[key].mean("time_to_target")
+  ]
+  finals = cells["ea_wild"].text("final_accuracy", 3)
+  return f"At the {end} ratio {' and '.join(missed)} never reached the target (EA-wild ends at {finals})."
 
 
 def crossover_figure(part2, workers, ratios, crossings):
