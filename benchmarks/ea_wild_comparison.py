@@ -382,7 +382,8 @@ def crossover_figure(part2, workers, ratios, crossings):
     points = [(r, _time_ratio(part2[(k, r)])) for r in ratios]
     xs = [r for r, q in points if q is not None]
     ys = [q for _, q in points if q is not None]
-    (line,) = ax.plot(xs, ys, "o-", label=f"{k} workers")
+    missed = "" if xs else " (a run never reached the target)"
+    (line,) = ax.plot(xs, ys, "o-", label=f"{k} workers{missed}")
     if crossings[k] is not None:
       ax.axvline(crossings[k], color=line.get_color(), linestyle=":", alpha=0.7)
   ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
