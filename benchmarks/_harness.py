@@ -314,6 +314,13 @@ class Benchmark:
     return path
 
 
+def gradients_to(history, accuracy: float) -> int | None:
+  """Gradients the server had received at the first evaluation reaching ``accuracy``, else None
+  (an asynchronous run: one event per gradient)."""
+  hit = history.eval_metrics["accuracy"] >= accuracy
+  return int(history.eval_event[int(np.argmax(hit))]) if hit.any() else None
+
+
 def smega2_schedule(epochs: float) -> list[str]:
   """The SMEGA² trainer's step schedule (warm-up over 5/160 of the run, x0.1 at 1/2 and 3/4 of it) scaled
   to a run of ``epochs``, as ``--set`` overrides of a Fashion-MNIST paper config's ``strategy.schedule``."""

@@ -319,13 +319,6 @@ def main(argv: list[str]) -> int:
   return 0
 
 
-def _gradients_to(history, accuracy: float) -> int | None:
-  """Gradients the server had received at the first evaluation reaching ``accuracy`` (asynchronous runs:
-  one event per gradient), else None."""
-  hit = history.eval_metrics["accuracy"] >= accuracy
-  return int(history.eval_event[int(np.argmax(hit))]) if hit.any() else None
-
-
 def verdicts(cells, sweep, target: float, k_means: list[list[str]]) -> str:
   """The paper's claims (docs/algorithms.md §16), each with our numbers and a verdict."""
   lines = []
@@ -338,7 +331,7 @@ def verdicts(cells, sweep, target: float, k_means: list[list[str]]) -> str:
     h_asp, h_ak = asp.histories[0], ak.histories[0]
     rate_asp = len(h_asp.time) / h_asp.elapsed
     rate_ak = len(h_ak.time) / h_ak.elapsed
-    g_asp, g_ak = _gradients_to(h_asp, target), _gradients_to(h_ak, target)
+    g_asp, g_ak = _harness.gradients_to(h_asp, target), _harness.gradients_to(h_ak, target)
     lines.append(
       f"  - {network}: adaptive k {'did not reach ' + str(target) if speedups[network] is None else f'{speedups[network]:.2f}x ASP'}"
       f" (final accuracy {ak.text('final_accuracy', 3)} vs ASP {asp.text('final_accuracy', 3)}). Its server took"

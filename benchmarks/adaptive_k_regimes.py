@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
           )
           hit = result.history.time_to("accuracy", TARGET[args.size])
           m["time"] = hit[0] if hit else None
-          m["gradients"] = _gradients_to(result.history, TARGET[args.size])
+          m["gradients"] = _harness.gradients_to(result.history, TARGET[args.size])
           point[name] = m
           commands.append(cell.command)
         asp, ak = point["asp"], point["adaptive_k"]
@@ -170,12 +170,6 @@ def main(argv: list[str] | None = None) -> int:
   bench.figure("speedup_map", figure(found, WORKERS[size], MESSAGES[size], SERVERS[size]))
   bench.write()
   return 0
-
-
-def _gradients_to(history, accuracy: float) -> int | None:
-  """Gradients the server had received at the first evaluation reaching ``accuracy``, else None."""
-  hit = history.eval_metrics["accuracy"] >= accuracy
-  return int(history.eval_event[int(np.argmax(hit))]) if hit.any() else None
 
 
 def _count(value: int | None) -> str:
