@@ -317,3 +317,21 @@ def test_advisor_check_tiny(tmp_path):
   (scenario,) = curves
   assert set(curves[scenario]) == {"asp", "bsp"} and len(curves[scenario]["asp"][0]["accuracy"]) == 41
   assert "Run directories" not in markdown  # the runs stay in memory
+
+
+def test_about_n_evaluations_per_run_whatever_the_strategy():
+  from jaxsync._src.app import experiment
+
+  config = _harness.Benchmark.config(
+    None, "quickstart", ["run.gradients=1280", "cluster.num_workers=4", "cluster.slowdown=3"]
+  )
+  # Synchronous: one update per round of K = 4 gradients, so 1280 / (40 x 4) = every 8 rounds.
+  sync = experiment.build(experiment.for_strategy(config, "bsp", 0))
+  run = _harness._evaluated(config.run, sync, 40)
+  assert (run.eval_every, run.eval_every_time) == (8, None)
+  # Asynchronous: over the time the workers (one of the 4 three times slower) or the server need.
+  asp = experiment.build(experiment.for_strategy(config, "asp", 0))
+  clock = asp.time_model.with_message_bytes(asp.model.params)
+  per_gradient = max(1 / (3 / clock.compute_time + 1 / (3 * clock.compute_time)), clock.message_time())
+  run = _harness._evaluated(config.run, asp, 40)
+  assert run.eval_every is None and run.eval_every_time == pytest.approx(1280 * per_gradient / 40, rel=1e-3)
