@@ -13,10 +13,6 @@ run (the CLI tests: 78 s -> 51-54 s on 2 cores; programs compiled in under 50 ms
 are not worth a file). A cached program is the same
 executable, so bitwise tests are unaffected; a ``JAX_COMPILATION_CACHE_DIR``
 of the user's own is left alone.
-
-Tests marked ``heavy`` (each takes seconds: subprocesses, whole benchmark
-scripts, real training) run first. xdist's work stealing then ends the run on
-short tests, so neither worker idles while the other finishes a long one.
 """
 
 from __future__ import annotations
@@ -45,6 +41,3 @@ def pytest_unconfigure(config):
     shutil.rmtree(path, ignore_errors=True)
     del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
 
-
-def pytest_collection_modifyitems(config, items):
-  items.sort(key=lambda item: item.get_closest_marker("heavy") is None)  # stable: otherwise in file order
