@@ -24,7 +24,7 @@ from jaxsync._src.app import experiment
 from jaxsync._src.dist import param_server, sync_runtime
 from jaxsync._src.train.checkpoints import RunCheckpoints
 
-# Seconds each: run first, so the two xdist workers finish together (conftest.py).
+# Seconds each: `-m 'not heavy'` leaves them out of a quick pass.
 pytestmark = pytest.mark.heavy
 
 BASE = ["model.name=mlp", "run.eval_every=50", "run.target_accuracy=0.9", "run.checkpoint_every=null"]
@@ -265,3 +265,37 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
   assert summary["updates"] == 900
   assert summary["final_accuracy"] > simulated - 0.03, (summary["final_accuracy"], simulated)
   assert summary["mean_staleness"] > 0.5  # three real workers really overlap
+
+
+@pytest.mark.parametrize(
+  "strategy, options",
+  [
+    ("easgd", "{period: 4, learning_rate: 0.05}"),  # elastic: local steps and a locked exchange
+    ("fastest_k", "{k: 2, learning_rate: 0.05}"),  # synchronous rounds on the server, the slowest dropped
+  ],
+)
+def test_three_workers_of_an_elastic_and_a_fastest_k_run_reach_the_simulated_accuracy_band(
+  tmp_path, strategy, options
+):
+  overrides = [
+    f"strategy.name={strategy}",
+    f"strategy.options={options}",
+    "cluster.num_workers=3",
+    "run.gradients=900",
+    "run.chunk=50",
+  ]
+  code, log = _launch(4, tmp_path / strategy, overrides)
+  assert code == 0, log[-3000:]
+  summary = _summary(tmp_path / strategy)
+  num_events = experiment.build(config_lib.load("configs/quickstart.yaml", [*BASE, *overrides])).num_events
+  exp, sim_state, _ = _simulated(overrides, num_events)
+  simulated = exp.simulator().evaluate(sim_state.params)["accuracy"]
+  assert summary["events"] == num_events
+  assert summary["final_accuracy"] > simulated - 0.03, (summary["final_accuracy"], simulated)
+  if strategy == "easgd":
+    # 900 local steps, an exchange on each worker's steps 0, 4, 8, ...: ceil(n_k / 4) summed over workers.
+    assert 225 <= summary["updates"] <= 227, summary
+  else:
+    # 300 rounds of 3 gradients, the first 2 of each applied; late ones dropped, never applied.
+    assert summary["updates"] == 300
+    assert summary["dropped_gradients"] > 0, summary

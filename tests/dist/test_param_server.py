@@ -76,6 +76,10 @@ def _serve_with_worker(exp, server, num_events):
     ("ormo", "{learning_rate: 0.05}"),  # server momentum
     ("smega2", "{}"),  # look-ahead replies
     ("adaptive_k", "{}"),  # a worker rule (BB step sizes) and the noise ratio in the replies
+    ("easgd", "{period: 4}"),  # elastic: local steps reported, a locked exchange every 4th step
+    ("eamsgd", "{period: 3}"),  # the same with the look-ahead gradient point
+    ("ea_wild", "{}"),  # lock-free: an exchange every step against the last read
+    ("fastest_k", "{}"),  # a synchronous round served by the server
   ],
 )
 def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options):
@@ -89,7 +93,7 @@ def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options)
   assert done["pushes"] >= 40  # its last push is answered with STOP
   check = (
     np.testing.assert_array_equal
-    if name == "asp"
+    if name in ("asp", "ea_wild")
     else lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
   )
   for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(state.params)):
@@ -226,11 +230,12 @@ def test_header_round_trip_and_refusals():
 
 
 def test_the_server_refuses_strategies_it_cannot_serve():
-  exp = _experiment("strategy.name=bsp", "strategy.options={}")
-  with pytest.raises(ValueError, match="asynchronous strategy that sends gradients"):
-    param_server.ParameterServer(exp.strategy)
-  ea = _experiment("strategy.name=ea_wild", "strategy.options={}")
-  with pytest.raises(ValueError, match="simulator only"):
+  for name in ("allreduce", "local_sgd"):
+    exp = _experiment(f"strategy.name={name}", "strategy.options={}")
+    with pytest.raises(ValueError, match="multi-controller loop"):
+      param_server.ParameterServer(exp.strategy)
+  ea = _experiment("cluster.num_workers=4", "strategy.name=ea_wild", "strategy.options={group_size: 2}")
+  with pytest.raises(ValueError, match="synchronous groups run in the simulator only"):
     param_server.ParameterServer(ea.strategy)
 
 
@@ -266,3 +271,72 @@ def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_para
   thread.join(timeout=30)
   assert [x["worker"] for x in server.lost] == [1]
   assert done["pushes"] >= 3 and int(state.steps[0]) == 3
+
+
+_TWO_DEVICE_WORKER = textwrap.dedent(
+  """
+  import json, os, sys
+  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  import jax
+  from jaxsync._src.app import config as config_lib
+  from jaxsync._src.app import experiment
+  from jaxsync._src.dist import local_devices, ps_worker
+  overrides, address, token = json.loads(sys.argv[1]), sys.argv[2], bytes.fromhex(sys.argv[3])
+  exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
+  sim = exp.simulator()
+  done = ps_worker.run_worker(exp.strategy, sim.loss_fn, sim.data, exp.model.params, worker=0,
+                              address=address, token=token, reply_timeout=120)
+  step = jax.jit(local_devices.gradient_fn(sim.loss_fn))
+  hlo = step.lower(exp.model.params, sim.data.batch(0, 0)).compile().as_text()
+  print(json.dumps({"pushes": done["pushes"], "devices": len(jax.local_devices()),
+                    "all_reduce": "all-reduce" in hlo}))
+  """
+)
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("name", ["asp", "easgd"])
+def test_a_worker_with_two_devices_computes_its_batch_across_both_and_equals_the_one_device_run(name):
+  overrides = [
+    "cluster.num_workers=1",
+    "model.name=mlp",
+    f"strategy.name={name}",
+    "strategy.options={learning_rate: 0.05}",
+    "run.gradients=40",
+    "run.eval_every=20",
+  ]
+  exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
+  sim = exp.simulator()
+  sim_state, sim_records = sim.advance(sim.init(exp.model.params, 0), 40)
+  server = param_server.ParameterServer(exp.strategy, idle_timeout=120)
+  state = server.init(exp.model.params)
+  import json
+
+  worker = subprocess.Popen(
+    [sys.executable, "-c", _TWO_DEVICE_WORKER, json.dumps(overrides), server.address, server.token.hex()],
+    stdout=subprocess.PIPE,
+    text=True,
+  )
+  try:
+    state, records = server.advance(state, 40)
+    server.stop(timeout=30)
+    out, _ = worker.communicate(timeout=120)
+  finally:
+    worker.kill()
+  done = json.loads(out.strip().splitlines()[-1])
+  assert done["devices"] == 2 and done["all_reduce"], done  # one jitted step, a psum across the two
+  assert done["pushes"] >= 40
+  # Half the batch on each device, the mean of the halves' gradients: the whole batch's, to float rounding.
+  for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(state.params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+  np.testing.assert_allclose(records.loss, np.asarray(sim_records.loss), rtol=1e-4, atol=1e-6)
+
+
+def test_a_batch_that_does_not_split_over_the_local_devices_is_refused():
+  from jaxsync._src.dist import local_devices
+
+  assert local_devices.check_batch(32, 4) == 32
+  with pytest.raises(
+    ValueError, match=r"data.batch_size=30 .*multiple of this worker process's 4 local devices"
+  ):
+    local_devices.check_batch(30, 4)

@@ -120,11 +120,13 @@ def launched_processes(run_dir: pathlib.Path) -> int | None:
 
 def check_processes(strategy: strategies.Strategy, num_processes: int) -> None:
   """Raises ConfigError unless ``num_processes`` fits the strategy's worker count."""
+  from jaxsync._src.dist import param_server
+
   k = strategy.num_workers
-  if strategy.engine == strategies.Engine.ASYNC:
+  if param_server.serves(strategy):
     if num_processes != k + 1:
       raise config_lib.ConfigError(
-        f"cluster.num_workers={k} is invalid for {num_processes} processes: the asynchronous strategy "
+        f"cluster.num_workers={k} is invalid for {num_processes} processes: the {strategy.engine} strategy "
         f"{strategy.name!r} runs a parameter server (process 0) and one worker per other process; "
         f"launch {k + 1} processes, or set cluster.num_workers={num_processes - 1}."
       )
@@ -157,7 +159,7 @@ def _run_distributed(
   client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
   evaluation = exp.evaluation()
   kwargs = exp.train_kwargs()
-  if strategy.engine == strategies.Engine.SYNC:
+  if not param_server.serves(strategy):
     if kwargs.pop("max_time") is not None:
       raise config_lib.ConfigError(
         f"run.max_time={exp.config.run.max_time!r} is invalid for a synchronous multi-process run; expected "
@@ -188,6 +190,8 @@ def _run_distributed(
     finally:
       server.stop()
     result.summary.update(lost_workers=server.lost, rejected_messages=dict(server.rejected_messages))
+    if server.mode == "rounds":
+      result.summary.update(dropped_gradients=server.dropped_gradients)
     run_directory.write_json(run_dir / "summary.json", result.summary)
     # Process 0 hosts the coordinator: it leaves last, once the workers have left.
     lost = {x["process"] for x in server.lost}
@@ -205,7 +209,8 @@ def _run_distributed(
   )
   heartbeat.stop()
   print(
-    f"worker {group.index - 1}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s; the server said stop"
+    f"worker {group.index - 1}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "
+    f"{done['devices']} device(s); the server said stop"
   )
   import jax
 

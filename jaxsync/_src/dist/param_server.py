@@ -45,7 +45,7 @@ from jaxsync._src.runtime.interface import RuntimeBase
 from jaxsync._src.steps import server_step
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.steps.server_step import ServerState
-from jaxsync._src.strategies.strategy import Strategy
+from jaxsync._src.strategies.strategy import Engine, Strategy
 
 log = logging.getLogger("jaxsync.server")
 
@@ -58,30 +58,49 @@ class WorkerLostError(RunFaultError):
   """Every worker process is gone: the run cannot go on."""
 
 
+def serves(strategy: Strategy) -> bool:
+  """Whether a multi-process run of ``strategy`` runs on this server (else on the multi-controller loop).
+
+  Asynchronous strategies do; so do synchronous rounds that drop gradients
+  (``fastest_k``), which a collective cannot cancel. Every other synchronous
+  strategy all-reduces (``dist.SyncRuntime``).
+  """
+  if strategy.engine == Engine.ASYNC:
+    return True
+  return server_step.mode(strategy) == "rounds" and strategy.gradients_per_round < strategy.num_workers
+
+
 def _check_protocol(strategy: Strategy) -> Strategy:
-  if strategy.engine != "async" or strategy.protocol != "gradient":
+  if server_step.mode(strategy) is None:
     raise validation.invalid(
       _WHAT,
       "strategy",
-      f"{strategy.name} (engine={strategy.engine!r}, protocol={strategy.protocol!r})",
-      "an asynchronous strategy that sends gradients (the elastic strategies easgd, eamsgd and ea_wild "
-      "run in the simulator only; synchronous ones run on the multi-controller loop)",
+      f"{strategy.name} (engine={strategy.engine!r}, protocol={strategy.protocol!r}, "
+      f"communication={strategy.communication!r}, group_size={strategy.group_size})",
+      "an asynchronous strategy (gradient or elastic, one worker per process), or a synchronous one "
+      "whose workers talk to a parameter server, such as fastest_k (all-reduce and local SGD run on "
+      "the multi-controller loop; EA-wild's synchronous groups run in the simulator only)",
     )
   return strategy
 
 
 class ParameterServer(RuntimeBase):
-  """Serves an asynchronous strategy to worker processes over ZeroMQ.
+  """Serves a strategy to worker processes over ZeroMQ.
 
-  Every arrival runs the pure :func:`server_step.arrive` (the server rule and
-  the dispatch policy of :mod:`arrival`), compiled once; replies carry the
-  parameters (SMEGA2's look-ahead estimate), their version, the worker's next
-  data step and the noise ratio (BB). This class is the transport around it:
-  the socket, message checks, liveness and the host loop.
+  Every message runs one pure step of :mod:`server_step`, compiled once, by
+  the strategy's :func:`server_step.mode`: an asynchronous push through the
+  server rule and the dispatch policy (:func:`server_step.arrive`), an
+  elastic worker's local step or exchange (:func:`server_step.elastic_step`),
+  or a gradient of a synchronous round that closes on its ``k``-th
+  (:func:`server_step.round_arrive`, e.g. ``fastest_k``). Replies carry the
+  parameters (SMEGA2's look-ahead estimate; the centre for elastic
+  strategies), their version (the round's number in ``"rounds"`` mode), the
+  worker's next data step and the noise ratio (BB). This class is the
+  transport around it: the socket, message checks, liveness and the host loop.
 
   Args:
-    strategy: an asynchronous ``"gradient"``-protocol strategy; one worker
-      process per ``strategy.num_workers``.
+    strategy: a strategy :func:`server_step.mode` serves; one worker process
+      per ``strategy.num_workers``.
     eval_fn, eval_every, eval_every_time: evaluation, as for the simulator
       (``eval_every_time`` in wall seconds).
     bind: the interface to bind (``127.0.0.1`` by default: loopback only).
@@ -117,13 +136,16 @@ class ParameterServer(RuntimeBase):
     advertise: str | None = None,
   ):
     self.strategy = _check_protocol(strategy)
+    self.mode = server_step.mode(strategy)
     super().__init__(eval_fn, eval_every, eval_every_time)
     self.num_workers = strategy.num_workers
     self.idle_timeout = validation.check_real(_WHAT, "idle_timeout", idle_timeout, low=0.0, low_open=True)
     self.token = secrets.token_bytes(16)
     self._bind_to, self._port_wanted = bind, port
     if advertise is None and bind in ("0.0.0.0", "*", "::"):
-      raise validation.invalid(_WHAT, "advertise", advertise, f"the host workers connect to when bind={bind!r}")
+      raise validation.invalid(
+        _WHAT, "advertise", advertise, f"the host workers connect to when bind={bind!r}"
+      )
     self._advertise = advertise
     self._socket = None
     self.address: str | None = None
@@ -175,8 +197,20 @@ class ParameterServer(RuntimeBase):
       raise validation.invalid(_WHAT, "params dtypes", sorted(leaf_dtypes), "one dtype for every leaf")
     if self._socket is None:
       self._open_socket(wire.max_message_bytes(self.count, self.dtype))
-    self._step = functools.partial(server_step.arrive, self.strategy, self.schedule, self.metric_names, unravel)
-    self._arrive = jax.jit(self._step, donate_argnums=0)
+    self._no_payload = jnp.zeros([self.count], self.dtype)  # a local step's stand-in (never read)
+    fixed = (self.strategy, self.schedule, self.metric_names, unravel)
+    if self.mode == "elastic":
+      self._arrive = jax.jit(
+        functools.partial(server_step.elastic_step, *fixed, exchange=True), donate_argnums=0
+      )
+      self._local_step = jax.jit(
+        functools.partial(server_step.elastic_step, *fixed, exchange=False), donate_argnums=0
+      )
+    elif self.mode == "rounds":
+      self._arrive = jax.jit(functools.partial(server_step.round_arrive, *fixed), donate_argnums=0)
+      self._close_round = jax.jit(functools.partial(server_step.close_round, *fixed))
+    else:
+      self._arrive = jax.jit(functools.partial(server_step.arrive, *fixed), donate_argnums=0)
 
   def init(self, params, seed: int = 0) -> ServerState:
     """The state before the first arrival: every worker will get ``params`` (version 0)."""
@@ -213,12 +247,14 @@ class ParameterServer(RuntimeBase):
       log.warning("worker %d: reply not delivered (its connection is gone)", worker)
 
   def _params_header(self, state: ServerState, worker: int) -> wire.Header:
+    # In rounds every worker computes the round's number-th batch (the simulator's round), sent or not.
+    step = state.event if self.mode == "rounds" else state.steps[worker]
     return wire.Header(
       kind=wire.Kind.PARAMS,
       token=self.token,
       worker=worker,
       version=int(state.pulled_version[worker]),
-      step=int(state.steps[worker]),
+      step=int(step),
       noise_ratio=float(state.noise_ratio[worker]),
       dtype=self.dtype,
       count=self.count,
@@ -243,7 +279,7 @@ class ParameterServer(RuntimeBase):
     except zmq.ZMQError:
       pass
 
-  def _check_liveness(self, state: ServerState) -> ServerState:
+  def _check_liveness(self, state: ServerState, rows: list) -> ServerState:
     now = time.perf_counter()
     if now - self._last_liveness < 0.5:
       return state
@@ -254,7 +290,12 @@ class ParameterServer(RuntimeBase):
     was = np.asarray(state.live)
     lost = [w for w in range(self.num_workers) if was[w] and w not in live]
     for worker in lost:
-      event = {"worker": worker, "process": worker + 1, "wall_time": self._now(), "version": int(state.version)}
+      event = {
+        "worker": worker,
+        "process": worker + 1,
+        "wall_time": self._now(),
+        "version": int(state.version),
+      }
       self.lost.append(event)
       log.warning(
         "worker %d (process %d) lost at %.1f s, server version %d; going on with %d worker(s)",
@@ -273,12 +314,32 @@ class ParameterServer(RuntimeBase):
           f"every worker process is lost (last: {', '.join(f'worker {w}' for w in lost)}); "
           f"the server stops at version {int(state.version)}. Resume with `jaxsync resume RUN_DIR`."
         )
+    if self.mode == "rounds":
+      return self._close_if_complete(state, rows) if lost else state
     if bool(server_step.stuck_on_lost_workers(state)):
       state, send = server_step.release_waiting(state, jnp.float32(self._now()))
       workers = np.nonzero(np.asarray(send))[0]
       log.info("released %d waiting worker(s) that no live worker could release", len(workers))
       self._reply(state, workers, server_step.reply_payload(state))
     return state
+
+  def _close_if_complete(self, state: ServerState, rows: list) -> ServerState:
+    """Closes the open round when the live workers it still waited for are lost (it has min(k, live))."""
+    count, live = int(state.exchange.count), int(np.sum(state.live))
+    if count == 0 or count < min(self.strategy.gradients_per_round, live):
+      return state
+    log.info(
+      "closing round %d with %d gradient(s): the workers it waited for are lost", int(state.event), count
+    )
+    state, row, send, reply = self._close_round(state, jnp.float32(self._now()))
+    rows.append(row)
+    self._reply(state, np.nonzero(np.asarray(send))[0], reply)
+    return state
+
+  @property
+  def dropped_gradients(self) -> int:
+    """Gradients that came after their round had closed (``"rounds"`` mode); never applied."""
+    return 0 if self._state is None else int(np.asarray(self._state.dropped))
 
   def _live_workers(self) -> set[int] | None:
     if self._liveness is None:
@@ -303,7 +364,7 @@ class ParameterServer(RuntimeBase):
     while len(rows) < num_events:
       if max_time is not None and self._now() >= max_time:
         break
-      state = self._check_liveness(state)
+      state = self._check_liveness(state, rows)
       if not poller.poll(100):
         if time.perf_counter() - quiet_since > self.idle_timeout:
           raise WorkerLostError(
@@ -319,20 +380,22 @@ class ParameterServer(RuntimeBase):
         rows.append(row)
     if not rows:
       empty = jax.eval_shape(
-        self._step,
-        state,
-        jnp.int32(0),
-        jnp.zeros([self.count], self.dtype),
-        jnp.bool_(True),
-        jnp.float32(0),
-        jnp.float32(0),
-        jnp.float32(0),
+        self._arrive, state, *self._arrival_args(0, np.zeros([self.count], self.dtype))
       ).record
       self._state = state
       return state, jax.tree.map(lambda x: np.zeros((0, *x.shape), x.dtype), empty)
     self._state = state
     rows = [jax.device_get(r) for r in rows]
     return state, jax.tree.map(lambda *xs: np.stack(xs), *rows)
+
+  def _arrival_args(self, worker: int, payload, header: wire.Header | None = None) -> tuple:
+    """The arguments after the state of this mode's step, from a message (or placeholders)."""
+    finite = True if header is None else header.finite
+    loss = 0.0 if header is None else header.loss
+    args = (jnp.int32(worker), jnp.asarray(payload), jnp.bool_(finite), jnp.float32(loss))
+    if self.mode == "gradient":
+      args += (jnp.float32(0.0 if header is None else header.step_size),)
+    return (*args, jnp.float32(self._now()))
 
   def _handle(self, state: ServerState, frames) -> tuple[ServerState, EventRecord | None]:
     identity, frames = frames[0].bytes, frames[1:]
@@ -354,12 +417,17 @@ class ParameterServer(RuntimeBase):
         state = server_step.drop(state, jnp.arange(self.num_workers) == worker)
         log.info("worker %d left", worker)
         return state, None
-      if header.kind != wire.Kind.PUSH:
-        raise wire.MessageError("malformed", f"a {header.kind.name} message sent to the server")
-      if header.version > int(state.version):
-        raise wire.MessageError(
-          "future_version", f"version={header.version} but the server is at {int(state.version)}"
-        )
+      elastic_step = header.kind == wire.Kind.STEP and self.mode == "elastic"
+      if header.kind != wire.Kind.PUSH and not elastic_step:
+        raise wire.MessageError("malformed", f"a {header.kind.name} message sent to a {self.mode} server")
+      current = int(state.event if self.mode == "rounds" else state.version)
+      if header.version > current:
+        raise wire.MessageError("future_version", f"version={header.version} but the server is at {current}")
+      if self.mode == "rounds" and header.version < current:
+        # Computed on a round that closed without it: dropped, never applied to another round. The
+        # worker was sent the new round when it closed, so nothing is owed to it.
+        state = state._replace(dropped=state.dropped + 1, steps=state.steps.at[worker].add(1))
+        return state, None
       if header.version != int(state.pulled_version[worker]):
         raise wire.MessageError(
           "version",
@@ -370,18 +438,15 @@ class ParameterServer(RuntimeBase):
       return state, None
     if not bool(state.live[worker]):  # back after being declared lost: it rejoins
       state = state._replace(live=state.live.at[worker].set(True))
-    state, row, send, reply = self._arrive(
-      state,
-      jnp.int32(worker),
-      jnp.asarray(payload),
-      jnp.bool_(header.finite),
-      jnp.float32(header.loss),
-      jnp.float32(header.step_size),
-      jnp.float32(self._now()),
-    )
+    if elastic_step:
+      step = self._local_step(state, *self._arrival_args(worker, self._no_payload, header))
+      return step.state, step.record
+    state, row, send, reply = self._arrive(state, *self._arrival_args(worker, payload, header))
     send = np.asarray(send)
     if send.any():
       self._reply(state, np.nonzero(send)[0], reply)
+    elif self.mode == "rounds":
+      row = None  # the round is still open: an event is a closed round
     return state, row
 
   def _hello(self, state: ServerState, identity: bytes, worker: int) -> ServerState:

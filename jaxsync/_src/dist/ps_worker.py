@@ -1,10 +1,25 @@
 """A parameter-server worker process: pull parameters, compute one message, push it, repeat.
 
-Worker ``k`` runs :func:`arrival.worker_message`, the simulator's own worker
-side, on its batch ``data.batch(k, step)`` (the step is the server's count of
-its pushes, so a worker that rejoins after a restart continues its data where
-the checkpoint left it). It holds its worker-rule state (local momentum, BB)
-itself; a restarted worker starts that state afresh.
+Worker ``k`` runs the simulator's own worker side on its batch
+``data.batch(k, step)`` (the step comes from the server: its count of the
+worker's pushes, or the round's number, so a worker that rejoins after a
+restart continues its data where the checkpoint left it):
+
+* gradient strategies (asynchronous, and synchronous rounds such as
+  ``fastest_k``): :func:`arrival.worker_message`, pushed; the reply is the
+  next parameters. Replies that queued while it computed (rounds that closed
+  without it) are skipped to the newest.
+* elastic strategies (EASGD, EAMSGD, EA-wild): the worker keeps its own model
+  ``x`` and steps it (:func:`arrival.elastic_worker_step`). A local step is
+  reported to the server in a header (no payload, no reply). An exchange
+  step costs one round trip: it sends ``x`` and steps against the reply:
+  the centre before the exchange (locked: the centre it reads is the one the
+  exchange used), or, for EA-wild, against the centre it read at its last
+  exchange, the reply being its next read.
+
+It holds its worker-rule state (local momentum, BB, its elastic model)
+itself; a restarted worker starts that state afresh, an elastic one from the
+centre.
 """
 
 from __future__ import annotations
@@ -19,12 +34,13 @@ import numpy as np
 import zmq
 from jax.flatten_util import ravel_pytree
 
-from jaxsync._src.steps import arrival
-from jaxsync._src.dist import wire
-from jaxsync._src.dist.cluster import RunFaultError
-from jaxsync._src.strategies.strategy import Strategy
-from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.core import validation
+from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.dist import local_devices, wire
+from jaxsync._src.dist.cluster import RunFaultError
+from jaxsync._src.rules import contracts
+from jaxsync._src.steps import arrival, server_step
+from jaxsync._src.strategies.strategy import Strategy
 
 log = logging.getLogger("jaxsync.worker")
 _WHAT = "ps_worker"
@@ -49,6 +65,7 @@ def run_worker(
   token: bytes,
   reply_timeout: float = 300.0,
   server_alive=None,
+  devices=None,
 ) -> dict[str, Any]:
   """Works for the server at ``address`` until it says STOP; returns counters.
 
@@ -63,9 +80,12 @@ def run_worker(
     reply_timeout: seconds to wait for any reply before giving up.
     server_alive: optional ``() -> bool`` checked while waiting (the
       coordination service's view of process 0).
+    devices: the devices this worker computes on (default: this process's
+      ``jax.local_devices()``); with several, each gradient is computed
+      data-parallel over them (:mod:`local_devices`), the batch split evenly.
 
   Returns:
-    ``{"pushes": n, "wall_seconds": s, "compute_seconds": [per step]}``.
+    ``{"pushes": n, "wall_seconds": s, "compute_seconds": [per step], "devices": D}``.
 
   Raises:
     ServerGoneError: no reply within ``reply_timeout`` or the server is dead.
@@ -74,63 +94,167 @@ def run_worker(
   worker = validation.check_int(_WHAT, "worker", worker, low=0)
   flat_like, unravel = ravel_pytree(params_like)
   count, dtype = int(flat_like.size), str(flat_like.dtype)
-  worker_rule = strategy.worker_rule
-  rule_state = worker_rule.init(params_like) if worker_rule is not None else None
-
-  @jax.jit
-  def compute(flat, rule_state, step, noise_ratio, data):  # data an argument: a buffer, not a constant
-    out = arrival.worker_message(
-      strategy, loss_fn, unravel(flat), rule_state, data.batch(worker, step), noise_ratio
-    )
-    return ravel_pytree(out.message)[0], out.worker_state, out.loss, out.finite, out.step_size
-
+  devices = list(jax.local_devices() if devices is None else devices)
+  local_devices.check_batch(data.batch_size, len(devices))
+  gradient = local_devices.gradient_fn(loss_fn, devices)
   socket = zmq.Context.instance().socket(zmq.DEALER)
   socket.setsockopt(zmq.LINGER, 0)
   # A fixed identity: after ZeroMQ reconnects (a network blip) the server still knows this worker.
   socket.setsockopt(zmq.ROUTING_ID, f"w{worker}-{token[:4].hex()}".encode())
   socket.setsockopt(zmq.MAXMSGSIZE, wire.max_message_bytes(count, dtype))
   socket.connect(address)
-  poller = zmq.Poller()
-  poller.register(socket, zmq.POLLIN)
-  header = wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker)
-  socket.send_multipart(wire.encode(header))
-  pushes, start, compute_times = 0, time.perf_counter(), []
+  link = _Link(socket, token, worker, dtype, count, reply_timeout, server_alive)
+  link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
+  loop = _elastic_loop if server_step.mode(strategy) == "elastic" else _gradient_loop
+  start = time.perf_counter()
   try:
-    while True:
-      frames = _receive(socket, poller, reply_timeout, server_alive)
-      reply = wire.decode_header(frames[0], token=token)
-      if reply.kind == wire.Kind.STOP:
-        break
-      if reply.kind == wire.Kind.ERROR:
-        raise RejectedError(f"worker {worker}: the server rejected its message ({reply.reason or 'no reason'}).")
-      payload = wire.decode_payload(reply, frames[1:], dtype=dtype, count=count)
-      began = time.perf_counter()
-      flat, rule_state, loss, finite, step_size = compute(
-        jnp.asarray(payload), rule_state, jnp.int32(reply.step), jnp.float32(reply.noise_ratio), data
-      )
-      flat = np.asarray(flat)  # waits for the result: the step's compute time ends here
-      compute_times.append(time.perf_counter() - began)
-      push = wire.Header(
-        kind=wire.Kind.PUSH,
-        token=token,
-        worker=worker,
-        version=reply.version,
-        step=reply.step,
-        loss=float(loss),
-        step_size=float(step_size),
-        finite=bool(finite),
-        dtype=dtype,
-        count=count,
-      )
-      socket.send_multipart(wire.encode(push, flat), copy=False)
-      pushes += 1
+    pushes, compute_times = loop(strategy, loss_fn, gradient, data, params_like, unravel, link)
   finally:
     socket.close(linger=0)
   return {
     "pushes": pushes,
     "wall_seconds": time.perf_counter() - start,
     "compute_seconds": compute_times,  # per step, the first one includes compilation
+    "devices": len(devices),
   }
+
+
+class _Stop(Exception):
+  """The server said STOP."""
+
+
+class _Link:
+  """This worker's socket to the server: typed sends, checked replies."""
+
+  def __init__(self, socket, token, worker, dtype, count, reply_timeout, server_alive):
+    self.socket, self.token, self.worker, self.dtype, self.count = socket, token, worker, dtype, count
+    self.reply_timeout, self.server_alive = reply_timeout, server_alive
+    self.poller = zmq.Poller()
+    self.poller.register(socket, zmq.POLLIN)
+
+  def send(self, header: wire.Header, payload=None) -> None:
+    self.socket.send_multipart(wire.encode(header, payload), copy=False)
+
+  def header(self, kind, **fields) -> wire.Header:
+    return wire.Header(kind=kind, token=self.token, worker=self.worker, dtype=self.dtype, **fields)
+
+  def _checked(self, frames) -> tuple[wire.Header, np.ndarray | None]:
+    reply = wire.decode_header(frames[0], token=self.token)
+    if reply.kind == wire.Kind.STOP:
+      raise _Stop
+    if reply.kind == wire.Kind.ERROR:
+      raise RejectedError(
+        f"worker {self.worker}: the server rejected its message ({reply.reason or 'no reason'})."
+      )
+    return reply, wire.decode_payload(reply, frames[1:], dtype=self.dtype, count=self.count)
+
+  def reply(self, *, newest: bool = False) -> tuple[wire.Header, np.ndarray]:
+    """The next reply (STOP raises :class:`_Stop`); with ``newest``, later queued replies supersede it."""
+    reply = self._checked(_receive(self.socket, self.poller, self.reply_timeout, self.server_alive))
+    while newest and self.poller.poll(0):
+      reply = self._checked(self.socket.recv_multipart(copy=False))
+    return reply
+
+  def check_stop(self) -> None:
+    """Raises :class:`_Stop` (or the rejection) if the server has said something since."""
+    while self.poller.poll(0):
+      self._checked(self.socket.recv_multipart(copy=False))
+
+
+def _gradient_loop(
+  strategy: Strategy, loss_fn, gradient, data: WorkerData, params_like, unravel, link: _Link
+):
+  """Pull, compute the message, push, until STOP: asynchronous gradient strategies and synchronous rounds."""
+  worker_rule = strategy.worker_rule
+  rule_state = worker_rule.init(params_like) if worker_rule is not None else None
+  worker = link.worker
+
+  @jax.jit
+  def compute(flat, rule_state, step, noise_ratio, data):  # data an argument: a buffer, not a constant
+    x, batch = unravel(flat), data.batch(worker, step)
+    got = gradient(arrival.gradient_point(x, rule_state), batch)
+    out = arrival.worker_message(strategy, loss_fn, x, rule_state, batch, noise_ratio, gradient=got)
+    return ravel_pytree(out.message)[0], out.worker_state, out.loss, out.finite, out.step_size
+
+  pushes, compute_times = 0, []
+  try:
+    while True:
+      reply, payload = link.reply(newest=True)
+      began = time.perf_counter()
+      flat, rule_state, loss, finite, step_size = compute(
+        jnp.asarray(payload), rule_state, jnp.int32(reply.step), jnp.float32(reply.noise_ratio), data
+      )
+      flat = np.asarray(flat)  # waits for the result: the step's compute time ends here
+      compute_times.append(time.perf_counter() - began)
+      push = link.header(
+        wire.Kind.PUSH,
+        version=reply.version,
+        step=reply.step,
+        loss=float(loss),
+        step_size=float(step_size),
+        finite=bool(finite),
+        count=link.count,
+      )
+      link.send(push, flat)
+      pushes += 1
+  except _Stop:
+    return pushes, compute_times
+
+
+def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, params_like, unravel, link: _Link):
+  """Local steps of the worker's own model, an exchange with the centre when its rule says so, until STOP."""
+  rule = strategy.worker_rule
+  worker = link.worker
+
+  @jax.jit
+  def compute(x, rule_state, step, data):
+    """The gradient at the rule's look-ahead point, and whether this step exchanges with the centre."""
+    model = unravel(x)
+    got = gradient(arrival.gradient_point(model, rule_state), data.batch(worker, step))
+    # The rule decides on its own clock; the centre only enters the step's value (probed with x).
+    _, probe = rule.update(got.grads, rule_state, model, center=model, grads_finite=got.finite)
+    return got, contracts.exchanged(probe)
+
+  @jax.jit
+  def local_step(x, rule_state, got, center):
+    stepped = arrival.elastic_worker_step(
+      strategy, loss_fn, unravel(x), rule_state, None, unravel(center), got
+    )
+    return ravel_pytree(stepped.model)[0], stepped.worker_state
+
+  try:
+    reply, center = link.reply()
+  except _Stop:
+    return 0, []
+  del params_like  # the model starts from the centre the server sent
+  x, read, version, step = jnp.asarray(center), jnp.asarray(center), reply.version, reply.step
+  rule_state = rule.init(unravel(x))
+  pushes, compute_times = 0, []
+  try:
+    while True:
+      began = time.perf_counter()
+      got, exchange = compute(x, rule_state, jnp.int32(step), data)
+      exchange = bool(exchange)  # waits for the gradient
+      compute_times.append(time.perf_counter() - began)
+      header = dict(version=version, step=step, loss=float(got.loss), finite=bool(got.finite))
+      if not exchange:
+        link.send(link.header(wire.Kind.STEP, **header))
+        x, rule_state = local_step(x, rule_state, got, x)  # the centre is not read off exchange steps
+        link.check_stop()
+      elif strategy.lock_free:  # EA-wild: step against the last read; the reply is the next read
+        link.send(link.header(wire.Kind.PUSH, count=link.count, **header), np.asarray(x))
+        x, rule_state = local_step(x, rule_state, got, read)
+        reply, center = link.reply()
+        read, version = jnp.asarray(center), reply.version
+      else:  # EASGD, EAMSGD: the reply is the centre the exchange used
+        link.send(link.header(wire.Kind.PUSH, count=link.count, **header), np.asarray(x))
+        reply, center = link.reply()
+        x, rule_state = local_step(x, rule_state, got, jnp.asarray(center))
+        version = reply.version
+      step += 1
+      pushes += 1
+  except _Stop:
+    return pushes, compute_times
 
 
 def _receive(socket, poller, timeout: float, server_alive) -> list[Any]:

@@ -94,7 +94,7 @@ def check_strategy(strategy: Strategy, num_devices: int) -> Strategy:
       "strategy",
       f"{strategy.name} (gradients_per_round={strategy.gradients_per_round})",
       "a strategy that aggregates every worker's gradient; dropping the slowest (fastest_k) needs "
-      "cancellable collectives and runs in the simulator only",
+      "cancellable collectives: it runs on the parameter server (jaxsync launch -n K+1)",
     )
   if strategy.num_workers != num_devices:
     raise validation.invalid(
@@ -237,10 +237,14 @@ class SyncRuntime(RuntimeBase):
       check_vma=False,
     )(s.params, s.worker_params, s.worker_state, s.steps)
     update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
-    return update, loss, s._replace(
-      steps=s.steps + strategy.local_steps,
-      worker_params=stack_workers(update.params, num_workers),
-      worker_state=worker_state,
+    return (
+      update,
+      loss,
+      s._replace(
+        steps=s.steps + strategy.local_steps,
+        worker_params=stack_workers(update.params, num_workers),
+        worker_state=worker_state,
+      ),
     )
 
   def _round_impl(self, s: SyncState, now):

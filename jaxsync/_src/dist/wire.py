@@ -38,6 +38,7 @@ class Kind(enum.IntEnum):
   STOP = 4  # server -> worker: the run is over
   ERROR = 5  # server -> worker: your message was rejected (for `reason`)
   BYE = 6  # worker -> server: leaving
+  STEP = 7  # worker -> server: an elastic worker's local step (its loss; no payload, no reply)
 
 
 class MessageError(ValueError):

@@ -1,12 +1,23 @@
-"""The parameter server's compiled step, pure and apart from any transport.
+"""The parameter server's compiled steps, pure and apart from any transport.
 
 The multi-process runtime's server (``dist.param_server``) receives a worker's
-message on a socket and hands it to :func:`arrive`; everything it decides (the
-new parameters, who gets them, the record of the event) is decided here, by
-the same :mod:`arrival` functions the simulator's event step runs. The other
-state changes of a real server (a worker joins, leaves, or is lost; waiting
-workers are released when no live worker can release them) are pure functions
-too, so the whole server can be tested without a socket.
+message on a socket and hands it to one of three steps, by the strategy's
+:func:`mode`; everything it decides (the new parameters, who gets them, the
+record of the event) is decided here, by the same :mod:`arrival` and
+:mod:`sync_round` functions the simulator runs:
+
+* ``"gradient"`` (asynchronous gradient strategies): :func:`arrive`, one
+  push through the server rule and the dispatch policy;
+* ``"elastic"`` (EASGD, EAMSGD, EA-wild): :func:`elastic_step`, a worker's
+  local step (a record, no payload) or its elastic exchange (the centre takes
+  the worker's model);
+* ``"rounds"`` (synchronous strategies served by the server, e.g.
+  ``fastest_k``): :func:`round_arrive`, the first ``k`` gradients of a round
+  are summed and the round closes; later ones of that round are dropped.
+
+The other state changes of a real server (a worker joins, leaves, or is lost;
+waiting workers are released when no live worker can release them) are pure
+functions too, so the whole server can be tested without a socket.
 """
 
 from __future__ import annotations
@@ -19,9 +30,46 @@ import jax.numpy as jnp
 from jax.flatten_util import ravel_pytree
 
 from jaxsync._src.rules import contracts, guard
-from jaxsync._src.steps import arrival
+from jaxsync._src.steps import arrival, sync_round
 from jaxsync._src.steps.records import EvalSchedule, EventRecord
-from jaxsync._src.strategies.strategy import Strategy
+from jaxsync._src.strategies.strategy import Communication, Engine, Strategy, WorkerProtocol
+
+MODES = ("gradient", "elastic", "rounds")
+
+
+def mode(strategy: Strategy) -> str | None:
+  """Which of :data:`MODES` serves ``strategy`` on a parameter server (None: the server cannot).
+
+  Asynchronous gradient strategies arrive one push at a time; elastic ones
+  (one worker per process: EA-wild's synchronous groups are not served)
+  exchange models; synchronous gradient strategies whose workers talk to a
+  parameter server run in rounds (``fastest_k`` drops the slowest).
+  """
+  if strategy.engine == Engine.ASYNC and strategy.protocol == WorkerProtocol.GRADIENT:
+    return "gradient"
+  if strategy.engine == Engine.ASYNC and strategy.protocol == WorkerProtocol.ELASTIC:
+    return "elastic" if strategy.group_size == 1 else None
+  if (
+    strategy.engine == Engine.SYNC
+    and strategy.protocol == WorkerProtocol.GRADIENT
+    and strategy.communication == Communication.PARAMETER_SERVER
+  ):
+    return "rounds"
+  return None
+
+
+class RoundSum(NamedTuple):
+  """The open round of a ``"rounds"`` server (:func:`round_arrive`).
+
+  Attributes:
+    grads: the sum of the round's gradients so far, raveled.
+    loss: the sum of their batch losses.
+    count: gradients in the sum.
+  """
+
+  grads: jax.Array
+  loss: jax.Array
+  count: jax.Array
 
 
 class ServerState(NamedTuple):
@@ -43,7 +91,11 @@ class ServerState(NamedTuple):
     wait_since: when each worker entered the waiting set.
     inter_messages: full-size messages moved (pushes and replies).
     next_eval: the next evaluation point.
-    event: arrivals so far.
+    event: arrivals so far (rounds, for a ``"rounds"`` server).
+    exchange: what the mode keeps besides: EA-wild's ``[K, P]`` centre each
+      worker last read (its lock-free reference), a :class:`RoundSum` for
+      ``"rounds"``, else ``()``.
+    dropped: gradients that came too late for their round (``"rounds"``).
   """
 
   clock: jax.Array
@@ -62,6 +114,8 @@ class ServerState(NamedTuple):
   inter_messages: jax.Array
   next_eval: jax.Array
   event: jax.Array
+  exchange: Any = ()
+  dropped: Any = 0
 
 
 class ServerStep(NamedTuple):
@@ -71,7 +125,9 @@ class ServerStep(NamedTuple):
     state: the new server state.
     record: the event's record (``time`` in wall seconds).
     send: ``bool[K]``, the workers that get the reply now.
-    reply: the reply's payload: the parameters (SMEGA²'s look-ahead estimate), raveled.
+    reply: the reply's payload: the parameters (SMEGA²'s look-ahead estimate;
+      the centre before the exchange for locked EASGD), raveled; empty when
+      nobody is sent anything.
   """
 
   state: ServerState
@@ -84,6 +140,12 @@ def init(strategy: Strategy, params: Any, schedule: EvalSchedule) -> ServerState
   """The state before the first arrival: every worker will get ``params`` (version 0)."""
   num_workers = strategy.num_workers
   zeros = jnp.zeros([num_workers], jnp.int32)
+  flat = ravel_pytree(params)[0]
+  exchange = ()
+  if mode(strategy) == "rounds":
+    exchange = RoundSum(jnp.zeros_like(flat), jnp.zeros([], jnp.float32), jnp.zeros([], jnp.int32))
+  elif mode(strategy) == "elastic" and strategy.lock_free:
+    exchange = jnp.broadcast_to(flat, (num_workers, flat.size))
   return ServerState(
     clock=jnp.zeros([], jnp.float32),
     params=params,
@@ -101,6 +163,8 @@ def init(strategy: Strategy, params: Any, schedule: EvalSchedule) -> ServerState
     inter_messages=jnp.zeros([], jnp.int32),
     next_eval=schedule.first_due(),
     event=jnp.zeros([], jnp.int32),
+    exchange=exchange,
+    dropped=jnp.zeros([], jnp.int32),
   )
 
 
@@ -200,12 +264,233 @@ def arrive(
   return ServerStep(new, record, send, reply_payload(new))
 
 
+def elastic_step(
+  strategy: Strategy,
+  schedule: EvalSchedule,
+  metric_names: tuple[str, ...],
+  unravel: Callable[[jax.Array], Any],
+  s: ServerState,
+  worker: jax.Array,
+  flat: jax.Array,
+  worker_finite: jax.Array,
+  loss: jax.Array,
+  now: jax.Array,
+  *,
+  exchange: bool,
+) -> ServerStep:
+  r"""An elastic worker's step, as the simulator's elastic event: a local step, or an exchange with the centre.
+
+  A local step (``exchange=False``) changes only the counters and makes the
+  event's record: the worker stepped its own model. On an exchange the worker
+  sent its pre-step model ``x`` (``flat``) and the centre takes it
+  (:func:`arrival.elastic_center_arrival`):
+
+  .. math::
+
+    \tilde w \leftarrow \tilde w + \alpha (x - w_{ref})
+
+  with ``w_ref`` the current centre (EASGD, EAMSGD: locked) or the centre this
+  worker last read (EA-wild: lock-free). The reply is what the worker steps
+  against: the centre before this exchange (locked: the worker's own half
+  ``x <- x - alpha (x - w_ref)`` needs the same ``w_ref``), or the new centre,
+  its next lock-free read. A non-finite ``x`` changes nothing.
+
+  Args:
+    strategy: an elastic strategy (:func:`mode` ``"elastic"``).
+    schedule, metric_names, unravel: as for :func:`arrive`.
+    s: the server state.
+    worker: the sender's id.
+    flat: its pre-step model, raveled (ignored for a local step).
+    worker_finite: the sender's own NaN/Inf verdict on its gradient.
+    loss: its batch loss, recorded.
+    now: wall seconds since the run started.
+    exchange: whether this is an exchange (static: two compiled steps).
+
+  Returns:
+    A :class:`ServerStep`; ``send`` names the sender on an exchange only.
+  """
+  sender = jnp.arange(strategy.num_workers) == worker
+  if exchange:
+    model = unravel(flat)
+    finite = worker_finite & guard.tree_all_finite(model)
+    read = unravel(s.exchange[worker]) if strategy.lock_free else s.params
+    params, rule_state = arrival.elastic_center_arrival(
+      strategy, s.params, s.rule_state, model, exchanged=finite, center_read=read
+    )
+    released = finite
+    reply_tree = params if strategy.lock_free else s.params
+    reads = s.exchange
+    if strategy.lock_free:
+      reads = reads.at[worker].set(ravel_pytree(params)[0])
+  else:
+    finite, params, rule_state, released = worker_finite, s.params, s.rule_state, jnp.asarray(False)
+    reply_tree, reads = None, s.exchange
+  version = s.version + released.astype(jnp.int32)
+  evaluated, metrics, next_eval = schedule.maybe_evaluate(s.next_eval, params, version, now, metric_names)
+  send = sender & exchange
+  new = s._replace(
+    clock=now,
+    params=params,
+    rule_state=rule_state,
+    version=version,
+    pending=jnp.where(released, 0, s.pending + finite.astype(jnp.int32)),
+    steps=s.steps.at[worker].add(1),
+    used=s.used.at[worker].add(finite.astype(jnp.int32)),
+    pulled_version=jnp.where(send, version, s.pulled_version),
+    inter_messages=s.inter_messages + (2 if exchange else 0),
+    next_eval=next_eval,
+    event=s.event + 1,
+    exchange=reads,
+  )
+  record = EventRecord(
+    time=now,
+    worker=worker,
+    staleness=s.version - s.pulled_version[worker],
+    version=version,
+    released=released,
+    k=released.astype(jnp.int32),  # one worker model per exchange
+    loss=loss,
+    rejected=~finite,
+    step_size=jnp.asarray(jnp.nan, jnp.float32),
+    evaluated=evaluated,
+    metrics=metrics,
+  )
+  reply = ravel_pytree(reply_tree)[0] if exchange else jnp.zeros([0], s.steps.dtype)
+  return ServerStep(new, record, send, reply)
+
+
+def round_arrive(
+  strategy: Strategy,
+  schedule: EvalSchedule,
+  metric_names: tuple[str, ...],
+  unravel: Callable[[jax.Array], Any],
+  s: ServerState,
+  worker: jax.Array,
+  flat: jax.Array,
+  worker_finite: jax.Array,
+  loss: jax.Array,
+  now: jax.Array,
+) -> ServerStep:
+  r"""A gradient of the open round arrives; the ``k``-th closes the round (``"rounds"`` mode).
+
+  The caller has checked that it was computed on this round's parameters (a
+  later one is dropped, never applied to another round). With ``k =
+  strategy.gradients_per_round`` (fewer when fewer workers are live):
+
+  .. math::
+
+    \bar g = \tfrac{1}{k} \sum_{\text{first } k} g_j, \qquad
+    \theta, s \leftarrow \text{server\_rule}(\bar g, s, \theta)
+
+  (:func:`sync_round.apply_aggregate`, as the simulator's round). A NaN/Inf
+  gradient is summed too, so the round is rejected as a whole, as the
+  simulator rejects it. A closed round is one event and one record (no worker,
+  ``k`` gradients); every live worker gets the new parameters and the next
+  round's number (the version on the wire) and data step.
+
+  Returns:
+    A :class:`ServerStep`; ``send`` is empty until the round closes.
+  """
+  g = unravel(flat)
+  finite = worker_finite & guard.tree_all_finite(g)
+  grads = jnp.where(finite, flat, jnp.nan)  # an untrusted verdict still rejects the round
+  acc = s.exchange
+  acc = RoundSum(acc.grads + grads, acc.loss + loss, acc.count + 1)
+  s = s._replace(
+    steps=s.steps.at[worker].add(1),
+    used=s.used.at[worker].add(1),
+    inter_messages=s.inter_messages + 1,
+    exchange=acc,
+    clock=now,
+    waiting=s.waiting.at[worker].set(True),  # until the round closes (STOP reaches it there)
+    wait_since=s.wait_since.at[worker].set(now),
+  )
+  close = acc.count >= jnp.minimum(strategy.gradients_per_round, jnp.sum(s.live))
+  return jax.lax.cond(
+    close,
+    lambda s: close_round(strategy, schedule, metric_names, unravel, s, now),
+    lambda s: ServerStep(s, _empty_round_record(s, now, metric_names), jnp.zeros_like(s.live), _no_reply(s)),
+    s,
+  )
+
+
+def close_round(
+  strategy: Strategy,
+  schedule: EvalSchedule,
+  metric_names: tuple[str, ...],
+  unravel: Callable[[jax.Array], Any],
+  s: ServerState,
+  now: jax.Array,
+) -> ServerStep:
+  """Applies the open round's mean gradient and starts the next round (every live worker is sent it)."""
+  acc = s.exchange
+  count = jnp.maximum(acc.count, 1)
+  mean = unravel(acc.grads / count.astype(acc.grads.dtype))
+  update = sync_round.apply_aggregate(
+    strategy, s.params, s.rule_state, mean, version=s.version, num_workers=strategy.num_workers
+  )
+  version = s.version + update.finite.astype(jnp.int32)
+  evaluated, metrics, next_eval = schedule.maybe_evaluate(
+    s.next_eval, update.params, version, now, metric_names
+  )
+  event = s.event + 1
+  send = s.live
+  new = s._replace(
+    params=update.params,
+    rule_state=update.rule_state,
+    version=version,
+    pulled_version=jnp.where(send, event, s.pulled_version),
+    waiting=jnp.zeros_like(s.waiting),
+    idle=s.idle + jnp.where(s.waiting, now - s.wait_since, 0.0),
+    inter_messages=s.inter_messages + jnp.sum(send).astype(jnp.int32),
+    next_eval=next_eval,
+    event=event,
+    exchange=RoundSum(jnp.zeros_like(acc.grads), jnp.zeros_like(acc.loss), jnp.zeros_like(acc.count)),
+  )
+  record = sync_round.round_record(
+    time=now,
+    version=version,
+    finite=update.finite,
+    k=acc.count,
+    loss=acc.loss / count.astype(jnp.float32),
+    evaluated=evaluated,
+    metrics=metrics,
+  )
+  return ServerStep(new, record, send, reply_payload(new))
+
+
+def _no_reply(s: ServerState) -> jax.Array:
+  return jnp.zeros_like(s.exchange.grads)
+
+
+def _empty_round_record(s: ServerState, now, metric_names) -> EventRecord:
+  """The shape of a round's record, for an arrival that closes nothing (the host keeps no row)."""
+  return sync_round.round_record(
+    time=now,
+    version=s.version,
+    finite=jnp.asarray(False),
+    k=jnp.asarray(0, jnp.int32),
+    loss=jnp.asarray(jnp.nan, jnp.float32),
+    evaluated=jnp.asarray(False),
+    metrics={name: jnp.asarray(jnp.nan, jnp.float32) for name in metric_names},
+  )
+
+
 def join(s: ServerState, worker: int) -> ServerState:
-  """A worker (re)joins: it is live, not waiting, and is sent the current parameters (its old pull is void)."""
+  """A worker (re)joins: it is live, not waiting, and is sent the current parameters (its old pull is void).
+
+  A ``"rounds"`` server sends it the open round (its number is the version on
+  the wire); an EA-wild server records the centre as its lock-free read.
+  """
+  rounds = isinstance(s.exchange, RoundSum)
+  exchange = s.exchange
+  if not rounds and not (isinstance(exchange, tuple) and not exchange):
+    exchange = exchange.at[worker].set(ravel_pytree(s.params)[0])
   return s._replace(
     live=s.live.at[worker].set(True),
     waiting=s.waiting.at[worker].set(False),
-    pulled_version=s.pulled_version.at[worker].set(s.version),
+    pulled_version=s.pulled_version.at[worker].set(s.event if rounds else s.version),
+    exchange=exchange,
   )
 
 
