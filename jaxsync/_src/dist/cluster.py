@@ -12,9 +12,10 @@ Which processes form the run is decided once, here, and logged:
    arguments, else
 4. no one: a single process, which runs the simulator.
 
-On CPU the cross-process collectives are gloo's. Recoverability is switched on
-so that the coordination service outlives a lost worker process (an
-asynchronous run goes on without it) and reports it in ``get_live_nodes``.
+On CPU the cross-process collectives are gloo's, on this process's advertised
+address (:func:`_gloo_on`). Recoverability is switched on so that the
+coordination service outlives a lost worker process (an asynchronous run goes
+on without it) and reports it in ``get_live_nodes``.
 """
 
 from __future__ import annotations
@@ -65,9 +66,10 @@ class ProcessGroup:
       ``jaxsync launch``; ``0.0.0.0`` only when asked for).
     how: how the group was found: ``"explicit"``, ``"launch"`` or the
       detected cluster's name.
-    advertise: the host other processes reach this one at (``JAXSYNC_ADVERTISE``,
-      else the bind address unless that is every interface, else the local
-      address that routes to the coordinator).
+    advertise: the host other processes reach this one at: the parameter
+      server's published address and gloo's (``JAXSYNC_ADVERTISE``, else the
+      bind address unless that is every interface, else the local address
+      that routes to the coordinator).
   """
 
   index: int
@@ -206,24 +208,65 @@ def initialize(
     bind = bind or os.environ.get(ENV_BIND) or "0.0.0.0"
     jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout(), initialization_timeout=300)
     address = str(_jax_distributed_state().coordinator_address)
+  advertise = os.environ.get(ENV_ADVERTISE) or _advertised_host(bind, address)
+  _gloo_on(advertise)  # before the backend starts: jax.process_index() below starts it
   group = ProcessGroup(
     index=jax.process_index(),
     count=jax.process_count(),
     coordinator=address,
     bind=bind,
     how=how,
-    advertise=os.environ.get(ENV_ADVERTISE) or _advertised_host(bind, address),
+    advertise=advertise,
   )
   jax.devices()  # the first device query is itself collective: every process makes it here
   log(
     f"jaxsync: process {group.index} of {group.count} ({how}; coordinator {group.coordinator}, "
-    f"sockets on {group.bind}, {jax.local_device_count()} local {jax.default_backend()} device(s))"
+    f"sockets on {group.bind}, reached at {group.advertise}, "
+    f"{jax.local_device_count()} local {jax.default_backend()} device(s))"
   )
   return group
 
 
+def _is_local_address(host: str) -> bool:
+  """Whether a socket of this process can bind to ``host`` (an address of one of its interfaces)."""
+  import socket
+
+  try:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+      s.bind((host, 0))
+    return True
+  except OSError:
+    return False
+
+
+def _gloo_on(host: str) -> None:
+  """Makes the CPU backend's gloo collectives listen on, and announce, ``host``: the advertised address.
+
+  Left to itself gloo takes the address the machine's hostname resolves to,
+  often 127.0.0.1 (or Debian's 127.0.1.1): a process on another host then
+  dials its own loopback and the first collective fails with a connect
+  timeout. JAX 0.10 has no setting for it, so the CPU backend's factory is
+  registered again: the client JAX's own factory builds, with the host given
+  to gloo (``make_gloo_tcp_collectives``'s ``hostname``). A host this process
+  cannot bind to (a NAT's public address, say) leaves gloo's default.
+  """
+  if jax.config.jax_cpu_collectives_implementation != "gloo" or not _is_local_address(host):
+    return
+  from jax._src import xla_bridge
+  from jax._src.lib import _jax
+  from jax.extend import backend
+
+  def make_cpu_client():
+    collectives = _jax.make_gloo_tcp_collectives(
+      distributed_client=_jax_distributed_state().client, hostname=host
+    )
+    return xla_bridge.make_cpu_client(collectives=collectives)
+
+  backend.register_backend_factory("cpu", make_cpu_client, priority=0, fail_quietly=False)
+
+
 def _jax_distributed_state():
-  """``jax._src.distributed.global_state``: the one place jaxsync touches JAX's private distributed state.
+  """``jax._src.distributed.global_state``: where jaxsync reads JAX's private distributed state.
 
   JAX 0.10 has no public accessor for the coordination service's client (its
   key-value store, barriers and ``get_live_nodes``) nor for the coordinator
