@@ -197,6 +197,7 @@ class ParameterServer(RuntimeBase):
       raise validation.invalid(_WHAT, "params dtypes", sorted(leaf_dtypes), "one dtype for every leaf")
     if self._socket is None:
       self._open_socket(wire.max_message_bytes(self.count, self.dtype))
+      self._inbox = wire.Inbox(wire.max_message_bytes(self.count, self.dtype))
     self._no_payload = jnp.zeros([self.count], self.dtype)  # a local step's stand-in (never read)
     fixed = (self.strategy, self.schedule, self.metric_names, unravel)
     if self.mode == "elastic":
@@ -373,7 +374,7 @@ class ParameterServer(RuntimeBase):
           )
         continue
       quiet_since = time.perf_counter()
-      frames = self._socket.recv_multipart(copy=False)
+      frames = self._inbox.receive(self._socket, routed=True)
       state, row = self._handle(state, frames)
       self._state = state  # what stop() tells the waiting workers, even after an error
       if row is not None:
@@ -392,7 +393,8 @@ class ParameterServer(RuntimeBase):
     """The arguments after the state of this mode's step, from a message (or placeholders)."""
     finite = True if header is None else header.finite
     loss = 0.0 if header is None else header.loss
-    args = (jnp.int32(worker), jnp.asarray(payload), jnp.bool_(finite), jnp.float32(loss))
+    # The payload lives in the inbox until the next message: the step consumes it before that.
+    args = (jnp.int32(worker), wire.to_device(payload), jnp.bool_(finite), jnp.float32(loss))
     if self.mode == "gradient":
       args += (jnp.float32(0.0 if header is None else header.step_size),)
     return (*args, jnp.float32(self._now()))

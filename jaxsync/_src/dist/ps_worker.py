@@ -131,6 +131,7 @@ class _Link:
     self.reply_timeout, self.server_alive = reply_timeout, server_alive
     self.poller = zmq.Poller()
     self.poller.register(socket, zmq.POLLIN)
+    self.inbox = wire.Inbox(wire.max_message_bytes(count, dtype))
 
   def send(self, header: wire.Header, payload=None) -> None:
     self.socket.send_multipart(wire.encode(header, payload), copy=False)
@@ -150,15 +151,16 @@ class _Link:
 
   def reply(self, *, newest: bool = False) -> tuple[wire.Header, np.ndarray]:
     """The next reply (STOP raises :class:`_Stop`); with ``newest``, later queued replies supersede it."""
-    reply = self._checked(_receive(self.socket, self.poller, self.reply_timeout, self.server_alive))
+    _wait(self.poller, self.reply_timeout, self.server_alive)
+    reply = self._checked(self.inbox.receive(self.socket))
     while newest and self.poller.poll(0):
-      reply = self._checked(self.socket.recv_multipart(copy=False))
+      reply = self._checked(self.inbox.receive(self.socket))
     return reply
 
   def check_stop(self) -> None:
     """Raises :class:`_Stop` (or the rejection) if the server has said something since."""
     while self.poller.poll(0):
-      self._checked(self.socket.recv_multipart(copy=False))
+      self._checked(self.inbox.receive(self.socket))
 
 
 def _gradient_loop(
@@ -182,7 +184,7 @@ def _gradient_loop(
       reply, payload = link.reply(newest=True)
       began = time.perf_counter()
       flat, rule_state, loss, finite, step_size = compute(
-        jnp.asarray(payload), rule_state, jnp.int32(reply.step), jnp.float32(reply.noise_ratio), data
+        wire.to_device(payload), rule_state, jnp.int32(reply.step), jnp.float32(reply.noise_ratio), data
       )
       flat = np.asarray(flat)  # waits for the result: the step's compute time ends here
       compute_times.append(time.perf_counter() - began)
@@ -227,7 +229,8 @@ def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, param
   except _Stop:
     return 0, []
   del params_like  # the model starts from the centre the server sent
-  x, read, version, step = jnp.asarray(center), jnp.asarray(center), reply.version, reply.step
+  # The reply's buffer is the inbox's, reused by the next receive: a centre kept is copied.
+  x, read, version, step = jnp.array(center), jnp.array(center), reply.version, reply.step
   rule_state = rule.init(unravel(x))
   pushes, compute_times = 0, []
   try:
@@ -245,11 +248,11 @@ def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, param
         link.send(link.header(wire.Kind.PUSH, count=link.count, **header), np.asarray(x))
         x, rule_state = local_step(x, rule_state, got, read)
         reply, center = link.reply()
-        read, version = jnp.asarray(center), reply.version
+        read, version = jnp.array(center), reply.version
       else:  # EASGD, EAMSGD: the reply is the centre the exchange used
         link.send(link.header(wire.Kind.PUSH, count=link.count, **header), np.asarray(x))
         reply, center = link.reply()
-        x, rule_state = local_step(x, rule_state, got, jnp.asarray(center))
+        x, rule_state = local_step(x, rule_state, got, wire.to_device(center))
         version = reply.version
       step += 1
       pushes += 1
@@ -257,11 +260,12 @@ def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, param
     return pushes, compute_times
 
 
-def _receive(socket, poller, timeout: float, server_alive) -> list[Any]:
+def _wait(poller, timeout: float, server_alive) -> None:
+  """Returns once a message is ready; raises ServerGoneError after ``timeout`` s or when the server is lost."""
   deadline = time.perf_counter() + timeout
   while time.perf_counter() < deadline:
     if poller.poll(200):
-      return socket.recv_multipart(copy=False)
+      return
     if server_alive is not None and not server_alive():
       raise ServerGoneError("the parameter server (process 0) is lost; resume with `jaxsync resume RUN_DIR`.")
   raise ServerGoneError(

@@ -159,3 +159,53 @@ def decode_payload(header: Header, frames: list[Any], *, dtype: str, count: int)
       "shape", f"payload of {header.count} elements ({len(buffer)} bytes); expected {count} elements"
     )
   return np.frombuffer(buffer, dtype=numpy_dtype(dtype))
+
+
+ALIGNMENT = 64
+"""Bytes: XLA's CPU client adopts a host buffer aligned to this without copying it (``jax.device_put``)."""
+
+
+class Inbox:
+  """Receives messages, the payload frame straight into one preallocated, aligned buffer.
+
+  ``numpy.frombuffer`` over a ZeroMQ frame is not aligned for XLA, so moving
+  it to the device copies it (20 ms for 40 MB on the 2-core machine); a
+  payload received here with ``recv_into`` is adopted by ``jax.device_put``
+  as it is (0.06 ms). The buffer is reused: a payload is valid until the next
+  :meth:`receive`, and a device array made from it (:func:`to_device`) must
+  not outlive that either (copy it to keep it).
+
+  Args:
+    max_bytes: the largest payload (the socket's ``MAXMSGSIZE`` refuses longer frames).
+  """
+
+  def __init__(self, max_bytes: int):
+    raw = np.empty(max_bytes + ALIGNMENT, np.uint8)
+    offset = (-raw.ctypes.data) % ALIGNMENT
+    self._buffer = memoryview(raw[offset : offset + max_bytes])
+    self._raw = raw  # owns the memory
+
+  def receive(self, socket, *, routed: bool = False) -> list[Any]:
+    """The frames of the next message (the sender's identity first when ``routed``: a ROUTER socket).
+
+    The frame after the header is received into the buffer (a view of its
+    bytes); any further frame is received as it comes, for the checks to refuse.
+    """
+    import zmq
+
+    frames = [socket.recv(copy=False)]
+    header_at = 1 if routed else 0
+    while socket.getsockopt(zmq.RCVMORE):
+      if len(frames) == header_at + 1:
+        size = socket.recv_into(self._buffer)
+        frames.append(self._buffer[: min(size, len(self._buffer))])
+      else:
+        frames.append(socket.recv(copy=False))
+    return frames
+
+
+def to_device(payload: np.ndarray):
+  """A payload on the default device, without a copy when it came from an :class:`Inbox`."""
+  import jax
+
+  return jax.device_put(payload)
