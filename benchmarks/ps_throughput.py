@@ -53,6 +53,7 @@ _PS_CLIENT = textwrap.dedent(
   """
   import json, sys, time, numpy as np, zmq
   from jaxsync._src.dist import wire
+  wire.keep_freed_memory()  # as every process of a multi-process run (cluster.initialize)
   address, token, count, rounds = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
   sock = zmq.Context.instance().socket(zmq.DEALER)
   sock.connect(address)
@@ -100,7 +101,8 @@ _WORKER = textwrap.dedent(
   import json, sys
   from jaxsync._src.app import config as config_lib
   from jaxsync._src.app import experiment
-  from jaxsync._src.dist import ps_worker
+  from jaxsync._src.dist import ps_worker, wire
+  wire.keep_freed_memory()  # as every process of a multi-process run (cluster.initialize)
   overrides, worker, address, token = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4])
   exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
   sim = exp.simulator()
@@ -275,6 +277,7 @@ def distribution_row(name: str, s: np.ndarray, k: int) -> list[str]:
 def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--sizes-mb", default="4,40")
+  wire.keep_freed_memory()  # the server runs in this process: as process 0 of a real run
   parser.add_argument("--rounds", type=int, default=20)
   parser.add_argument("--blocks", type=int, default=2)
   parser.add_argument("--workers", default="1,2,4")

@@ -26,6 +26,8 @@ from collections.abc import Callable
 
 import jax
 
+from jaxsync._src.dist import wire
+
 ENV_COORDINATOR = "JAXSYNC_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXSYNC_NUM_PROCESSES"
 ENV_PROCESS_ID = "JAXSYNC_PROCESS_ID"
@@ -208,6 +210,7 @@ def initialize(
     bind = bind or os.environ.get(ENV_BIND) or "0.0.0.0"
     jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout(), initialization_timeout=300)
     address = str(_jax_distributed_state().coordinator_address)
+  wire.keep_freed_memory()  # payload-sized buffers come and go with every message
   advertise = os.environ.get(ENV_ADVERTISE) or _advertised_host(bind, address)
   _gloo_on(advertise)  # before the backend starts: jax.process_index() below starts it
   group = ProcessGroup(
