@@ -256,6 +256,55 @@ def test_a_lost_worker_is_dropped_and_a_stuck_run_ends_with_a_clear_error():
   stuck.stop(timeout=0.1)
 
 
+def test_a_worker_back_after_it_was_declared_lost_has_its_stale_gradient_dropped_and_rejoins():
+  """A SIGSTOPped worker continued after the heartbeat timeout: its push must not land versions late."""
+  import zmq
+
+  exp = _experiment("cluster.num_workers=2")
+  live = {0, 1}
+  server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=30)
+  state = server.init(exp.model.params)
+  client = zmq.Context.instance().socket(zmq.DEALER)
+  client.setsockopt(zmq.LINGER, 0)
+  client.connect(server.address)
+
+  def serve(state, seconds):
+    return server.advance(state, 1, max_time=server._now() + seconds)
+
+  def reply():
+    assert client.poll(5000), "no reply"
+    return wire.decode_header(client.recv_multipart()[0], token=server.token)
+
+  def push(version):
+    header = wire.Header(
+      kind=wire.Kind.PUSH, token=server.token, worker=0, version=version, count=server.count
+    )
+    client.send_multipart(wire.encode(header, np.ones(server.count, np.float32)))
+
+  client.send_multipart(wire.encode(wire.Header(kind=wire.Kind.HELLO, token=server.token, worker=0)))
+  state, _ = serve(state, 0.5)
+  assert reply().version == 0
+  push(0)
+  state, records = serve(state, 5)
+  assert int(records.version[0]) == 1 and reply().version == 1
+  live.discard(0)  # it stops beating: declared lost
+  state, _ = serve(state, 1.0)
+  assert not bool(state.live[0]) and [x["worker"] for x in server.lost] == [0]
+  before = jax.tree.map(np.asarray, state.params)
+  live.add(0)  # continued: it beats again, and pushes the gradient it computed on version 1 before it stopped
+  push(1)
+  state, records = serve(state, 1.0)
+  back = reply()
+  server.stop(timeout=0.1)
+  client.close()
+  assert len(records.version) == 0  # no event: nothing applied
+  assert int(state.dropped) == 1 and server.dropped_gradients == 1
+  assert int(state.version) == 1 and bool(state.live[0])
+  assert back.kind == wire.Kind.PARAMS and back.version == 1 and back.step == 2  # rejoined, next batch
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(np.asarray(b), a)
+
+
 def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_parameters_again():
   # k_async with k = K = 2: a release needs both workers; worker 1 is lost before it ever pushes.
   exp = _experiment("strategy.name=k_async", "strategy.options={k: 2}", "cluster.num_workers=2")

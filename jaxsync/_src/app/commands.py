@@ -189,9 +189,11 @@ def _run_distributed(
       result = training.train(server, exp.model.params, run_dir, reporter=reporter, **kwargs)
     finally:
       server.stop()
-    result.summary.update(lost_workers=server.lost, rejected_messages=dict(server.rejected_messages))
-    if server.mode == "rounds":
-      result.summary.update(dropped_gradients=server.dropped_gradients)
+    result.summary.update(
+      lost_workers=server.lost,
+      rejected_messages=dict(server.rejected_messages),
+      dropped_gradients=server.dropped_gradients,
+    )
     run_directory.write_json(run_dir / "summary.json", result.summary)
     # Process 0 hosts the coordinator: it leaves last, once the workers have left.
     lost = {x["process"] for x in server.lost}

@@ -339,7 +339,7 @@ class ParameterServer(RuntimeBase):
 
   @property
   def dropped_gradients(self) -> int:
-    """Gradients that came after their round had closed (``"rounds"`` mode); never applied."""
+    """Messages never applied for coming too late: after their round closed, or from a worker declared lost."""
     return 0 if self._state is None else int(np.asarray(self._state.dropped))
 
   def _live_workers(self) -> set[int] | None:
@@ -438,7 +438,20 @@ class ParameterServer(RuntimeBase):
     except wire.MessageError as err:
       self._reject(identity, err.reason, str(err), worker)
       return state, None
-    if not bool(state.live[worker]):  # back after being declared lost: it rejoins
+    if not bool(state.live[worker]) and not elastic_step:
+      # Back after being declared lost (a stopped process, continued): the run went on without it, so
+      # its pull is void and its message is dropped, not applied hundreds of versions late. It rejoins
+      # as a worker that says HELLO: the current parameters, at its data step.
+      log.info(
+        "worker %d is back after it was declared lost: its message of version %d is dropped (the server is "
+        "at %d); it rejoins",
+        worker,
+        header.version,
+        int(state.version),
+      )
+      state = state._replace(dropped=state.dropped + 1, steps=state.steps.at[worker].add(1))
+      return self._hello(state, identity, worker), None
+    if not bool(state.live[worker]):  # an elastic worker's local step: it is back, with its own model
       state = state._replace(live=state.live.at[worker].set(True))
     if elastic_step:
       step = self._local_step(state, *self._arrival_args(worker, self._no_payload, header))

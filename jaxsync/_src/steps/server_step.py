@@ -95,7 +95,8 @@ class ServerState(NamedTuple):
     exchange: what the mode keeps besides: EA-wild's ``[K, P]`` centre each
       worker last read (its lock-free reference), a :class:`RoundSum` for
       ``"rounds"``, else ``()``.
-    dropped: gradients that came too late for their round (``"rounds"``).
+    dropped: messages never applied for coming too late: after their round
+      closed (``"rounds"``), or from a worker declared lost (the host's call).
   """
 
   clock: jax.Array
