@@ -156,10 +156,10 @@ def _run_distributed(
   logging.getLogger("jaxsync").propagate = False  # absl configures the root logger too
   strategy = exp.strategy
   client = cluster.coordination_client()
-  client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
   evaluation = exp.evaluation()
   kwargs = exp.train_kwargs()
   if not param_server.serves(strategy):
+    client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
     if kwargs.pop("max_time") is not None:
       raise config_lib.ConfigError(
         f"run.max_time={exp.config.run.max_time!r} is invalid for a synchronous multi-process run; expected "
@@ -198,14 +198,15 @@ def _run_distributed(
     # Process 0 hosts the coordinator: it leaves last, once the workers have left.
     lost = {x["process"] for x in server.lost}
     deadline = time.monotonic() + 15.0
-    while set(monitor.beats()) - lost and time.monotonic() < deadline:
+    # A worker killed near the end leaves its key behind: it stops counting once its beats stop.
+    while monitor.live(set(monitor.beats()) - lost) and time.monotonic() < deadline:
       time.sleep(0.2)
     time.sleep(1.0)
     return result
 
   heartbeat = cluster.Heartbeat(client, group.index).start()
-  address = client.blocking_key_value_get(param_server.KEY_ADDRESS, 120_000)
-  token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 120_000)
+  address = client.blocking_key_value_get(param_server.KEY_ADDRESS, 300_000)  # process 0 may still compile
+  token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 300_000)
   done = ps_worker.run_worker(
     strategy, exp.loss_fn, exp.data, exp.model.params, worker=group.index - 1, address=address, token=token
   )
