@@ -325,7 +325,7 @@ def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_para
 _TWO_DEVICE_WORKER = textwrap.dedent(
   """
   import json, os, sys
-  os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+  os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=2"
   import jax
   from jaxsync._src.app import config as config_lib
   from jaxsync._src.app import experiment
