@@ -1,8 +1,10 @@
 """jaxsync.dist: the registry's strategies on real processes, on ``jax.distributed``.
 
-Asynchronous strategies run on a :class:`ParameterServer` (process 0) with
-:func:`run_worker` in every other process; synchronous ones on a
-:class:`SyncRuntime` in every process. :func:`initialize` joins a run
+Asynchronous strategies (gradient and elastic) and synchronous rounds that
+drop the slowest gradients (``fastest_k``) run on a :class:`ParameterServer`
+(process 0) with :func:`run_worker` in every other process, each worker on
+all its local devices; the other synchronous ones on a :class:`SyncRuntime`
+in every process. :func:`initialize` joins a run
 (explicit, from ``jaxsync launch``, or a detected SLURM / TPU / Kubernetes
 cluster) and :func:`launch` starts N local processes. ``jaxsync launch`` and
 ``jaxsync train`` on a cluster put these together; see the README's

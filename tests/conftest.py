@@ -49,4 +49,3 @@ def pytest_unconfigure(config):
   if path:
     shutil.rmtree(path, ignore_errors=True)
     del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
-

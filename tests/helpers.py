@@ -69,3 +69,20 @@ def assert_state_unchanged_but(old, new, *fields):
 
 def apply(params, updates):
   return optax.apply_updates(params, updates)
+
+
+def sync_state_like(exp, num_workers: int):
+  """A ``SyncState`` with ``exp``'s structure: what a synchronous run's checkpoint is restored into."""
+  from jaxsync._src.dist import sync_runtime
+
+  return sync_runtime.SyncState(
+    clock=np.float32(0),
+    params=exp.model.params,
+    rule_state=exp.strategy.server_rule.init(exp.model.params),
+    version=np.int32(0),
+    steps=np.zeros([num_workers], np.int32),
+    worker_params=(),
+    worker_state=(),
+    next_eval=np.float32(0),
+    event=np.int32(0),
+  )

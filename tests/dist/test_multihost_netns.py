@@ -31,6 +31,8 @@ import jax
 import numpy as np
 import pytest
 
+import helpers
+
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
 from jaxsync._src.dist import cluster, sync_runtime
@@ -252,17 +254,7 @@ def test_bsp_across_two_hosts_equals_the_simulator(hosts, tmp_path):
   exp = experiment.build(cfg)
   sim = exp.simulator()
   sim_state, _ = sim.advance(sim.init(exp.model.params, cfg.seed), 60)
-  like = sync_runtime.SyncState(
-    clock=np.float32(0),
-    params=exp.model.params,
-    rule_state=exp.strategy.server_rule.init(exp.model.params),
-    version=np.int32(0),
-    steps=np.zeros([2], np.int32),
-    worker_params=(),
-    worker_state=(),
-    next_eval=np.float32(0),
-    event=np.int32(0),
-  )
+  like = helpers.sync_state_like(exp, 2)
   ckpt = RunCheckpoints(tmp_path / "bsp" / "checkpoints", read_only=True)
   state, _, _ = ckpt.restore(like)
   ckpt.close()

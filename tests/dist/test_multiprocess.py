@@ -19,6 +19,8 @@ import numpy as np
 import psutil
 import pytest
 
+import helpers
+
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
 from jaxsync._src.dist import param_server, sync_runtime
@@ -144,17 +146,7 @@ def test_bsp_on_two_processes_equals_simulated_bsp_and_stays_identical_across_pr
   assert all("wall_time" in row and "simulated_time" not in row for row in rows)
   assert "simulated" not in log
   # One all-reduce of per-worker gradients against one batched gradient: equal up to float rounding.
-  state_like = sync_runtime.SyncState(
-    clock=np.float32(0),
-    params=exp.model.params,
-    rule_state=exp.strategy.server_rule.init(exp.model.params),
-    version=np.int32(0),
-    steps=np.zeros([2], np.int32),
-    worker_params=(),
-    worker_state=(),
-    next_eval=np.float32(0),
-    event=np.int32(0),
-  )
+  state_like = helpers.sync_state_like(exp, 2)
   params = _final_params(tmp_path / "bsp", state_like)
   for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(params)):
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=2e-4, atol=2e-5)
