@@ -1229,10 +1229,10 @@ def write_results(args, argv, seed, fuzz_result, worker_runs, rejoin, kills, wal
     dropped = [f.dropped_staleness for f in lost if f.dropped_staleness is not None]
     rows.append(
       [
-        "a stopped worker's push after it was declared lost",
-        f"{len(lost)} such stops: pushes dropped {len(dropped)}"
+        "the first push after SIGCONT of a stopped worker the server declared lost",
+        f"{len(lost)} such stops: dropped, coming after the declaration, {len(dropped)}"
         + (f" (they were up to {max(dropped)} versions late)" if dropped else "")
-        + f", applied {len(applied)}"
+        + f"; applied, coming before it (the worker declared lost later) {len(applied)}"
         + (f" (at staleness up to {max(applied)})" if applied else "")
         + f", none pushed {len(lost) - len(dropped) - len(applied)}",
       ]
@@ -1429,7 +1429,8 @@ def _workers_text(runs: list[WorkerRun]) -> str:
           "and goes on without it. On SIGCONT the worker pushes what it computed before the stop, on the "
           f"version it was sent: dropped {len(dropped)} (counted in the summary's `dropped_gradients`; "
           f"{', '.join(map(str, dropped)) or '-'} versions late), the worker rejoining with the current "
-          f"parameters as after a HELLO; applied {len(applied)} (staleness {staleness(long)}); no push, "
+          f"parameters as after a HELLO; applied {len(applied)}, having arrived before the server declared the "
+          f"worker lost (which it did later; staleness {staleness(long)}); no push, "
           f"the process ended first: {len(long) - len(dropped) - len(applied)}. The JAX coordination "
           f"client aborts {sum(f.aborted_by_jax for f in long)} of these {len(long)} processes soon after "
           "SIGCONT, the service having marked the task dead (one aborted after rejoining is declared lost "
