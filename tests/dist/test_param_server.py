@@ -305,6 +305,59 @@ def test_a_worker_back_after_it_was_declared_lost_has_its_stale_gradient_dropped
     np.testing.assert_array_equal(np.asarray(b), a)
 
 
+def test_a_fastest_k_round_drops_a_late_gradient_and_closes_without_a_lost_worker():
+  """Rounds on the server: a gradient of a closed round is never applied; losing a worker closes the round."""
+  import zmq
+
+  exp = _experiment("cluster.num_workers=3", "strategy.name=fastest_k", "strategy.options={k: 2}")
+  live = {0, 1, 2}
+  server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=30)
+  state = server.init(exp.model.params)
+  sockets = []
+  for worker in range(3):
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(server.address)
+    sock.send_multipart(wire.encode(wire.Header(kind=wire.Kind.HELLO, token=server.token, worker=worker)))
+    sockets.append(sock)
+
+  def serve(state, events, seconds=5.0):
+    return server.advance(state, events, max_time=server._now() + seconds)
+
+  def reply(worker):
+    assert sockets[worker].poll(5000), f"no reply to worker {worker}"
+    return wire.decode_header(sockets[worker].recv_multipart()[0], token=server.token)
+
+  def push(worker, round_number, value=1.0):
+    header = wire.Header(
+      kind=wire.Kind.PUSH, token=server.token, worker=worker, version=round_number, count=server.count
+    )
+    sockets[worker].send_multipart(wire.encode(header, np.full(server.count, value, np.float32)))
+
+  state, _ = serve(state, 1, 0.5)
+  assert [reply(w).version for w in range(3)] == [0, 0, 0]  # round 0, data step 0 for everyone
+  push(0, 0)
+  push(1, 0)
+  state, records = serve(state, 1)  # the second gradient closes round 0
+  assert records.k.tolist() == [2] and int(state.event) == 1 and int(state.version) == 1
+  assert [reply(w).version for w in range(3)] == [1, 1, 1] and not sockets[2].poll(0)
+  after_round_0 = jax.tree.map(np.asarray, state.params)
+  push(2, 0, value=1e6)  # the straggler's gradient of round 0, late: dropped, and it is owed nothing
+  push(0, 1)
+  state, records = serve(state, 1, 1.0)  # round 1 has one gradient: still open
+  assert len(records.k) == 0 and int(state.dropped) == 1 and not sockets[2].poll(200)
+  for a, b in zip(jax.tree.leaves(after_round_0), jax.tree.leaves(state.params)):
+    np.testing.assert_array_equal(np.asarray(b), a)  # nothing applied in between
+  live.difference_update({1, 2})  # the two others are lost: round 1 closes with the one gradient it has
+  state, records = serve(state, 1)
+  assert records.k.tolist() == [1] and int(state.event) == 2 and int(state.version) == 2
+  back = reply(0)
+  assert back.version == 2 and back.step == 2  # round 2, every worker's data step the round's number
+  server.stop(timeout=0.1)
+  for sock in sockets:
+    sock.close()
+
+
 def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_parameters_again():
   # k_async with k = K = 2: a release needs both workers; worker 1 is lost before it ever pushes.
   exp = _experiment("strategy.name=k_async", "strategy.options={k: 2}", "cluster.num_workers=2")
