@@ -2,7 +2,8 @@
 
 Asynchronous strategies (gradient and elastic) and synchronous rounds that
 drop the slowest gradients (``fastest_k``) run on a :class:`ParameterServer`
-(process 0) with :func:`run_worker` in every other process, each worker on
+(process 0, or processes ``0 .. S-1`` each owning a slice of the parameters:
+``num_shards``) with :func:`run_worker` in every other process, each worker on
 all its local devices; the other synchronous ones on a :class:`SyncRuntime`
 in every process. :func:`initialize` joins a run
 (explicit, from ``jaxsync launch``, or a detected SLURM / TPU / Kubernetes

@@ -7,6 +7,7 @@ import json
 import pytest
 
 from jaxsync._src.app import commands
+from jaxsync._src.app import config as config_lib
 from jaxsync._src.app.config import ConfigError
 from jaxsync._src.dist import cluster
 from jaxsync._src.strategies import registry as strategies
@@ -61,10 +62,26 @@ def test_launch_drops_only_the_routine_library_notes():
   assert launch.is_noise(
     "W1123 14:57:49.796136   13016 coordination_service.cc:185] [290] Using experimental recoverable task feature."
   )
-  assert launch.is_noise("[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1")
+  assert launch.is_noise(
+    "[Gloo] Rank 1 is connected to 1 peer ranks. Expected number of connected peer ranks is : 1"
+  )
   for kept in (
     "jaxsync.server: worker 1 (process 2) lost at 3.2 s, server version 812",
     "E1123 14:57:49 coordination_service.cc:400] Task /job:jax_worker/task:1 heartbeat timeout",
     "[Gloo] connection to 127.0.0.1 failed",
   ):
     assert not launch.is_noise(kept), kept
+
+
+def test_a_sharded_server_adds_its_shards_to_the_process_count():
+  with pytest.raises(ConfigError, match=r"runs 2 server shards \(processes 0-1\).*launch 5 processes"):
+    commands.check_processes(strategies.make("asp", 3), 4, servers=2)
+  commands.check_processes(strategies.make("asp", 3), 5, servers=2)
+  with pytest.raises(ConfigError, match=r"cluster.servers=2 is invalid for the sync strategy 'bsp'.*expected 1"):
+    commands.check_processes(strategies.make("bsp", 1), 1, servers=2)
+
+
+@pytest.mark.parametrize("value, shown", [("0", "0"), ("1.5", "1.5"), ("two", "'two'")])
+def test_cluster_servers_takes_a_whole_number_of_processes(value, shown):
+  with pytest.raises(ConfigError, match=f"cluster.servers={shown} is invalid"):
+    config_lib.load("configs/quickstart.yaml", [f"cluster.servers={value}"])

@@ -291,3 +291,43 @@ def test_three_workers_of_an_elastic_and_a_fastest_k_run_reach_the_simulated_acc
     # 300 rounds of 3 gradients, the first 2 of each applied; late ones dropped, never applied.
     assert summary["updates"] == 300
     assert summary["dropped_gradients"] > 0, summary
+
+
+def test_a_server_sharded_over_two_processes_equals_the_simulator_for_one_worker(tmp_path):
+  # Adaptive-k with Barzilai-Borwein step sizes: global tests and a noise ratio each shard must agree on.
+  overrides = [
+    "strategy.name=adaptive_k",
+    "strategy.options={learning_rate: 0.05, bb_step_size: true}",
+    "cluster.num_workers=1",
+    "cluster.servers=2",
+    "run.gradients=60",
+    "run.eval_every=20",
+  ]
+  out = tmp_path / "sharded"
+  code, log = _launch(3, out, overrides)
+  assert code == 0, log[-3000:]
+  assert "[p1] server shard 1: done" in log and "[p2] worker 0: 61 pushes" in log, log[-3000:]
+  exp, sim_state, sim_records = _simulated(overrides, 60)
+  summary = _summary(out)
+  assert summary["updates"] == 60 and summary["rejected_messages"] == {}
+  # The checkpoint holds the rule's state of the raveled parameters (the shards' own form).
+  from jax.flatten_util import ravel_pytree
+
+  from jaxsync._src.steps import server_step
+
+  flat = ravel_pytree(exp.model.params)[0]
+  like = server_step.init(exp.strategy, flat, exp.simulator().schedule)._replace(params=exp.model.params)
+  params = _final_params(out, jax.tree.map(np.asarray, like))
+  for a, b in zip(jax.tree.leaves(sim_state.params), jax.tree.leaves(params)):
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-6)
+  # Each evaluation ran on the slices, gathered: the simulator's numbers.
+  rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+  evaluated = {r["updates"]: r["accuracy"] for r in rows if r["kind"] == "eval" and r["updates"]}
+  simulated = {
+    int(v): float(a)
+    for v, a, e in zip(sim_records.version, sim_records.metrics["accuracy"], sim_records.evaluated)
+    if e
+  }
+  assert sorted(evaluated) == sorted(simulated) == [20, 40, 60]
+  for version, accuracy in simulated.items():
+    assert abs(evaluated[version] - accuracy) < 0.01, (evaluated, simulated)

@@ -91,7 +91,7 @@ def train(
     run_dir = run_directory.create(out, overwrite=overwrite)
     write_config(run_dir, config)
     return training.train(exp.simulator(), exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
-  check_processes(exp.strategy, group.count)
+  check_processes(exp.strategy, group.count, config.cluster.servers)
   if group.is_primary:
     run_dir = run_directory.create(out, overwrite=overwrite)
     write_config(run_dir, config)
@@ -118,18 +118,28 @@ def launched_processes(run_dir: pathlib.Path) -> int | None:
   return int(record["num_processes"]) if record.get("how") == "launch" else None
 
 
-def check_processes(strategy: strategies.Strategy, num_processes: int) -> None:
-  """Raises ConfigError unless ``num_processes`` fits the strategy's worker count."""
+def check_processes(strategy: strategies.Strategy, num_processes: int, servers: int = 1) -> None:
+  """Raises ConfigError unless ``num_processes`` fits the strategy's worker count (and ``servers`` shards)."""
   from jaxsync._src.dist import param_server
 
   k = strategy.num_workers
   if param_server.serves(strategy):
-    if num_processes != k + 1:
+    if num_processes != k + servers:
+      server = (
+        "a parameter server (process 0)"
+        if servers == 1
+        else f"{servers} server shards (processes 0-{servers - 1})"
+      )
       raise config_lib.ConfigError(
         f"cluster.num_workers={k} is invalid for {num_processes} processes: the {strategy.engine} strategy "
-        f"{strategy.name!r} runs a parameter server (process 0) and one worker per other process; "
-        f"launch {k + 1} processes, or set cluster.num_workers={num_processes - 1}."
+        f"{strategy.name!r} runs {server} and one worker per other process; "
+        f"launch {k + servers} processes, or set cluster.num_workers={num_processes - servers}."
       )
+  elif servers != 1:
+    raise config_lib.ConfigError(
+      f"cluster.servers={servers} is invalid for the {strategy.engine} strategy {strategy.name!r}: it has no "
+      "parameter server (its workers all-reduce); expected 1."
+    )
   else:
     import jax
 
@@ -147,7 +157,7 @@ def _run_distributed(
   """One process's part of a multi-process run (async: server or worker; sync: one worker)."""
   import logging
 
-  from jaxsync._src.dist import cluster, param_server, ps_worker, sync_runtime
+  from jaxsync._src.dist import cluster, param_server, ps_worker, shards, sync_runtime
 
   handler = logging.StreamHandler()
   handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
@@ -174,51 +184,75 @@ def _run_distributed(
     print(f"process {group.index}: final parameters sha256 {runtime.fingerprint(result.params)}", flush=True)
     _leave_in_order(client, group)
     return result if group.is_primary else None
-  if group.is_primary:
-    monitor = cluster.HeartbeatMonitor(client)
-    workers = range(1, group.count)
-    server = param_server.ParameterServer(
-      strategy,
-      bind=group.bind,
-      advertise=group.advertise,
-      client=client,
-      liveness=lambda: {p - 1 for p in monitor.live(workers)},
-      **evaluation,
-    )
-    try:
-      result = training.train(server, exp.model.params, run_dir, reporter=reporter, **kwargs)
-    finally:
-      server.stop()
-    result.summary.update(
-      lost_workers=server.lost,
-      rejected_messages=dict(server.rejected_messages),
-      dropped_gradients=server.dropped_gradients,
-    )
-    run_directory.write_json(run_dir / "summary.json", result.summary)
-    # Process 0 hosts the coordinator: it leaves last, once the workers have left.
-    lost = {x["process"] for x in server.lost}
-    deadline = time.monotonic() + 15.0
-    # A worker killed near the end leaves its key behind: it stops counting once its beats stop.
-    while monitor.live(set(monitor.beats()) - lost) and time.monotonic() < deadline:
-      time.sleep(0.2)
-    time.sleep(1.0)
-    return result
-
+  servers = exp.config.cluster.servers
+  if group.index < servers:
+    return _serve(exp, run_dir, group, reporter, client, kwargs)
   heartbeat = cluster.Heartbeat(client, group.index).start()
-  address = client.blocking_key_value_get(param_server.KEY_ADDRESS, 300_000)  # process 0 may still compile
+  # Process 0 may still compile; the other shards publish once the leader's token is out.
+  addresses = [client.blocking_key_value_get(shards.key_address(s), 300_000) for s in range(servers)]
   token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 300_000)
+  worker = group.index - servers
   done = ps_worker.run_worker(
-    strategy, exp.loss_fn, exp.data, exp.model.params, worker=group.index - 1, address=address, token=token
+    strategy, exp.loss_fn, exp.data, exp.model.params, worker=worker, address=addresses, token=token
   )
   heartbeat.stop()
   print(
-    f"worker {group.index - 1}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "
+    f"worker {worker}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "
     f"{done['devices']} device(s); the server said stop"
   )
   import jax
 
   jax.distributed.shutdown()  # before process 0, which waits for this worker's heartbeat to go
   return None
+
+
+def _serve(exp, run_dir: pathlib.Path, group: ProcessGroup, reporter: Reporter, client, kwargs):
+  """A parameter-server process: the server (process 0), or one shard of a sharded server."""
+  from jaxsync._src.dist import cluster, param_server
+
+  servers = exp.config.cluster.servers
+  monitor = cluster.HeartbeatMonitor(client)
+  workers = range(servers, group.count)
+  if not group.is_primary:
+    client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 600_000)  # the leader made the run directory
+  server = param_server.ParameterServer(
+    exp.strategy,
+    bind=group.bind,
+    advertise=group.advertise,
+    client=client,
+    liveness=lambda: {p - servers for p in monitor.live(workers)},
+    num_shards=servers,
+    shard=group.index,
+    **exp.evaluation(),
+  )
+  if not group.is_primary:
+    try:
+      training.train(server, exp.model.params, run_dir, reporter=Reporter(), primary=False, **kwargs)
+    finally:
+      server.stop()
+    print(f"server shard {group.index}: done", flush=True)
+    import jax
+
+    jax.distributed.shutdown()
+    return None
+  try:
+    result = training.train(server, exp.model.params, run_dir, reporter=reporter, **kwargs)
+  finally:
+    server.stop()
+  result.summary.update(
+    lost_workers=server.lost,
+    rejected_messages=dict(server.rejected_messages),
+    dropped_gradients=server.dropped_gradients,
+  )
+  run_directory.write_json(run_dir / "summary.json", result.summary)
+  # Process 0 hosts the coordinator: it leaves last, once the workers have left.
+  lost = {x["process"] for x in server.lost}
+  deadline = time.monotonic() + 15.0
+  # A worker killed near the end leaves its key behind: it stops counting once its beats stop.
+  while monitor.live(set(monitor.beats()) - lost) and time.monotonic() < deadline:
+    time.sleep(0.2)
+  time.sleep(1.0)
+  return result
 
 
 def _leave_in_order(client, group: ProcessGroup) -> None:

@@ -186,11 +186,20 @@ class ClusterConfig:
   # The server's memory bandwidth for applying updates: 3GB/s, 10GB/s (a typical server), 30GB/s,
   # bytes per second, or null (updates cost the server no time).
   server_bandwidth: str | float | None = None
+  # Parameter-server processes of a multi-process run (processes 0 .. servers - 1), each owning a
+  # slice of the parameters; the workers are the processes after them. The simulator ignores it.
+  servers: int = 1
 
   def __post_init__(self):
     from jaxsync._src.sim.time_model import LINK_PRESETS, SERVER_PRESETS
 
     _positive("cluster", self, "num_workers", "compute_time", "device_flops", "jitter_shape")
+    _require(
+      isinstance(self.servers, int) and not isinstance(self.servers, bool) and self.servers >= 1,
+      "cluster.servers",
+      self.servers,
+      "an integer >= 1 (parameter-server processes)",
+    )
     _require(0 <= self.slow_fraction < 1, "cluster.slow_fraction", self.slow_fraction, "a fraction in [0, 1)")
     _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
     _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")

@@ -1,7 +1,9 @@
 """The asynchronous parameter server: the registry's server rule and dispatch policy on real arrivals.
 
-Process 0 serves; every other process is one worker (:mod:`ps_worker`). The
-server applies, per arrival, exactly what the simulator applies per event:
+Process 0 serves (or processes ``0 .. S-1``, each owning a slice of the
+parameters: :mod:`shards`); every other process is one worker
+(:mod:`ps_worker`). The server applies, per arrival, exactly what the
+simulator applies per event:
 the pure, jitted :func:`server_step.arrive` decides everything, this module
 only moves messages and watches liveness. The clock differs (wall seconds
 instead of simulated ones).
@@ -38,18 +40,18 @@ import zmq
 from jax.flatten_util import ravel_pytree
 
 from jaxsync._src.core import validation
-from jaxsync._src.dist import wire
+from jaxsync._src.dist import shards, wire
 from jaxsync._src.dist.cluster import RunFaultError
 from jaxsync._src.runtime.history import RunTotals
 from jaxsync._src.runtime.interface import RuntimeBase
 from jaxsync._src.steps import server_step
 from jaxsync._src.steps.records import EventRecord
-from jaxsync._src.steps.server_step import ServerState
+from jaxsync._src.steps.server_step import ServerState, ServerStep
 from jaxsync._src.strategies.strategy import Engine, Strategy
 
 log = logging.getLogger("jaxsync.server")
 
-KEY_ADDRESS = "jaxsync/server/address"
+KEY_ADDRESS = shards.key_address(0)
 KEY_TOKEN = "jaxsync/server/token"
 _WHAT = "ParameterServer"
 
@@ -85,7 +87,7 @@ def _check_protocol(strategy: Strategy) -> Strategy:
 
 
 class ParameterServer(RuntimeBase):
-  """Serves a strategy to worker processes over ZeroMQ.
+  """Serves a strategy to worker processes over ZeroMQ, alone or as one of ``num_shards`` shard processes.
 
   Every message runs one pure step of :mod:`server_step`, compiled once, by
   the strategy's :func:`server_step.mode`: an asynchronous push through the
@@ -98,6 +100,13 @@ class ParameterServer(RuntimeBase):
   worker's next data step and the noise ratio (BB). This class is the
   transport around it: the socket, message checks, liveness and the host loop.
 
+  Every change of the server's state is one :class:`shards.Command` applied
+  by :meth:`_apply`. A sharded server (``num_shards > 1``, :mod:`shards`) runs
+  one of these per shard process: shard 0 leads (it checks the workers'
+  headers, watches liveness and decides each command, and sends it to the
+  other shards before applying it), the others apply the leader's commands
+  in its order, to their slice, and reply with it.
+
   Args:
     strategy: a strategy :func:`server_step.mode` serves; one worker process
       per ``strategy.num_workers``.
@@ -107,18 +116,23 @@ class ParameterServer(RuntimeBase):
     port: 0 picks a free port.
     client: the coordination-service client (``None``: no control plane;
       the address and token are then read from :attr:`address` /
-      :attr:`token` by the caller, e.g. a test or benchmark).
+      :attr:`token` by the caller, e.g. a test or benchmark). A sharded
+      server needs one.
     liveness: ``() -> set of live worker ids``; default with a ``client``:
       the workers' key-value heartbeats (:class:`cluster.HeartbeatMonitor`;
-      worker ``k`` is process ``k + 1``), without one: every worker is live.
+      worker ``k`` is process ``k + num_shards``), without one: every worker is live.
     idle_timeout: seconds without any message (and with live workers)
       before the server gives up on the run.
     advertise: the host workers connect to (published on the control plane);
       required when ``bind`` is every interface (``0.0.0.0``).
+    num_shards: server processes (processes ``0 .. num_shards - 1``), each
+      owning a slice of the parameters.
+    shard: this process's shard (0 leads).
 
   Example:
-    See ``tests/test_multiprocess.py``; ``jaxsync launch -n 3 configs/quickstart.yaml
-    --set cluster.num_workers=2`` runs one.
+    See ``tests/dist/test_multiprocess.py``; ``jaxsync launch -n 3 configs/quickstart.yaml
+    --set cluster.num_workers=2`` runs one, ``jaxsync launch -n 4 ... --set cluster.servers=2``
+    a sharded one.
   """
 
   def __init__(
@@ -134,12 +148,22 @@ class ParameterServer(RuntimeBase):
     liveness=None,
     idle_timeout: float = 300.0,
     advertise: str | None = None,
+    num_shards: int = 1,
+    shard: int = 0,
   ):
     self.strategy = _check_protocol(strategy)
     self.mode = server_step.mode(strategy)
     super().__init__(eval_fn, eval_every, eval_every_time)
     self.num_workers = strategy.num_workers
     self.idle_timeout = validation.check_real(_WHAT, "idle_timeout", idle_timeout, low=0.0, low_open=True)
+    self.num_shards = validation.check_int(_WHAT, "num_shards", num_shards)
+    self.shard = validation.check_int(_WHAT, "shard", shard, low=0)
+    if self.shard >= self.num_shards:
+      raise validation.invalid(_WHAT, "shard", shard, f"0 .. num_shards - 1 = {self.num_shards - 1}")
+    if self.num_shards > 1 and client is None:
+      raise validation.invalid(
+        _WHAT, "client", client, "the coordination-service client: the shards find each other on it"
+      )
     self.token = secrets.token_bytes(16)
     self._bind_to, self._port_wanted = bind, port
     if advertise is None and bind in ("0.0.0.0", "*", "::"):
@@ -148,6 +172,7 @@ class ParameterServer(RuntimeBase):
       )
     self._advertise = advertise
     self._socket = None
+    self._commands: list = []  # the leader's PUSH socket to each other shard, or a follower's PULL socket
     self.address: str | None = None
     self._client = client
     if liveness is None and client is not None:
@@ -155,34 +180,58 @@ class ParameterServer(RuntimeBase):
       from jaxsync._src.dist.cluster import HeartbeatMonitor
 
       monitor = HeartbeatMonitor(client)
-      liveness = lambda: {p - 1 for p in monitor.live(range(1, self.num_workers + 1))}  # noqa: E731
+      first = self.num_shards
+      liveness = lambda: {p - first for p in monitor.live(range(first, first + self.num_workers))}  # noqa: E731
     self._liveness = liveness
     self._identity: dict[int, bytes] = {}
     self._worker_of: dict[bytes, int] = {}
+    self._unsent: dict[int, list] = {}  # a follower's replies to workers whose HELLO it has not seen yet
     self.rejected_messages: collections.Counter[str] = collections.Counter()
     self.lost: list[dict[str, Any]] = []
     self._started = time.perf_counter()
     self._clock_offset, self._clock_started = 0.0, False
     self._last_liveness = 0.0
     self._state: ServerState | None = None
+    self._mesh: shards.ShardedState | None = None
+
+  @property
+  def leads(self) -> bool:
+    """Whether this process decides the run's events (a single server, or shard 0)."""
+    return self.shard == 0
 
   def _open_socket(self, max_bytes: int) -> None:
-    """Binds the data plane and publishes its address and the run token on the control plane."""
+    """Binds the data plane and publishes its address (and, leading, the run token) on the control plane."""
     socket = zmq.Context.instance().socket(zmq.ROUTER)
     socket.setsockopt(zmq.LINGER, 0)
     socket.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply to a vanished worker raises, not vanishes
     socket.setsockopt(zmq.ROUTER_HANDOVER, 1)  # a worker that reconnects keeps its identity
     # Set before bind (a listener copies its options): a longer frame is refused before it is read whole.
     socket.setsockopt(zmq.MAXMSGSIZE, max_bytes)
-    bind, port = self._bind_to, self._port_wanted
+    self._socket, self.address = socket, self._bind(socket)
+    if self._client is None:
+      return
+    if not self.leads:
+      self.token = self._client.blocking_key_value_get_bytes(KEY_TOKEN, 300_000)
+      pull = zmq.Context.instance().socket(zmq.PULL)
+      pull.setsockopt(zmq.LINGER, 0)
+      self._client.key_value_set(shards.key_commands(self.shard), self._bind(pull), allow_overwrite=True)
+      self._commands = [pull]
+    self._client.key_value_set(shards.key_address(self.shard), self.address, allow_overwrite=True)
+    if self.leads:
+      self._client.key_value_set_bytes(KEY_TOKEN, self.token, allow_overwrite=True)
+      for shard in range(1, self.num_shards):
+        push = zmq.Context.instance().socket(zmq.PUSH)
+        push.setsockopt(zmq.LINGER, 1000)
+        push.connect(self._client.blocking_key_value_get(shards.key_commands(shard), 300_000))
+        self._commands.append(push)
+
+  def _bind(self, socket) -> str:
+    bind, port = self._bind_to, self._port_wanted if socket.type == zmq.ROUTER else 0
     if port == 0:
       port = socket.bind_to_random_port(f"tcp://{bind}")
     else:
       socket.bind(f"tcp://{bind}:{port}")
-    self._socket, self.address = socket, f"tcp://{self._advertise or bind}:{port}"
-    if self._client is not None:
-      self._client.key_value_set(KEY_ADDRESS, self.address, allow_overwrite=True)
-      self._client.key_value_set_bytes(KEY_TOKEN, self.token, allow_overwrite=True)
+    return f"tcp://{self._advertise or bind}:{port}"
 
   # -- the runtime interface ------------------------------------------------------------------
 
@@ -195,30 +244,73 @@ class ParameterServer(RuntimeBase):
     leaf_dtypes = {str(x.dtype) for x in jax.tree.leaves(params)}
     if len(leaf_dtypes) != 1:
       raise validation.invalid(_WHAT, "params dtypes", sorted(leaf_dtypes), "one dtype for every leaf")
+    self._unravel = unravel
+    schedule, step_unravel = self.schedule, unravel
+    if self.num_shards > 1:
+      layout = shards.layout(self.count, self.num_shards)
+      lo, hi = layout.bounds(self.shard)
+      self._slice_count, self._slice_at = hi - lo, lo
+      # The sharded step runs on the raveled parameters, padded: evaluation sees the model's tree.
+      if schedule.eval_fn is not None:
+        schedule = schedule._replace(
+          eval_fn=lambda padded: self.schedule.eval_fn(unravel(padded[: self.count]))
+        )
+      step_unravel = lambda padded: padded  # noqa: E731
+      init_flat = lambda x: server_step.init(self.strategy, x, self.schedule)  # noqa: E731
+      self._mesh = shards.ShardedState(init_flat, layout, shards.shard_devices(self.num_shards), flat.dtype)
+      self._slots = {w: _aligned(layout.chunk, flat.dtype) for w in range(self.num_workers)}
+      self._slot_headers: dict[int, tuple[int, int]] = {}
+      chunk_bytes = layout.chunk * flat.dtype.itemsize
+    else:
+      self._slice_count, self._slice_at, chunk_bytes = self.count, 0, None
+    max_bytes = wire.max_message_bytes(self._slice_count, self.dtype)
     if self._socket is None:
-      self._open_socket(wire.max_message_bytes(self.count, self.dtype))
-      self._inbox = wire.Inbox(wire.max_message_bytes(self.count, self.dtype))
-    self._no_payload = jnp.zeros([self.count], self.dtype)  # a local step's stand-in (never read)
-    fixed = (self.strategy, self.schedule, self.metric_names, unravel)
+      self._open_socket(max_bytes)
+      self._inbox = wire.Inbox(max_bytes, capacity=chunk_bytes)
+    self._no_payload = self._payload(np.zeros([self._slice_count], flat.dtype))  # a local step's stand-in
+    self._compile(schedule, step_unravel)
+
+  def _compile(self, schedule, unravel) -> None:
+    """Jits this mode's steps and the state changes around them (on the shards' mesh, when sharded)."""
+    fixed = (self.strategy, schedule, self.metric_names, unravel)
+    mesh = self._mesh
+    state_out = None if mesh is None else mesh.shardings
+    step_out = None if mesh is None else ServerStep(*mesh.step_shardings)
+
+    def jit(fn, out=state_out, **kwargs):
+      return jax.jit(fn, **kwargs) if mesh is None else jax.jit(fn, out_shardings=out, **kwargs)
+
     if self.mode == "elastic":
-      self._arrive = jax.jit(
-        functools.partial(server_step.elastic_step, *fixed, exchange=True), donate_argnums=0
+      self._arrive = jit(
+        functools.partial(server_step.elastic_step, *fixed, exchange=True), step_out, donate_argnums=0
       )
-      self._local_step = jax.jit(
-        functools.partial(server_step.elastic_step, *fixed, exchange=False), donate_argnums=0
+      local_out = None if mesh is None else step_out._replace(reply=mesh.replicated)
+      self._local_step = jit(
+        functools.partial(server_step.elastic_step, *fixed, exchange=False), local_out, donate_argnums=0
       )
     elif self.mode == "rounds":
-      self._arrive = jax.jit(functools.partial(server_step.round_arrive, *fixed), donate_argnums=0)
-      self._close_round = jax.jit(functools.partial(server_step.close_round, *fixed))
+      self._arrive = jit(functools.partial(server_step.round_arrive, *fixed), step_out, donate_argnums=0)
+      self._close_round = jit(functools.partial(server_step.close_round, *fixed), step_out)
     else:
-      self._arrive = jax.jit(functools.partial(server_step.arrive, *fixed), donate_argnums=0)
+      self._arrive = jit(functools.partial(server_step.arrive, *fixed), step_out, donate_argnums=0)
+    self._join = jit(server_step.join)
+    self._drop = jit(server_step.drop)
+    self._release = jit(
+      server_step.release_waiting, None if mesh is None else (mesh.shardings, mesh.replicated)
+    )
+    self._late = jit(server_step.late)
+    self._revive = jit(server_step.revive)
+    self._reply_payload = jit(server_step.reply_payload, None if mesh is None else mesh.sliced)
 
   def init(self, params, seed: int = 0) -> ServerState:
     """The state before the first arrival: every worker will get ``params`` (version 0)."""
     del seed  # the real cluster has no jitter seed
     params = jax.tree.map(jnp.asarray, params)
     self._start(params)
-    state = server_step.init(self.strategy, params, self.schedule)
+    if self.num_shards > 1:  # the rule's state is that of the raveled parameters (see :mod:`shards`)
+      state = server_step.init(self.strategy, ravel_pytree(params)[0], self.schedule)._replace(params=params)
+    else:
+      state = server_step.init(self.strategy, params, self.schedule)
     self._state = jax.tree.map(lambda x: jnp.array(x, copy=True), state)
     return self._state
 
@@ -233,6 +325,19 @@ class ParameterServer(RuntimeBase):
       bytes_moved_intra=0.0,
     )
 
+  def _to_device(self, state: ServerState) -> ServerState:
+    """A host state (NumPy, e.g. restored) -> the step's: on the default device, or sliced over the shards."""
+    if self._mesh is None:
+      return jax.tree.map(jnp.asarray, state)
+    return self._mesh.to_mesh(state._replace(params=ravel_pytree(state.params)[0]))
+
+  def _to_host(self, state: ServerState) -> ServerState:
+    """The step's state -> what ``advance`` returns (a sharded server's: gathered, the model's tree)."""
+    if self._mesh is None:
+      return state
+    host = self._mesh.to_host(state)
+    return host._replace(params=self._unravel(jnp.asarray(host.params)))
+
   # -- the host loop ----------------------------------------------------------------------------
 
   def _now(self) -> float:
@@ -241,6 +346,8 @@ class ParameterServer(RuntimeBase):
   def _send(self, worker: int, header: wire.Header, payload=None) -> None:
     identity = self._identity.get(worker)
     if identity is None:
+      if not self.leads:  # its HELLO to this shard is on its way: the reply waits for it
+        self._unsent[worker] = [header, None if payload is None else np.array(payload)]
       return
     try:
       self._socket.send_multipart([identity, *wire.encode(header, payload)], copy=False, flags=zmq.NOBLOCK)
@@ -249,20 +356,23 @@ class ParameterServer(RuntimeBase):
 
   def _params_header(self, state: ServerState, worker: int) -> wire.Header:
     # In rounds every worker computes the round's number-th batch (the simulator's round), sent or not.
-    step = state.event if self.mode == "rounds" else state.steps[worker]
+    step = _host(state.event) if self.mode == "rounds" else _host(state.steps)[worker]
     return wire.Header(
       kind=wire.Kind.PARAMS,
       token=self.token,
       worker=worker,
-      version=int(state.pulled_version[worker]),
+      version=int(_host(state.pulled_version)[worker]),
       step=int(step),
-      noise_ratio=float(state.noise_ratio[worker]),
+      noise_ratio=float(_host(state.noise_ratio)[worker]),
       dtype=self.dtype,
-      count=self.count,
+      count=self._slice_count,
     )
 
   def _reply(self, state: ServerState, workers, reply_flat) -> None:
-    payload = np.asarray(reply_flat)
+    if self._mesh is None:
+      payload = np.asarray(reply_flat)
+    else:
+      payload = self._mesh.local_slice(reply_flat, self.shard)
     for w in workers:
       self._send(int(w), self._params_header(state, int(w)), payload)
 
@@ -280,6 +390,70 @@ class ParameterServer(RuntimeBase):
     except zmq.ZMQError:
       pass
 
+  # -- every state change: one command ------------------------------------------------------------
+
+  def _do(self, state: ServerState, command: shards.Command, payload=None):
+    """Applies ``command`` (the leader sends it to the other shards first); returns (state, row or None)."""
+    for socket in self._commands if self.leads else ():
+      socket.send_multipart(command.encode())
+    return self._apply(state, command, payload)
+
+  def _apply(self, state: ServerState, command: shards.Command, payload=None):
+    """One state change of the server, the same on every shard; replies with this shard's slice."""
+    op, worker = command.op, command.worker
+    row, now = None, self._scalar(command.now, np.float32)
+    if op == shards.Op.ARRIVE:
+      args = (self._scalar(worker, np.int32), payload, self._scalar(command.finite, np.bool_))
+      args += (self._scalar(command.loss, np.float32),)
+      if self.mode == "gradient":
+        args += (self._scalar(command.step_size, np.float32),)
+      state, row, send, reply = self._arrive(state, *args, now)
+      send = np.asarray(_host(send))
+      if send.any():
+        self._reply(state, np.nonzero(send)[0], reply)
+      elif self.mode == "rounds":
+        row = None  # the round is still open: an event is a closed round
+    elif op == shards.Op.LOCAL_STEP:  # an elastic worker's local step (back, with its own model, if lost)
+      state = self._revive(state, self._scalar(worker, np.int32))
+      flags = (self._scalar(command.finite, np.bool_), self._scalar(command.loss, np.float32))
+      step = self._local_step(state, self._scalar(worker, np.int32), self._no_payload, *flags, now)
+      state, row = step.state, step.record
+    elif op == shards.Op.JOIN:
+      state = self._join(state, self._scalar(worker, np.int32))
+      self._reply(state, [worker], self._reply_payload(state))
+    elif op == shards.Op.DROP:
+      state = self._drop(state, self._mesh_array(command.gone(self.num_workers)))
+    elif op == shards.Op.RELEASE:
+      state, send = self._release(state, now)
+      self._reply(state, np.nonzero(np.asarray(_host(send)))[0], self._reply_payload(state))
+    elif op == shards.Op.CLOSE_ROUND:
+      state, row, send, reply = self._close_round(state, now)
+      self._reply(state, np.nonzero(np.asarray(_host(send)))[0], reply)
+    elif op == shards.Op.LATE:
+      state = self._late(state, self._scalar(worker, np.int32))
+    self._state = state  # what stop() tells the waiting workers, even after an error
+    return state, row
+
+  def _scalar(self, value, dtype):
+    return jnp.asarray(value, dtype) if self._mesh is None else self._mesh.scalar(value, dtype)
+
+  def _mesh_array(self, value: np.ndarray):
+    if self._mesh is None:
+      return jnp.asarray(value)
+    return jax.make_array_from_callback(value.shape, self._mesh.replicated, lambda index: value[index])
+
+  def _payload(self, piece: np.ndarray):
+    """A message's payload on the device: this shard's (padded) slice becomes its part of the whole."""
+    if self._mesh is None:
+      # The payload lives in the inbox until the next message: the step consumes it before that.
+      return wire.to_device(piece)
+    padded = (
+      np.zeros([self._mesh.layout.chunk], piece.dtype) if piece.size < self._mesh.layout.chunk else piece
+    )
+    if padded is not piece:
+      padded[: piece.size] = piece
+    return self._mesh.slices({self.shard: padded})
+
   def _check_liveness(self, state: ServerState, rows: list) -> ServerState:
     now = time.perf_counter()
     if now - self._last_liveness < 0.5:
@@ -288,59 +462,63 @@ class ParameterServer(RuntimeBase):
     live = self._live_workers()
     if live is None:
       return state
-    was = np.asarray(state.live)
+    was = np.asarray(_host(state.live))
     lost = [w for w in range(self.num_workers) if was[w] and w not in live]
+    version = int(_host(state.version))
     for worker in lost:
       event = {
         "worker": worker,
-        "process": worker + 1,
+        "process": worker + self.num_shards,
         "wall_time": self._now(),
-        "version": int(state.version),
+        "version": version,
       }
       self.lost.append(event)
       log.warning(
         "worker %d (process %d) lost at %.1f s, server version %d; going on with %d worker(s)",
         worker,
-        worker + 1,
+        event["process"],
         event["wall_time"],
-        event["version"],
+        version,
         int(was.sum()) - len(lost),
       )
     if lost:
-      gone = np.zeros(self.num_workers, bool)
-      gone[lost] = True
-      state = server_step.drop(state, jnp.asarray(gone))
-      if not bool(np.asarray(state.live).any()):
+      state, _ = self._do(
+        state,
+        shards.Command(
+          shards.Op.DROP, mask=shards.Command.mask_of(np.isin(np.arange(self.num_workers), lost))
+        ),
+      )
+      if not np.asarray(_host(state.live)).any():
         raise WorkerLostError(
           f"every worker process is lost (last: {', '.join(f'worker {w}' for w in lost)}); "
-          f"the server stops at version {int(state.version)}. Resume with `jaxsync resume RUN_DIR`."
+          f"the server stops at version {version}. Resume with `jaxsync resume RUN_DIR`."
         )
     if self.mode == "rounds":
       return self._close_if_complete(state, rows) if lost else state
-    if bool(server_step.stuck_on_lost_workers(state)):
-      state, send = server_step.release_waiting(state, jnp.float32(self._now()))
-      workers = np.nonzero(np.asarray(send))[0]
-      log.info("released %d waiting worker(s) that no live worker could release", len(workers))
-      self._reply(state, workers, server_step.reply_payload(state))
+    waiting, live_now = np.asarray(_host(state.waiting)), np.asarray(_host(state.live))
+    if waiting.any() and not (live_now & ~waiting).any():  # server_step.stuck_on_lost_workers
+      log.info("released %d waiting worker(s) that no live worker could release", int(waiting.sum()))
+      state, _ = self._do(state, shards.Command(shards.Op.RELEASE, now=self._now()))
     return state
 
   def _close_if_complete(self, state: ServerState, rows: list) -> ServerState:
     """Closes the open round when the live workers it still waited for are lost (it has min(k, live))."""
-    count, live = int(state.exchange.count), int(np.sum(state.live))
+    count, live = int(_host(state.exchange.count)), int(np.sum(_host(state.live)))
     if count == 0 or count < min(self.strategy.gradients_per_round, live):
       return state
     log.info(
-      "closing round %d with %d gradient(s): the workers it waited for are lost", int(state.event), count
+      "closing round %d with %d gradient(s): the workers it waited for are lost",
+      int(_host(state.event)),
+      count,
     )
-    state, row, send, reply = self._close_round(state, jnp.float32(self._now()))
+    state, row = self._do(state, shards.Command(shards.Op.CLOSE_ROUND, now=self._now()))
     rows.append(row)
-    self._reply(state, np.nonzero(np.asarray(send))[0], reply)
     return state
 
   @property
   def dropped_gradients(self) -> int:
     """Messages never applied for coming too late: after their round closed, or from a worker declared lost."""
-    return 0 if self._state is None else int(np.asarray(self._state.dropped))
+    return 0 if self._state is None else int(_host(self._state.dropped))
 
   def _live_workers(self) -> set[int] | None:
     if self._liveness is None:
@@ -352,13 +530,61 @@ class ParameterServer(RuntimeBase):
       return None
 
   def advance(self, state: ServerState, num_events: int, *, max_time: float | None = None):
-    """Serves until ``num_events`` more arrivals (or ``max_time`` wall seconds); returns (state, records)."""
+    """Serves until ``num_events`` more arrivals (or ``max_time`` wall seconds); returns (state, records).
+
+    On a sharded server's other shards, until the leader's ``advance`` ends.
+    """
     num_events = validation.check_int(_WHAT, "num_events", num_events)
-    state = jax.tree.map(jnp.asarray, state)  # a restored state is NumPy (see checkpoints)
     self._ensure_prepared(state.params)
+    state = self._to_device(state)  # a restored state is NumPy (see checkpoints)
     if not self._clock_started:  # wall time counts from the first advance (after compiling and restoring)
-      self._clock_offset, self._started, self._clock_started = float(state.clock), time.perf_counter(), True
+      self._clock_offset, self._started, self._clock_started = (
+        float(_host(state.clock)),
+        time.perf_counter(),
+        True,
+      )
     rows: list[EventRecord] = []
+    if self.leads:
+      try:
+        state = self._lead_sharded(state, rows, num_events, max_time)
+      except BaseException as err:
+        for socket in self._commands:  # the other shards stop with the leader's reason
+          socket.send_multipart(
+            shards.Command(shards.Op.ABORT, message=str(err) or type(err).__name__).encode()
+          )
+        raise
+      for socket in self._commands:
+        socket.send_multipart(shards.Command(shards.Op.END).encode())
+    else:
+      state = self._follow(state, rows)
+    self._state = state
+    if not rows:
+      empty = jax.eval_shape(self._arrive, state, *self._placeholder_args()).record
+      return self._to_host(state), jax.tree.map(lambda x: np.zeros((0, *x.shape), x.dtype), empty)
+    rows = [jax.tree.map(_host, r) for r in rows]
+    return self._to_host(state), jax.tree.map(lambda *xs: np.stack(xs), *rows)
+
+  def _placeholder_args(self, payload=None) -> tuple:
+    """The arguments after the state of this mode's step: an empty message of worker 0 (or ``payload``)."""
+    payload = self._no_payload if payload is None else self._payload(payload)
+    args = (self._scalar(0, np.int32), payload, self._scalar(True, np.bool_), self._scalar(0.0, np.float32))
+    if self.mode == "gradient":
+      args += (self._scalar(0.0, np.float32),)
+    return (*args, self._scalar(0.0, np.float32))
+
+  def _lead_sharded(self, state: ServerState, rows: list, num_events: int, max_time: float | None) -> ServerState:
+    try:
+      return self._lead(state, rows, num_events, max_time)
+    except jax.errors.JaxRuntimeError as err:
+      if self._mesh is None:
+        raise
+      # A step's all-reduce whose peer died: a shard process is lost.
+      raise WorkerLostError(
+        f"a server shard process is lost ({str(err).splitlines()[0]}); the server cannot go on without its "
+        "slice of the parameters. Resume with `jaxsync resume RUN_DIR`."
+      ) from None
+
+  def _lead(self, state: ServerState, rows: list, num_events: int, max_time: float | None) -> ServerState:
     poller = zmq.Poller()
     poller.register(self._socket, zmq.POLLIN)
     quiet_since = time.perf_counter()
@@ -369,44 +595,27 @@ class ParameterServer(RuntimeBase):
       if not poller.poll(100):
         if time.perf_counter() - quiet_since > self.idle_timeout:
           raise WorkerLostError(
-            f"no message for idle_timeout={self.idle_timeout} s from {int(np.sum(state.live))} live "
+            f"no message for idle_timeout={self.idle_timeout} s from {int(np.sum(_host(state.live)))} live "
             "worker(s); the run is stuck. Resume with `jaxsync resume RUN_DIR`."
           )
         continue
       quiet_since = time.perf_counter()
       frames = self._inbox.receive(self._socket, routed=True)
       state, row = self._handle(state, frames)
-      self._state = state  # what stop() tells the waiting workers, even after an error
+      self._state = state
       if row is not None:
         rows.append(row)
-    if not rows:
-      empty = jax.eval_shape(
-        self._arrive, state, *self._arrival_args(0, np.zeros([self.count], self.dtype))
-      ).record
-      self._state = state
-      return state, jax.tree.map(lambda x: np.zeros((0, *x.shape), x.dtype), empty)
-    self._state = state
-    rows = [jax.device_get(r) for r in rows]
-    return state, jax.tree.map(lambda *xs: np.stack(xs), *rows)
-
-  def _arrival_args(self, worker: int, payload, header: wire.Header | None = None) -> tuple:
-    """The arguments after the state of this mode's step, from a message (or placeholders)."""
-    finite = True if header is None else header.finite
-    loss = 0.0 if header is None else header.loss
-    # The payload lives in the inbox until the next message: the step consumes it before that.
-    args = (jnp.int32(worker), wire.to_device(payload), jnp.bool_(finite), jnp.float32(loss))
-    if self.mode == "gradient":
-      args += (jnp.float32(0.0 if header is None else header.step_size),)
-    return (*args, jnp.float32(self._now()))
+    return state
 
   def _handle(self, state: ServerState, frames) -> tuple[ServerState, EventRecord | None]:
+    """The leader's view of a worker's message: checked, then the command it makes (or a rejection)."""
     identity, frames = frames[0].bytes, frames[1:]
     worker = self._worker_of.get(identity)
     try:
       if not frames:
         raise wire.MessageError("malformed", "an empty message")
       header = wire.decode_header(frames[0], token=self.token)
-      payload = wire.decode_payload(header, frames[1:], dtype=self.dtype, count=self.count)
+      payload = wire.decode_payload(header, frames[1:], dtype=self.dtype, count=self._slice_count)
       if not 0 <= header.worker < self.num_workers:
         raise wire.MessageError("worker", f"worker={header.worker}; expected 0..{self.num_workers - 1}")
       if header.kind == wire.Kind.HELLO:
@@ -416,29 +625,25 @@ class ParameterServer(RuntimeBase):
           "worker", f"worker={header.worker} from a connection registered as {worker!r}"
         )
       if header.kind == wire.Kind.BYE:
-        state = server_step.drop(state, jnp.arange(self.num_workers) == worker)
         log.info("worker %d left", worker)
-        return state, None
+        return self._do(state, shards.Command(shards.Op.DROP, mask=1 << worker))
       elastic_step = header.kind == wire.Kind.STEP and self.mode == "elastic"
       if header.kind != wire.Kind.PUSH and not elastic_step:
         raise wire.MessageError("malformed", f"a {header.kind.name} message sent to a {self.mode} server")
-      current = int(state.event if self.mode == "rounds" else state.version)
+      current = int(_host(state.event if self.mode == "rounds" else state.version))
       if header.version > current:
         raise wire.MessageError("future_version", f"version={header.version} but the server is at {current}")
       if self.mode == "rounds" and header.version < current:
         # Computed on a round that closed without it: dropped, never applied to another round. The
         # worker was sent the new round when it closed, so nothing is owed to it.
-        state = state._replace(dropped=state.dropped + 1, steps=state.steps.at[worker].add(1))
-        return state, None
-      if header.version != int(state.pulled_version[worker]):
-        raise wire.MessageError(
-          "version",
-          f"version={header.version} but worker {worker} was sent {int(state.pulled_version[worker])}",
-        )
+        return self._do(state, shards.Command(shards.Op.LATE, worker=worker))
+      pulled = int(_host(state.pulled_version)[worker])
+      if header.version != pulled:
+        raise wire.MessageError("version", f"version={header.version} but worker {worker} was sent {pulled}")
     except wire.MessageError as err:
       self._reject(identity, err.reason, str(err), worker)
       return state, None
-    if not bool(state.live[worker]) and not elastic_step:
+    if not bool(_host(state.live)[worker]) and not elastic_step:
       # Back after being declared lost (a stopped process, continued): the run went on without it, so
       # its pull is void and its message is dropped, not applied hundreds of versions late. It rejoins
       # as a worker that says HELLO: the current parameters, at its data step.
@@ -447,47 +652,138 @@ class ParameterServer(RuntimeBase):
         "at %d); it rejoins",
         worker,
         header.version,
-        int(state.version),
+        int(_host(state.version)),
       )
-      state = state._replace(dropped=state.dropped + 1, steps=state.steps.at[worker].add(1))
+      state, _ = self._do(state, shards.Command(shards.Op.LATE, worker=worker))
       return self._hello(state, identity, worker), None
-    if not bool(state.live[worker]):  # an elastic worker's local step: it is back, with its own model
-      state = state._replace(live=state.live.at[worker].set(True))
+    fields = dict(
+      worker=worker, version=header.version, step=header.step, loss=header.loss, finite=header.finite,
+      now=self._now(),
+    )  # fmt: skip
     if elastic_step:
-      step = self._local_step(state, *self._arrival_args(worker, self._no_payload, header))
-      return step.state, step.record
-    state, row, send, reply = self._arrive(state, *self._arrival_args(worker, payload, header))
-    send = np.asarray(send)
-    if send.any():
-      self._reply(state, np.nonzero(send)[0], reply)
-    elif self.mode == "rounds":
-      row = None  # the round is still open: an event is a closed round
-    return state, row
+      return self._do(state, shards.Command(shards.Op.LOCAL_STEP, **fields))
+    command = shards.Command(shards.Op.ARRIVE, step_size=header.step_size, **fields)
+    if self._mesh is not None:  # the inbox's whole buffer: the slice, then zeros to the shards' equal size
+      payload = self._inbox.view(wire.numpy_dtype(self.dtype), self._mesh.layout.chunk)
+    return self._do(state, command, self._payload(payload))
 
   def _hello(self, state: ServerState, identity: bytes, worker: int) -> ServerState:
+    self._register(identity, worker)
+    log.info(
+      "worker %d joined at version %d, data step %d",
+      worker,
+      int(_host(state.version)),
+      int(_host(state.steps)[worker]),
+    )
+    # A (re)joining worker is sent the current parameters; its earlier pull is void.
+    return self._do(state, shards.Command(shards.Op.JOIN, worker=worker))[0]
+
+  def _register(self, identity: bytes, worker: int) -> None:
     old = self._identity.get(worker)
     if old is not None and old != identity:
       self._worker_of.pop(old, None)
     self._identity[worker] = identity
     self._worker_of[identity] = worker
-    log.info(
-      "worker %d joined at version %d, data step %d", worker, int(state.version), int(state.steps[worker])
-    )
-    # A (re)joining worker is sent the current parameters; its earlier pull is void.
-    state = server_step.join(state, worker)
-    self._reply(state, [worker], server_step.reply_payload(state))
-    return state
+
+  # -- a shard that follows the leader ------------------------------------------------------------
+
+  def _follow(self, state: ServerState, rows: list) -> ServerState:
+    """Applies the leader's commands until its ``advance`` ends; keeps the workers' slices as they come."""
+    commands = self._commands[0]
+    poller = zmq.Poller()
+    poller.register(self._socket, zmq.POLLIN)
+    poller.register(commands, zmq.POLLIN)
+    quiet_since = time.perf_counter()
+    while True:
+      ready = dict(poller.poll(100))
+      if self._socket in ready:
+        self._keep(self._inbox.receive(self._socket, routed=True))
+      if commands not in ready:
+        if time.perf_counter() - quiet_since > self.idle_timeout:
+          raise WorkerLostError(
+            f"shard {self.shard}: no command from the leading shard (process 0) for "
+            f"idle_timeout={self.idle_timeout} s; it is lost. Resume with `jaxsync resume RUN_DIR`."
+          )
+        continue
+      quiet_since = time.perf_counter()
+      command = shards.Command.decode(commands.recv_multipart())
+      if command.op == shards.Op.END:
+        return state
+      if command.op == shards.Op.ABORT:
+        raise WorkerLostError(f"shard {self.shard}: the leading shard stopped: {command.message}")
+      payload = self._slice_for(command, poller) if command.op == shards.Op.ARRIVE else None
+      state, row = self._apply(state, command, payload)
+      if row is not None:
+        rows.append(row)
+
+  def _keep(self, frames) -> None:
+    """A follower's view of a worker's message: HELLO registers it; a push's slice waits for its command."""
+    identity, frames = frames[0].bytes, frames[1:]
+    worker = self._worker_of.get(identity)
+    try:
+      if not frames:
+        raise wire.MessageError("malformed", "an empty message")
+      header = wire.decode_header(frames[0], token=self.token)
+      payload = wire.decode_payload(header, frames[1:], dtype=self.dtype, count=self._slice_count)
+      if not 0 <= header.worker < self.num_workers:
+        raise wire.MessageError("worker", f"worker={header.worker}; expected 0..{self.num_workers - 1}")
+      if header.kind == wire.Kind.HELLO:
+        self._register(identity, header.worker)
+        for waiting in [self._unsent.pop(header.worker, None)]:
+          if waiting is not None:
+            self._send(header.worker, *waiting)
+        return
+      if worker != header.worker:
+        raise wire.MessageError(
+          "worker", f"worker={header.worker} from a connection registered as {worker!r}"
+        )
+      if header.kind != wire.Kind.PUSH:
+        raise wire.MessageError("malformed", f"a {header.kind.name} message sent to shard {self.shard}")
+    except wire.MessageError as err:
+      self._reject(identity, err.reason, str(err), worker)
+      return
+    self._slots[worker][: payload.size] = payload
+    self._slot_headers[worker] = (header.version, header.step)
+
+  def _slice_for(self, command: shards.Command, poller) -> Any:
+    """This shard's slice of the message the leader ordered applied: it came, or comes within the timeout.
+
+    A slice that never comes (its worker died between its pushes to the
+    shards) or was rejected here becomes NaN: the step's NaN/Inf check, global
+    over the shards, rejects the whole message on every shard alike.
+    """
+    worker, wanted = command.worker, (command.version, command.step)
+    deadline = time.perf_counter() + heartbeat_seconds()
+    while self._slot_headers.get(worker) != wanted and time.perf_counter() < deadline:
+      if self._socket in dict(poller.poll(100)):
+        self._keep(self._inbox.receive(self._socket, routed=True))
+    slot = self._slots[worker]
+    if self._slot_headers.pop(worker, None) != wanted:
+      log.warning(
+        "shard %d: worker %d's slice of version %d never came: the message is rejected",
+        self.shard,
+        worker,
+        command.version,
+      )
+      slot = np.full_like(slot, np.nan)
+    return self._mesh.slices({self.shard: slot})
 
   def stop(self, *, timeout: float = 30.0) -> None:
     """Tells every worker the run is over (on its next message) and closes the socket.
 
     Waits up to ``timeout`` seconds for the live workers' last pushes; those
     are answered with STOP and not applied (the run's events are counted).
+    The other shards of a sharded server close their sockets: the leader's STOP ends the workers.
     """
     if self._socket is None:
       return
+    for socket in self._commands:
+      socket.close(linger=1000)
+    if not self.leads:
+      self._socket.close(linger=0)
+      return
     try:
-      live_mask, waiting = np.asarray(self._state.live), np.asarray(self._state.waiting)
+      live_mask, waiting = np.asarray(_host(self._state.live)), np.asarray(_host(self._state.waiting))
     except (AttributeError, RuntimeError):  # no state yet, or one donated to a step that failed
       live_mask, waiting = np.ones(self.num_workers, bool), np.zeros(self.num_workers, bool)
     told = set()
@@ -511,3 +807,24 @@ class ParameterServer(RuntimeBase):
         self._send(worker, stop)
         told.add(worker)
     self._socket.close(linger=1000)
+
+
+def _host(x) -> np.ndarray:
+  """A (replicated) array's value on this host, without a computation the other shards would have to join."""
+  if isinstance(x, jax.Array):
+    return np.asarray(x.addressable_data(0))
+  return np.asarray(x)
+
+
+def _aligned(count: int, dtype) -> np.ndarray:
+  """A zeroed array XLA's CPU client adopts without a copy (:data:`wire.ALIGNMENT`)."""
+  itemsize = np.dtype(dtype).itemsize
+  raw = np.zeros(count * itemsize + wire.ALIGNMENT, np.uint8)
+  offset = (-raw.ctypes.data) % wire.ALIGNMENT
+  return raw[offset : offset + count * itemsize].view(dtype)
+
+
+def heartbeat_seconds() -> float:
+  from jaxsync._src.dist.cluster import heartbeat_timeout
+
+  return float(heartbeat_timeout())

@@ -24,6 +24,7 @@ centre.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -36,7 +37,7 @@ from jax.flatten_util import ravel_pytree
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.dist import local_devices, wire
+from jaxsync._src.dist import local_devices, shards, wire
 from jaxsync._src.dist.cluster import RunFaultError
 from jaxsync._src.rules import contracts
 from jaxsync._src.steps import arrival, server_step
@@ -61,7 +62,7 @@ def run_worker(
   params_like: Any,
   *,
   worker: int,
-  address: str,
+  address: str | list[str],
   token: bytes,
   reply_timeout: float = 300.0,
   server_alive=None,
@@ -75,7 +76,9 @@ def run_worker(
     data: the run's data, sharded over ``strategy.num_workers`` workers.
     params_like: parameters with the run's structure (to unravel payloads).
     worker: this worker's id ``k``.
-    address: the server's ``tcp://host:port``.
+    address: the server's ``tcp://host:port``, or a sharded server's, one per
+      shard (shard 0 first): the worker pushes and pulls each shard's slice of
+      the raveled parameters (:mod:`shards`) in parallel.
     token: the run token (from the coordination service).
     reply_timeout: seconds to wait for any reply before giving up.
     server_alive: optional ``() -> bool`` checked while waiting (the
@@ -97,20 +100,27 @@ def run_worker(
   devices = list(jax.local_devices() if devices is None else devices)
   local_devices.check_batch(data.batch_size, len(devices))
   gradient = local_devices.gradient_fn(loss_fn, devices)
-  socket = zmq.Context.instance().socket(zmq.DEALER)
-  socket.setsockopt(zmq.LINGER, 0)
-  # A fixed identity: after ZeroMQ reconnects (a network blip) the server still knows this worker.
-  socket.setsockopt(zmq.ROUTING_ID, f"w{worker}-{token[:4].hex()}".encode())
-  socket.setsockopt(zmq.MAXMSGSIZE, wire.max_message_bytes(count, dtype))
-  socket.connect(address)
-  link = _Link(socket, token, worker, dtype, count, reply_timeout, server_alive)
+  addresses = [address] if isinstance(address, str) else list(address)
+  layout = shards.layout(count, len(addresses))
+  sockets = []
+  for shard, at in enumerate(addresses):
+    socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    # A fixed identity: after ZeroMQ reconnects (a network blip) the server still knows this worker.
+    socket.setsockopt(zmq.ROUTING_ID, f"w{worker}-{token[:4].hex()}".encode())
+    lo, hi = layout.bounds(shard)
+    socket.setsockopt(zmq.MAXMSGSIZE, wire.max_message_bytes(hi - lo, dtype))
+    socket.connect(at)
+    sockets.append(socket)
+  link = _Link(sockets, layout, token, worker, dtype, reply_timeout, server_alive)
   link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
   loop = _elastic_loop if server_step.mode(strategy) == "elastic" else _gradient_loop
   start = time.perf_counter()
   try:
     pushes, compute_times = loop(strategy, loss_fn, gradient, data, params_like, unravel, link)
   finally:
-    socket.close(linger=0)
+    for socket in sockets:
+      socket.close(linger=0)
   return {
     "pushes": pushes,
     "wall_seconds": time.perf_counter() - start,
@@ -124,22 +134,36 @@ class _Stop(Exception):
 
 
 class _Link:
-  """This worker's socket to the server: typed sends, checked replies."""
+  """This worker's sockets to the server, one per shard: typed sends, checked and assembled replies."""
 
-  def __init__(self, socket, token, worker, dtype, count, reply_timeout, server_alive):
-    self.socket, self.token, self.worker, self.dtype, self.count = socket, token, worker, dtype, count
+  def __init__(self, sockets, layout, token, worker, dtype, reply_timeout, server_alive):
+    self.sockets, self.layout, self.token, self.worker, self.dtype = sockets, layout, token, worker, dtype
+    self.count = layout.count
     self.reply_timeout, self.server_alive = reply_timeout, server_alive
-    self.poller = zmq.Poller()
-    self.poller.register(socket, zmq.POLLIN)
-    self.inbox = wire.Inbox(wire.max_message_bytes(count, dtype))
+    self.pollers = []
+    for socket in sockets:
+      self.pollers.append(zmq.Poller())
+      self.pollers[-1].register(socket, zmq.POLLIN)
+    self.itemsize = np.dtype(wire.numpy_dtype(dtype)).itemsize
+    self.inbox = wire.Inbox(wire.max_message_bytes(self.count, dtype))
 
   def send(self, header: wire.Header, payload=None) -> None:
-    self.socket.send_multipart(wire.encode(header, payload), copy=False)
+    """To every shard (the others before the leader, so their slices are there when it orders them
+    applied), each its slice of ``payload``; a local step's header to the leader only."""
+    order = range(len(self.sockets) - 1, -1, -1) if header.kind != wire.Kind.STEP else [0]
+    for shard in order:
+      lo, hi = self.layout.bounds(shard)
+      piece = None if payload is None else payload[lo:hi]
+      part = header if piece is None else dataclasses.replace(header, count=hi - lo)
+      self.sockets[shard].send_multipart(wire.encode(part, piece), copy=False)
 
   def header(self, kind, **fields) -> wire.Header:
     return wire.Header(kind=kind, token=self.token, worker=self.worker, dtype=self.dtype, **fields)
 
-  def _checked(self, frames) -> tuple[wire.Header, np.ndarray | None]:
+  def _receive(self, shard: int) -> wire.Header:
+    """The next message of shard ``shard``, its slice received in place (STOP raises :class:`_Stop`)."""
+    lo, hi = self.layout.bounds(shard)
+    frames = self.inbox.receive(self.sockets[shard], at=lo * self.itemsize, size=(hi - lo) * self.itemsize)
     reply = wire.decode_header(frames[0], token=self.token)
     if reply.kind == wire.Kind.STOP:
       raise _Stop
@@ -147,20 +171,32 @@ class _Link:
       raise RejectedError(
         f"worker {self.worker}: the server rejected its message ({reply.reason or 'no reason'})."
       )
-    return reply, wire.decode_payload(reply, frames[1:], dtype=self.dtype, count=self.count)
+    wire.decode_payload(reply, frames[1:], dtype=self.dtype, count=hi - lo)
+    return reply
 
   def reply(self, *, newest: bool = False) -> tuple[wire.Header, np.ndarray]:
-    """The next reply (STOP raises :class:`_Stop`); with ``newest``, later queued replies supersede it."""
-    _wait(self.poller, self.reply_timeout, self.server_alive)
-    reply = self._checked(self.inbox.receive(self.socket))
-    while newest and self.poller.poll(0):
-      reply = self._checked(self.inbox.receive(self.socket))
-    return reply
+    """The next reply (STOP raises :class:`_Stop`); with ``newest``, later queued replies supersede it.
+
+    A sharded server's shards send the same replies in the same order: the
+    leader's decides which, and each other shard's slice is the one of its
+    replies with the same header.
+    """
+    _wait(self.pollers[0], self.reply_timeout, self.server_alive)
+    reply = self._receive(0)
+    while newest and self.pollers[0].poll(0):
+      reply = self._receive(0)
+    for shard in range(1, len(self.sockets)):
+      while True:
+        _wait(self.pollers[shard], self.reply_timeout, self.server_alive)
+        got = self._receive(shard)
+        if (got.version, got.step) == (reply.version, reply.step):
+          break
+    return reply, self.inbox.view(wire.numpy_dtype(self.dtype), self.count)
 
   def check_stop(self) -> None:
     """Raises :class:`_Stop` (or the rejection) if the server has said something since."""
-    while self.poller.poll(0):
-      self._checked(self.inbox.receive(self.socket))
+    while self.pollers[0].poll(0):
+      self._receive(0)
 
 
 def _gradient_loop(

@@ -177,28 +177,39 @@ class Inbox:
 
   Args:
     max_bytes: the largest payload (the socket's ``MAXMSGSIZE`` refuses longer frames).
+    capacity: the buffer's bytes, ``>= max_bytes`` (default ``max_bytes``): the bytes past
+      ``max_bytes`` stay zero (a sharded server's padding, :meth:`view`).
   """
 
-  def __init__(self, max_bytes: int):
-    raw = np.empty(max_bytes + ALIGNMENT, np.uint8)
+  def __init__(self, max_bytes: int, capacity: int | None = None):
+    capacity = max_bytes if capacity is None else max(capacity, max_bytes)
+    raw = np.zeros(capacity + ALIGNMENT, np.uint8)
     offset = (-raw.ctypes.data) % ALIGNMENT
-    self._buffer = memoryview(raw[offset : offset + max_bytes])
+    self._whole = raw[offset : offset + capacity]
+    self._buffer = memoryview(self._whole[:max_bytes])
     self._raw = raw  # owns the memory
 
-  def receive(self, socket, *, routed: bool = False) -> list[Any]:
+  def view(self, dtype, count: int) -> np.ndarray:
+    """The buffer's first ``count`` elements of ``dtype`` (the last payload, then zeros), without a copy."""
+    return self._whole[: count * np.dtype(dtype).itemsize].view(dtype)
+
+  def receive(self, socket, *, routed: bool = False, at: int = 0, size: int | None = None) -> list[Any]:
     """The frames of the next message (the sender's identity first when ``routed``: a ROUTER socket).
 
-    The frame after the header is received into the buffer (a view of its
-    bytes); any further frame is received as it comes, for the checks to refuse.
+    The frame after the header is received into the buffer's bytes ``[at,
+    at + size)`` (default: all of it; a worker assembles a sharded server's
+    slices side by side) and returned as a view of them; any further frame is
+    received as it comes, for the checks to refuse.
     """
     import zmq
 
+    region = self._buffer[at:] if size is None else self._buffer[at : at + size]
     frames = [socket.recv(copy=False)]
     header_at = 1 if routed else 0
     while socket.getsockopt(zmq.RCVMORE):
       if len(frames) == header_at + 1:
-        size = socket.recv_into(self._buffer)
-        frames.append(self._buffer[: min(size, len(self._buffer))])
+        received = socket.recv_into(region)
+        frames.append(region[: min(received, len(region))])
       else:
         frames.append(socket.recv(copy=False))
     return frames

@@ -495,6 +495,19 @@ def join(s: ServerState, worker: int) -> ServerState:
   )
 
 
+def late(s: ServerState, worker: jax.Array) -> ServerState:
+  """A message of ``worker`` that is never applied (its round closed, or it was declared lost): counted.
+
+  Its data step is spent, as the simulator spends a dropped gradient's.
+  """
+  return s._replace(dropped=s.dropped + 1, steps=s.steps.at[worker].add(1))
+
+
+def revive(s: ServerState, worker: jax.Array) -> ServerState:
+  """An elastic worker declared lost is heard from again: it is live (it kept its own model)."""
+  return s._replace(live=s.live.at[worker].set(True))
+
+
 def drop(s: ServerState, gone: jax.Array) -> ServerState:
   """Workers ``gone`` (``bool[K]``) left or were lost: they neither wait nor count as live."""
   return s._replace(live=s.live & ~gone, waiting=s.waiting & ~gone)
