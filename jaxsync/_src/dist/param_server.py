@@ -609,15 +609,9 @@ class ParameterServer(RuntimeBase):
 
   def _handle(self, state: ServerState, frames) -> tuple[ServerState, EventRecord | None]:
     """The leader's view of a worker's message: checked, then the command it makes (or a rejection)."""
-    identity, frames = frames[0].bytes, frames[1:]
-    worker = self._worker_of.get(identity)
+    identity, worker = frames[0].bytes, self._worker_of.get(frames[0].bytes)
     try:
-      if not frames:
-        raise wire.MessageError("malformed", "an empty message")
-      header = wire.decode_header(frames[0], token=self.token)
-      payload = wire.decode_payload(header, frames[1:], dtype=self.dtype, count=self._slice_count)
-      if not 0 <= header.worker < self.num_workers:
-        raise wire.MessageError("worker", f"worker={header.worker}; expected 0..{self.num_workers - 1}")
+      header, payload = self._decode(frames)
       if header.kind == wire.Kind.HELLO:
         return self._hello(state, identity, header.worker), None
       if worker != header.worker:
@@ -666,6 +660,16 @@ class ParameterServer(RuntimeBase):
     if self._mesh is not None:  # the inbox's whole buffer: the slice, then zeros to the shards' equal size
       payload = self._inbox.view(wire.numpy_dtype(self.dtype), self._mesh.layout.chunk)
     return self._do(state, command, self._payload(payload))
+
+  def _decode(self, frames) -> tuple[wire.Header, np.ndarray | None]:
+    """A routed message's header and payload (this shard's slice), checked field by field."""
+    if len(frames) < 2:
+      raise wire.MessageError("malformed", "an empty message")
+    header = wire.decode_header(frames[1], token=self.token)
+    payload = wire.decode_payload(header, frames[2:], dtype=self.dtype, count=self._slice_count)
+    if not 0 <= header.worker < self.num_workers:
+      raise wire.MessageError("worker", f"worker={header.worker}; expected 0..{self.num_workers - 1}")
+    return header, payload
 
   def _hello(self, state: ServerState, identity: bytes, worker: int) -> ServerState:
     self._register(identity, worker)
@@ -718,15 +722,9 @@ class ParameterServer(RuntimeBase):
 
   def _keep(self, frames) -> None:
     """A follower's view of a worker's message: HELLO registers it; a push's slice waits for its command."""
-    identity, frames = frames[0].bytes, frames[1:]
-    worker = self._worker_of.get(identity)
+    identity, worker = frames[0].bytes, self._worker_of.get(frames[0].bytes)
     try:
-      if not frames:
-        raise wire.MessageError("malformed", "an empty message")
-      header = wire.decode_header(frames[0], token=self.token)
-      payload = wire.decode_payload(header, frames[1:], dtype=self.dtype, count=self._slice_count)
-      if not 0 <= header.worker < self.num_workers:
-        raise wire.MessageError("worker", f"worker={header.worker}; expected 0..{self.num_workers - 1}")
+      header, payload = self._decode(frames)
       if header.kind == wire.Kind.HELLO:
         self._register(identity, header.worker)
         for waiting in [self._unsent.pop(header.worker, None)]:
