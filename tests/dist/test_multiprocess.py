@@ -159,7 +159,9 @@ def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_p
     "strategy.name=asp",
     "strategy.options={learning_rate: 0.05}",
     "cluster.num_workers=2",
-    "run.gradients=2000",
+    # Long enough that the loss is declared (3 s heartbeat timeout) before the run ends: worker 0
+    # alone pushes 2,000 gradients in about 5 s.
+    "run.gradients=5000",
     "run.chunk=100",
   ]
   sets = [f"--set={o}" for o in [*BASE, *overrides]]
@@ -182,7 +184,7 @@ def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_p
   lost = summary["lost_workers"]
   assert [x["worker"] for x in lost] == [1]
   # Every update already applied is kept: the run reaches its full count with worker 0 alone.
-  assert summary["updates"] == 2000 and summary["events"] == 2000 and summary["gradients"] == 2000
+  assert summary["updates"] == 5000 and summary["events"] == 5000 and summary["gradients"] == 5000
   assert time.monotonic() - killed_at < 170
 
 
