@@ -41,7 +41,7 @@ from jax.flatten_util import ravel_pytree
 
 from jaxsync._src.core import validation
 from jaxsync._src.dist import shards, wire
-from jaxsync._src.dist.cluster import RunFaultError
+from jaxsync._src.dist.cluster import RunFaultError, heartbeat_timeout
 from jaxsync._src.runtime.history import RunTotals
 from jaxsync._src.runtime.interface import RuntimeBase
 from jaxsync._src.steps import server_step
@@ -258,7 +258,7 @@ class ParameterServer(RuntimeBase):
       step_unravel = lambda padded: padded  # noqa: E731
       init_flat = lambda x: server_step.init(self.strategy, x, self.schedule)  # noqa: E731
       self._mesh = shards.ShardedState(init_flat, layout, shards.shard_devices(self.num_shards), flat.dtype)
-      self._slots = {w: _aligned(layout.chunk, flat.dtype) for w in range(self.num_workers)}
+      self._slots = {w: wire.aligned_zeros(layout.chunk, flat.dtype) for w in range(self.num_workers)}
       self._slot_headers: dict[int, tuple[int, int]] = {}
       chunk_bytes = layout.chunk * flat.dtype.itemsize
     else:
@@ -447,12 +447,8 @@ class ParameterServer(RuntimeBase):
     if self._mesh is None:
       # The payload lives in the inbox until the next message: the step consumes it before that.
       return wire.to_device(piece)
-    padded = (
-      np.zeros([self._mesh.layout.chunk], piece.dtype) if piece.size < self._mesh.layout.chunk else piece
-    )
-    if padded is not piece:
-      padded[: piece.size] = piece
-    return self._mesh.slices({self.shard: padded})
+    missing = self._mesh.layout.chunk - piece.size  # 0 for a piece from the inbox's padded view
+    return self._mesh.slices({self.shard: np.pad(piece, (0, missing)) if missing else piece})
 
   def _check_liveness(self, state: ServerState, rows: list) -> ServerState:
     now = time.perf_counter()
@@ -727,9 +723,9 @@ class ParameterServer(RuntimeBase):
       header, payload = self._decode(frames)
       if header.kind == wire.Kind.HELLO:
         self._register(identity, header.worker)
-        for waiting in [self._unsent.pop(header.worker, None)]:
-          if waiting is not None:
-            self._send(header.worker, *waiting)
+        waiting = self._unsent.pop(header.worker, None)
+        if waiting is not None:
+          self._send(header.worker, *waiting)
         return
       if worker != header.worker:
         raise wire.MessageError(
@@ -751,7 +747,7 @@ class ParameterServer(RuntimeBase):
     over the shards, rejects the whole message on every shard alike.
     """
     worker, wanted = command.worker, (command.version, command.step)
-    deadline = time.perf_counter() + heartbeat_seconds()
+    deadline = time.perf_counter() + heartbeat_timeout()
     while self._slot_headers.get(worker) != wanted and time.perf_counter() < deadline:
       if self._socket in dict(poller.poll(100)):
         self._keep(self._inbox.receive(self._socket, routed=True))
@@ -813,16 +809,3 @@ def _host(x) -> np.ndarray:
     return np.asarray(x.addressable_data(0))
   return np.asarray(x)
 
-
-def _aligned(count: int, dtype) -> np.ndarray:
-  """A zeroed array XLA's CPU client adopts without a copy (:data:`wire.ALIGNMENT`)."""
-  itemsize = np.dtype(dtype).itemsize
-  raw = np.zeros(count * itemsize + wire.ALIGNMENT, np.uint8)
-  offset = (-raw.ctypes.data) % wire.ALIGNMENT
-  return raw[offset : offset + count * itemsize].view(dtype)
-
-
-def heartbeat_seconds() -> float:
-  from jaxsync._src.dist.cluster import heartbeat_timeout
-
-  return float(heartbeat_timeout())

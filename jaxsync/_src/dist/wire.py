@@ -183,11 +183,8 @@ class Inbox:
 
   def __init__(self, max_bytes: int, capacity: int | None = None):
     capacity = max_bytes if capacity is None else max(capacity, max_bytes)
-    raw = np.zeros(capacity + ALIGNMENT, np.uint8)
-    offset = (-raw.ctypes.data) % ALIGNMENT
-    self._whole = raw[offset : offset + capacity]
+    self._whole = aligned_zeros(capacity, np.uint8)
     self._buffer = memoryview(self._whole[:max_bytes])
-    self._raw = raw  # owns the memory
 
   def view(self, dtype, count: int) -> np.ndarray:
     """The buffer's first ``count`` elements of ``dtype`` (the last payload, then zeros), without a copy."""
@@ -213,6 +210,14 @@ class Inbox:
       else:
         frames.append(socket.recv(copy=False))
     return frames
+
+
+def aligned_zeros(count: int, dtype) -> np.ndarray:
+  """``count`` zeros of ``dtype`` at an address XLA's CPU client adopts without a copy (:data:`ALIGNMENT`)."""
+  nbytes = count * np.dtype(dtype).itemsize
+  raw = np.zeros(nbytes + ALIGNMENT, np.uint8)
+  offset = (-raw.ctypes.data) % ALIGNMENT
+  return raw[offset : offset + nbytes].view(dtype)  # the view keeps `raw` alive
 
 
 def to_device(payload: np.ndarray):
