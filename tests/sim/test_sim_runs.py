@@ -367,8 +367,12 @@ def test_gradients_computed_in_batches_ahead_give_the_one_at_a_time_run(name, op
   final, history = jaxsync.sim.Simulator(strategy, loss, data, time, gradient_batch=3).run(
     params, 120, seed=3
   )
-  for field in ("time", "worker", "staleness", "version", "released", "k", "rejected"):
+  for field in ("worker", "staleness", "version", "released", "k", "rejected"):
     np.testing.assert_array_equal(getattr(history, field), getattr(one, field), err_msg=field)
+  # The clock's sums are compiled into two different programs, and XLA may round one of them its own
+  # way (seen: one event of ssp's 120 an ulp apart with XLA:CPU's classic emitter); the order of the
+  # events, checked above, is the same.
+  np.testing.assert_allclose(history.time, one.time, rtol=2e-7, atol=0)
   np.testing.assert_allclose(history.loss, one.loss, rtol=1e-5, atol=1e-6)
   assert_trees_close(final, one_final, atol=2e-6)
 
