@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -271,6 +272,9 @@ def classification_metrics(
   The set is cut into ``ceil(N / batch_size)`` equal batches (the last one
   completed with the first images and masked), so that memory stays bounded
   and batch-statistics normalization sees large batches of real images.
+  ``eval_fn`` is a ``jax.tree_util.Partial`` whose leaves are the batches: the
+  runtimes pass them to their compiled programs as arguments, so the set is
+  not a constant folded into every program.
   """
   images = jnp.asarray(images, jnp.float32)
   labels = jnp.asarray(labels, jnp.int32)
@@ -284,15 +288,18 @@ def classification_metrics(
   labels_b = labels[order].reshape(batches, batch_size)
   mask_b = (jnp.arange(batches * batch_size) < n).reshape(batches, batch_size)
 
-  def eval_fn(params):
-    def one(carry, xs):
-      x, y, m = xs
-      logits = model.apply(params, x)
-      loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
-      correct = jnp.argmax(logits, -1) == y
-      return (carry[0] + jnp.sum(loss * m), carry[1] + jnp.sum(correct * m)), None
+  return jax.tree_util.Partial(
+    functools.partial(_batched_metrics, model.apply, n), images_b, labels_b, mask_b
+  )
 
-    (loss, correct), _ = jax.lax.scan(one, (0.0, 0.0), (images_b, labels_b, mask_b))
-    return {"loss": loss / n, "accuracy": correct / n}
 
-  return eval_fn
+def _batched_metrics(apply, n, images_b, labels_b, mask_b, params):
+  def one(carry, xs):
+    x, y, m = xs
+    logits = apply(params, x)
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
+    correct = jnp.argmax(logits, -1) == y
+    return (carry[0] + jnp.sum(loss * m), carry[1] + jnp.sum(correct * m)), None
+
+  (loss, correct), _ = jax.lax.scan(one, (0.0, 0.0), (images_b, labels_b, mask_b))
+  return {"loss": loss / n, "accuracy": correct / n}

@@ -86,7 +86,7 @@ class RuntimeBase:
     eval_every_time: float | None,
   ):
     self.schedule = EvalSchedule.make(eval_fn, eval_every, eval_every_time)
-    self._evaluate = jax.jit(self.schedule.evaluate) if eval_fn is not None else None
+    self._evaluate = jax.jit(self._evaluate_impl) if eval_fn is not None else None
     self._initial_metrics: dict[str, float] = {}
     self._prepared = False
     self.metric_names: tuple[str, ...] = ()
@@ -110,7 +110,11 @@ class RuntimeBase:
     """``eval_fn(params)`` as Python floats (``{}`` without an ``eval_fn``); compiled once."""
     if self._evaluate is None:
       return {}
-    return {name: float(value) for name, value in self._evaluate(params).items()}
+    metrics = self._evaluate(self.schedule.eval_arrays(), params)
+    return {name: float(value) for name, value in metrics.items()}
+
+  def _evaluate_impl(self, eval_arrays, params):
+    return self.schedule.with_eval_arrays(eval_arrays).evaluate(params)
 
   @property
   def initial_metrics(self) -> dict[str, float]:

@@ -137,18 +137,19 @@ class Simulator(RuntimeBase):
     # weak-typed leaf, e.g. from jnp.full(n, 2.0), would compile advance twice).
     return jax.tree.map(lambda x: jnp.array(x, dtype=x.dtype, copy=True), state)
 
-  def _step(self, state, data):
+  def _step(self, state, data, eval_arrays):
+    schedule = self.schedule.with_eval_arrays(eval_arrays)
     return self._engine.step(
-      self.strategy, self.loss_fn, data, self._time_model, self.schedule, self.metric_names, state
+      self.strategy, self.loss_fn, data, self._time_model, schedule, self.metric_names, state
     )
 
-  def _advance_impl(self, state, max_time, data, num_events: int):
+  def _advance_impl(self, state, max_time, data, eval_arrays, num_events: int):
     # While loops, not a scan, so that a run can stop at a simulated time; the
-    # records go into preallocated buffers, one row per event run. The data is an
-    # argument (a pytree), not a constant of the program. The inner loop runs
+    # records go into preallocated buffers, one row per event run. The data and the
+    # held-out arrays are arguments, not constants of the program. The inner loop runs
     # events while their gradients are ready (always, for rounds); the outer one
     # then computes the next batch of gradients ahead (sim.events.prepare).
-    shapes = jax.eval_shape(self._step, state, data)[1]
+    shapes = jax.eval_shape(self._step, state, data, eval_arrays)[1]
     buffers = jax.tree.map(lambda x: jnp.zeros((num_events, *x.shape), x.dtype), shapes)
 
     def running(carry):
@@ -157,7 +158,7 @@ class Simulator(RuntimeBase):
 
     def event(carry):
       i, s, rec = carry
-      s, row = self._step(s, data)
+      s, row = self._step(s, data, eval_arrays)
       return i + 1, s, jax.tree.map(lambda buf, x: buf.at[i].set(x), rec, row)
 
     def batch(carry):
@@ -194,7 +195,7 @@ class Simulator(RuntimeBase):
     )
     self._ensure_prepared(state.params)
     state, records, count = self._advance(
-      state, jnp.asarray(limit, jnp.float32), self.data, num_events=num_events
+      state, jnp.asarray(limit, jnp.float32), self.data, self.schedule.eval_arrays(), num_events=num_events
     )
     count = int(count)
     if count < num_events:

@@ -7,6 +7,7 @@ from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxsync._src.core import validation
@@ -83,6 +84,21 @@ class EvalSchedule(NamedTuple):
       return jnp.asarray(float(self.every_updates), jnp.float32)
     return jnp.asarray(self.every_time if self.every_time is not None else jnp.inf, jnp.float32)
 
+  def eval_arrays(self) -> list[jax.Array]:
+    """The arrays of ``eval_fn`` when it is a pytree (e.g. a ``jax.tree_util.Partial``); none for a closure.
+
+    A runtime's compiled programs take them as arguments (:meth:`with_eval_arrays`), so that held-out
+    data reach XLA as buffers and not as constants folded into every program: Fashion-MNIST's 31 MB
+    test set cost every compilation of the simulator's loop and of an evaluation about 0.4 s more.
+    """
+    return [x for x in jax.tree.leaves(self.eval_fn) if _is_array(x)]
+
+  def with_eval_arrays(self, arrays: list[jax.Array]) -> EvalSchedule:
+    """This schedule with :meth:`eval_arrays` replaced by ``arrays`` (tracers, inside a compiled program)."""
+    leaves, treedef = jax.tree.flatten(self.eval_fn)
+    given = iter(arrays)
+    return self._replace(eval_fn=treedef.unflatten([next(given) if _is_array(x) else x for x in leaves]))
+
   def evaluate(self, params: optax.Params) -> dict[str, jax.Array]:
     return {k: jnp.asarray(v, jnp.float32) for k, v in self.eval_fn(params).items()}
 
@@ -107,3 +123,7 @@ class EvalSchedule(NamedTuple):
     # The next multiple of the interval after now: several intervals crossed at once give one row.
     after = (jnp.floor(now / every) + 1.0) * every
     return due, metrics, jnp.where(due, after, next_due)
+
+
+def _is_array(x: Any) -> bool:
+  return isinstance(x, (jax.Array, np.ndarray))
