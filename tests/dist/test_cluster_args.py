@@ -44,6 +44,13 @@ def test_an_async_run_needs_one_process_more_than_workers():
   with pytest.raises(ConfigError, match="launch 4 processes, or set cluster.num_workers=2"):
     commands.check_processes(strategies.make("asp", 3), 3)
   commands.check_processes(strategies.make("asp", 3), 4)
+  # EA-wild in groups of 2: one worker process per group.
+  groups = strategies.make("ea_wild", 4, group_size=2)
+  commands.check_processes(groups, 3)
+  with pytest.raises(
+    ConfigError, match=r"one group of 2 workers \(group_size=2\) per other process; launch 3 processes, or set cluster.num_workers=8"
+  ):
+    commands.check_processes(groups, 5)
   with pytest.raises(ConfigError, match="one worker per device"):
     commands.check_processes(strategies.make("bsp", 2), 2)  # this test process has one device
 

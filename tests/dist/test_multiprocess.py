@@ -262,23 +262,25 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
 
 
 @pytest.mark.parametrize(
-  "strategy, options",
+  "strategy, options, workers, processes",
   [
-    ("easgd", "{period: 4, learning_rate: 0.05}"),  # elastic: local steps and a locked exchange
-    ("fastest_k", "{k: 2, learning_rate: 0.05}"),  # synchronous rounds on the server, the slowest dropped
+    ("easgd", "{period: 4, learning_rate: 0.05}", 3, 4),  # elastic: local steps and a locked exchange
+    ("fastest_k", "{k: 2, learning_rate: 0.05}", 3, 4),  # synchronous rounds on the server, the slowest dropped
+    # EA-wild in two synchronous groups of two: a server and one worker process per group.
+    ("ea_wild", "{group_size: 2, learning_rate: 0.05}", 4, 3),
   ],
 )
-def test_three_workers_of_an_elastic_and_a_fastest_k_run_reach_the_simulated_accuracy_band(
-  tmp_path, strategy, options
+def test_elastic_fastest_k_and_ea_wild_group_runs_reach_the_simulated_accuracy_band(
+  tmp_path, strategy, options, workers, processes
 ):
   overrides = [
     f"strategy.name={strategy}",
     f"strategy.options={options}",
-    "cluster.num_workers=3",
+    f"cluster.num_workers={workers}",
     "run.gradients=900",
     "run.chunk=50",
   ]
-  code, log = _launch(4, tmp_path / strategy, overrides)
+  code, log = _launch(processes, tmp_path / strategy, overrides)
   assert code == 0, log[-3000:]
   summary = _summary(tmp_path / strategy)
   num_events = experiment.build(config_lib.load("configs/quickstart.yaml", [*BASE, *overrides])).num_events
@@ -289,6 +291,10 @@ def test_three_workers_of_an_elastic_and_a_fastest_k_run_reach_the_simulated_acc
   if strategy == "easgd":
     # 900 local steps, an exchange on each worker's steps 0, 4, 8, ...: ceil(n_k / 4) summed over workers.
     assert 225 <= summary["updates"] <= 227, summary
+  elif strategy == "ea_wild":
+    # 450 group steps of two gradients each, every one an exchange with the centre.
+    assert summary["events"] == summary["updates"] == 450 and summary["gradients"] == 900, summary
+    assert "[p1] worker 0:" in log and "[p2] worker 1:" in log and "[p3]" not in log, log[-3000:]
   else:
     # 300 rounds of 3 gradients, the first 2 of each applied; late ones dropped, never applied.
     assert summary["updates"] == 300

@@ -79,13 +79,16 @@ def _serve_with_worker(exp, server, num_events):
     ("easgd", "{period: 4}"),  # elastic: local steps reported, a locked exchange every 4th step
     ("eamsgd", "{period: 3}"),  # the same with the look-ahead gradient point
     ("ea_wild", "{}"),  # lock-free: an exchange every step against the last read
+    ("ea_wild", "{group_size: 2}"),  # a synchronous group of 2 workers, one worker process
     ("fastest_k", "{}"),  # a synchronous round served by the server
   ],
 )
 def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options):
   """Bit for bit for asp; for rules with more arithmetic, to float rounding (XLA fuses the simulator's
   one compiled event differently from the server's and the worker's separate steps)."""
-  exp = _experiment(f"strategy.name={name}", f"strategy.options={options}")
+  # An EA-wild group of two is two workers (K = 2) and one worker process, its batch both members'.
+  workers = 2 if "group_size" in options else 1
+  exp = _experiment(f"strategy.name={name}", f"strategy.options={options}", f"cluster.num_workers={workers}")
   sim = exp.simulator()
   sim_state, sim_records = sim.advance(sim.init(exp.model.params, 0), 40)
   server = param_server.ParameterServer(exp.strategy, eval_fn=sim.schedule.eval_fn, eval_every=20)
@@ -234,9 +237,14 @@ def test_the_server_refuses_strategies_it_cannot_serve():
     exp = _experiment(f"strategy.name={name}", "strategy.options={}")
     with pytest.raises(ValueError, match="multi-controller loop"):
       param_server.ParameterServer(exp.strategy)
+  # EA-wild's synchronous groups are served: one worker process (and one lock-free read) per group.
   ea = _experiment("cluster.num_workers=4", "strategy.name=ea_wild", "strategy.options={group_size: 2}")
-  with pytest.raises(ValueError, match="synchronous groups run in the simulator only"):
-    param_server.ParameterServer(ea.strategy)
+  server = param_server.ParameterServer(ea.strategy)
+  try:
+    assert server.num_workers == 2
+    assert server.init(ea.model.params).exchange.shape == (2, ea.model.num_params)
+  finally:
+    server.stop(timeout=0.1)
 
 
 def test_a_lost_worker_is_dropped_and_a_stuck_run_ends_with_a_clear_error():
@@ -438,7 +446,9 @@ def test_a_batch_that_does_not_split_over_the_local_devices_is_refused():
   from jaxsync._src.dist import local_devices
 
   assert local_devices.check_batch(32, 4) == 32
-  with pytest.raises(
-    ValueError, match=r"data.batch_size=30 .*multiple of this worker process's 4 local devices"
-  ):
+  with pytest.raises(ValueError, match=r"data.batch_size=30 .*splits over this worker process's 4 local devices"):
     local_devices.check_batch(30, 4)
+  # An EA-wild group's process computes its 2 members' batches: 2 x 30 splits over 4 devices, 2 x 31 does not.
+  assert local_devices.check_batch(30, 4, group_size=2) == 30
+  with pytest.raises(ValueError, match=r"data.batch_size=31 .*times the group's 2 workers.* 4 local devices"):
+    local_devices.check_batch(31, 4, group_size=2)

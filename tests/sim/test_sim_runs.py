@@ -187,11 +187,16 @@ def test_ea_wild_groups_all_reduce_inside_and_exchange_once_per_group_step():
   _, history = sim.run(params, steps)
   # A group step lasts as long as its slowest member plus the intra-group ring all-reduce.
   step_time = 2.0 + time.ring_allreduce_time(k, over=time.intra_link)
-  assert history.time[0] > step_time and (history.worker == 0).all() and history.worker_steps.shape == (1,)
-  _, two = jaxsync.sim.run(
-    jaxsync.strategies.make("ea_wild", k, group_size=2), loss, params, data, time, num_events=40
-  )
+  assert history.time[0] > step_time and (history.worker == 0).all()
+  # Every member computed a gradient at each of the group's steps: K x steps gradients, per worker.
+  assert history.worker_steps.tolist() == [steps] * k
+  pairs = jaxsync.strategies.make("ea_wild", k, group_size=2)
+  _, two = jaxsync.sim.run(pairs, loss, params, data, time, num_events=40)
   assert set(two.worker) == {0, 1} and two.version[-1] == 40
+  assert two.worker_steps.sum() == 80 and two.worker_steps[0] == two.worker_steps[1]
+  # A gradient budget counts the members' gradients: a group's step costs G of them.
+  assert pairs.num_units == 2 and pairs.gradients_per_event == 2
+  assert jaxsync.strategies.make("ea_wild", k).gradients_per_event == 1
 
 
 @pytest.mark.parametrize("gradient_batch", [1, 5])

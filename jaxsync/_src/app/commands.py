@@ -124,16 +124,18 @@ def check_processes(strategy: strategies.Strategy, num_processes: int, servers: 
 
   k = strategy.num_workers
   if param_server.serves(strategy):
-    if num_processes != k + servers:
+    units, g = strategy.num_units, k // strategy.num_units
+    if num_processes != units + servers:
       server = (
         "a parameter server (process 0)"
         if servers == 1
         else f"{servers} server shards (processes 0-{servers - 1})"
       )
+      per = "one worker" if g == 1 else f"one group of {g} workers (group_size={g})"
       raise config_lib.ConfigError(
         f"cluster.num_workers={k} is invalid for {num_processes} processes: the {strategy.engine} strategy "
-        f"{strategy.name!r} runs {server} and one worker per other process; "
-        f"launch {k + servers} processes, or set cluster.num_workers={num_processes - servers}."
+        f"{strategy.name!r} runs {server} and {per} per other process; "
+        f"launch {units + servers} processes, or set cluster.num_workers={(num_processes - servers) * g}."
       )
   elif servers != 1:
     raise config_lib.ConfigError(

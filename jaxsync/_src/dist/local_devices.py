@@ -33,14 +33,20 @@ AXIS = "local_devices"
 _WHAT = "local_devices"
 
 
-def check_batch(batch_size: int, num_devices: int) -> int:
-  """``batch_size``, checked to split evenly over ``num_devices`` devices; raises ValueError."""
-  if batch_size % num_devices:
+def check_batch(batch_size: int, num_devices: int, group_size: int = 1) -> int:
+  """``batch_size``, checked so that the process's batch splits evenly over ``num_devices`` devices.
+
+  The process's batch is ``group_size`` workers' batches (an EA-wild group's
+  members'), ``batch_size`` each. Raises ValueError.
+  """
+  if (group_size * batch_size) % num_devices:
+    whole = "" if group_size == 1 else f" (times the group's {group_size} workers)"
     raise validation.invalid(
       _WHAT,
       "data.batch_size",
       batch_size,
-      f"a multiple of this worker process's {num_devices} local devices (each computes an equal share)",
+      f"a size whose process batch{whole} splits over this worker process's {num_devices} local "
+      "devices (each computes an equal share)",
     )
   return batch_size
 

@@ -79,9 +79,9 @@ def _check_protocol(strategy: Strategy) -> Strategy:
       "strategy",
       f"{strategy.name} (engine={strategy.engine!r}, protocol={strategy.protocol!r}, "
       f"communication={strategy.communication!r}, group_size={strategy.group_size})",
-      "an asynchronous strategy (gradient or elastic, one worker per process), or a synchronous one "
-      "whose workers talk to a parameter server, such as fastest_k (all-reduce and local SGD run on "
-      "the multi-controller loop; EA-wild's synchronous groups run in the simulator only)",
+      "an asynchronous strategy (gradient or elastic: one worker, or one EA-wild group, per process), "
+      "or a synchronous one whose workers talk to a parameter server, such as fastest_k (all-reduce "
+      "and local SGD run on the multi-controller loop)",
     )
   return strategy
 
@@ -109,7 +109,7 @@ class ParameterServer(RuntimeBase):
 
   Args:
     strategy: a strategy :func:`server_step.mode` serves; one worker process
-      per ``strategy.num_workers``.
+      per worker (per EA-wild group: ``strategy.num_units``).
     eval_fn, eval_every, eval_every_time: evaluation, as for the simulator
       (``eval_every_time`` in wall seconds).
     bind: the interface to bind (``127.0.0.1`` by default: loopback only).
@@ -154,7 +154,7 @@ class ParameterServer(RuntimeBase):
     self.strategy = _check_protocol(strategy)
     self.mode = server_step.mode(strategy)
     super().__init__(eval_fn, eval_every, eval_every_time)
-    self.num_workers = strategy.num_workers
+    self.num_workers = strategy.num_units  # worker processes: an EA-wild group is one
     self.idle_timeout = validation.check_real(_WHAT, "idle_timeout", idle_timeout, low=0.0, low_open=True)
     self.num_shards = validation.check_int(_WHAT, "num_shards", num_shards)
     self.shard = validation.check_int(_WHAT, "shard", shard, low=0)
@@ -323,7 +323,7 @@ class ParameterServer(RuntimeBase):
       worker_idle=np.asarray(state.idle),
       bytes_moved=float(state.inter_messages) * message,
       bytes_moved_intra=0.0,
-    )
+    ).per_worker(self.strategy.workers_per_unit)
 
   def _to_device(self, state: ServerState) -> ServerState:
     """A host state (NumPy, e.g. restored) -> the step's: on the default device, or sliced over the shards."""

@@ -3,7 +3,10 @@
 Worker ``k`` runs the simulator's own worker side on its batch
 ``data.batch(k, step)`` (the step comes from the server: its count of the
 worker's pushes, or the round's number, so a worker that rejoins after a
-restart continues its data where the checkpoint left it):
+restart continues its data where the checkpoint left it). An EA-wild group
+of ``G`` workers is one worker process: its batch is its members' batches
+(:func:`arrival.unit_batch`), its gradient their mean, computed
+data-parallel over the process's devices when it has several:
 
 * gradient strategies (asynchronous, and synchronous rounds such as
   ``fastest_k``): :func:`arrival.worker_message`, pushed; the reply is the
@@ -75,7 +78,7 @@ def run_worker(
     loss_fn: ``(params, batch) -> scalar``.
     data: the run's data, sharded over ``strategy.num_workers`` workers.
     params_like: parameters with the run's structure (to unravel payloads).
-    worker: this worker's id ``k``.
+    worker: this worker's id ``k`` (an EA-wild group's id, ``0 .. K/G - 1``).
     address: the server's ``tcp://host:port``, or a sharded server's, one per
       shard (shard 0 first): the worker pushes and pulls each shard's slice of
       the raveled parameters (:mod:`shards`) in parallel.
@@ -98,7 +101,7 @@ def run_worker(
   flat_like, unravel = ravel_pytree(params_like)
   count, dtype = int(flat_like.size), str(flat_like.dtype)
   devices = list(jax.local_devices() if devices is None else devices)
-  local_devices.check_batch(data.batch_size, len(devices))
+  local_devices.check_batch(data.batch_size, len(devices), strategy.num_workers // strategy.num_units)
   gradient = local_devices.gradient_fn(loss_fn, devices)
   addresses = [address] if isinstance(address, str) else list(address)
   layout = shards.layout(count, len(addresses))
@@ -248,7 +251,8 @@ def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, param
   def compute(x, rule_state, step, data):
     """The gradient at the rule's look-ahead point, and whether this step exchanges with the centre."""
     model = unravel(x)
-    got = gradient(arrival.gradient_point(model, rule_state), data.batch(worker, step))
+    batch = arrival.unit_batch(strategy, data, worker, step)
+    got = gradient(arrival.gradient_point(model, rule_state), batch)
     # The rule decides on its own clock; the centre only enters the step's value (probed with x).
     _, probe = rule.update(got.grads, rule_state, model, center=model, grads_finite=got.finite)
     return got, contracts.exchanged(probe)

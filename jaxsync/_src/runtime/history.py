@@ -28,6 +28,21 @@ class RunTotals(NamedTuple):
   bytes_moved: float
   bytes_moved_intra: float
 
+  def per_worker(self, workers_per_unit: int) -> RunTotals:
+    """Totals counted per unit (an EA-wild group of ``G``: ``[K/G]``) spread over its workers (``[K]``).
+
+    Every member of a group computes a gradient at each of the group's steps
+    and waits as long as the group.
+    """
+    if workers_per_unit == 1:
+      return self
+    spread = lambda x: np.repeat(np.asarray(x), workers_per_unit)  # noqa: E731
+    return self._replace(
+      worker_steps=spread(self.worker_steps),
+      worker_used=spread(self.worker_used),
+      worker_idle=spread(self.worker_idle),
+    )
+
 
 @dataclasses.dataclass
 class History:

@@ -33,6 +33,7 @@ from jaxsync._src.steps.arrival import (
   elastic_worker_step,
   gradient_point,
   server_arrival,
+  unit_batch,
   worker_gradient,
   worker_message,
 )
@@ -115,13 +116,6 @@ def _set_row(tree: Any, i: jax.Array, row: Any) -> Any:
   return jax.tree.map(lambda x, r: x.at[i].set(r), tree, row)
 
 
-def num_units(strategy: Strategy) -> int:
-  """Workers as the engine schedules them: EA-wild groups act as one worker each."""
-  if strategy.protocol == WorkerProtocol.ELASTIC:
-    return strategy.num_workers // strategy.group_size
-  return strategy.num_workers
-
-
 def _compute_times(strategy: Strategy, time_model: TimeModel, key, units, steps) -> jax.Array:
   """Next compute times of ``units``; a group takes its slowest member plus its all-reduce (docs/algorithms.md §13)."""
   g = strategy.group_size
@@ -130,15 +124,6 @@ def _compute_times(strategy: Strategy, time_model: TimeModel, key, units, steps)
   members = (units[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1)
   times = time_model.sample_compute(key, members, jnp.repeat(steps, g)).reshape(-1, g)
   return jnp.max(times, axis=1) + time_model.ring_allreduce_time(g, over=time_model.intra_link)
-
-
-def _batch(strategy: Strategy, data: WorkerData, unit, step):
-  """A unit's batch: a group's is its members' batches, concatenated (their mean gradient)."""
-  g = strategy.group_size
-  if strategy.protocol != WorkerProtocol.ELASTIC or g == 1:
-    return data.batch(unit, step)
-  parts = [data.batch(unit * g + i, step) for i in range(g)]
-  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
 def _uses_snapshots(strategy: Strategy) -> bool:
@@ -159,7 +144,7 @@ def init(
   ``gradient_batch`` is ``B``, the gradients computed together ahead of their
   arrivals and kept; with 1 (the default) each arrival computes its own.
   """
-  num_workers = num_units(strategy)
+  num_workers = strategy.num_units
   workers = jnp.arange(num_workers, dtype=jnp.int32)
   steps = jnp.zeros([num_workers], jnp.int32)
   worker_state = ()
@@ -433,7 +418,7 @@ def prepare(strategy: Strategy, loss_fn, data: WorkerData, s: EventState) -> Eve
   kept = known[batch_workers]
 
   def one(worker):
-    batch = _batch(strategy, data, worker, s.steps[worker])
+    batch = unit_batch(strategy, data, worker, s.steps[worker])
     return worker_gradient(loss_fn, _pulled_point(strategy, s, worker), batch)
 
   gradients = jax.vmap(one)(batch_workers)
@@ -456,10 +441,10 @@ def step(
   s: EventState,
 ) -> tuple[EventState, EventRecord]:
   """One arrival: the earliest finisher's gradient goes through the strategy."""
-  num_workers = num_units(strategy)
+  num_workers = strategy.num_units
   worker = jnp.argmin(s.finish).astype(jnp.int32)
   t = s.finish[worker]
-  batch = _batch(strategy, data, worker, s.steps[worker])
+  batch = unit_batch(strategy, data, worker, s.steps[worker])
   elastic = strategy.protocol == WorkerProtocol.ELASTIC
 
   pulled = None

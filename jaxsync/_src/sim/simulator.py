@@ -99,7 +99,7 @@ class Simulator(RuntimeBase):
     self.loss_fn = loss_fn
     self.data = data
     self.time_model = time_model
-    units = sim_events.num_units(strategy)
+    units = strategy.num_units
     # Batching pays where one gradient leaves the device idle (a GPU, a TPU); on a CPU one
     # gradient of a convolutional model already fills the cores and a vmap of per-worker
     # weights is slower per gradient (benchmarks/simulator_throughput.py).
@@ -223,7 +223,7 @@ class Simulator(RuntimeBase):
       worker_idle=np.asarray(state.idle),
       bytes_moved=float(state.inter_messages) * message,
       bytes_moved_intra=float(state.intra_messages) * message,
-    )
+    ).per_worker(self.strategy.workers_per_unit)
 
   def run(
     self,

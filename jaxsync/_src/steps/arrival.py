@@ -22,8 +22,9 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.rules import contracts, guard
-from jaxsync._src.strategies.strategy import Dispatch, Strategy
+from jaxsync._src.strategies.strategy import Dispatch, Strategy, WorkerProtocol
 
 
 class WorkerMessage(NamedTuple):
@@ -61,6 +62,21 @@ class WorkerGradient(NamedTuple):
   loss: jax.Array
   grads: Any
   finite: jax.Array
+
+
+def unit_batch(strategy: Strategy, data: WorkerData, unit, step):
+  """The batch of ``unit`` (:attr:`Strategy.num_units`) at its ``step``: an EA-wild group's is its members'.
+
+  A group ``u`` of ``G`` steps on the mean gradient of its members
+  ``uG, ..., uG + G - 1``: their batches concatenated (equal sizes, so the
+  mean over the whole equals the mean of the members' means). Any other
+  unit is one worker with its own batch.
+  """
+  g = strategy.group_size
+  if strategy.protocol != WorkerProtocol.ELASTIC or g == 1:
+    return data.batch(unit, step)
+  parts = [data.batch(unit * g + i, step) for i in range(g)]
+  return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)
 
 
 def gradient_point(x, worker_state):

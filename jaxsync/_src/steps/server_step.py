@@ -41,14 +41,14 @@ def mode(strategy: Strategy) -> str | None:
   """Which of :data:`MODES` serves ``strategy`` on a parameter server (None: the server cannot).
 
   Asynchronous gradient strategies arrive one push at a time; elastic ones
-  (one worker per process: EA-wild's synchronous groups are not served)
-  exchange models; synchronous gradient strategies whose workers talk to a
-  parameter server run in rounds (``fastest_k`` drops the slowest).
+  exchange models (an EA-wild group of ``G`` workers is one worker process,
+  :attr:`Strategy.num_units`); synchronous gradient strategies whose workers
+  talk to a parameter server run in rounds (``fastest_k`` drops the slowest).
   """
   if strategy.engine == Engine.ASYNC and strategy.protocol == WorkerProtocol.GRADIENT:
     return "gradient"
   if strategy.engine == Engine.ASYNC and strategy.protocol == WorkerProtocol.ELASTIC:
-    return "elastic" if strategy.group_size == 1 else None
+    return "elastic"
   if (
     strategy.engine == Engine.SYNC
     and strategy.protocol == WorkerProtocol.GRADIENT
@@ -92,8 +92,8 @@ class ServerState(NamedTuple):
     inter_messages: full-size messages moved (pushes and replies).
     next_eval: the next evaluation point.
     event: arrivals so far (rounds, for a ``"rounds"`` server).
-    exchange: what the mode keeps besides: EA-wild's ``[K, P]`` centre each
-      worker last read (its lock-free reference), a :class:`RoundSum` for
+    exchange: what the mode keeps besides: EA-wild's ``[K/G, P]`` centre each
+      worker (or group of ``G``) last read (its lock-free reference), a :class:`RoundSum` for
       ``"rounds"``, else ``()``.
     dropped: messages never applied for coming too late: after their round
       closed (``"rounds"``), or from a worker declared lost (the host's call).
@@ -139,7 +139,7 @@ class ServerStep(NamedTuple):
 
 def init(strategy: Strategy, params: Any, schedule: EvalSchedule) -> ServerState:
   """The state before the first arrival: every worker will get ``params`` (version 0)."""
-  num_workers = strategy.num_workers
+  num_workers = strategy.num_units
   zeros = jnp.zeros([num_workers], jnp.int32)
   flat = ravel_pytree(params)[0]
   exchange = ()
@@ -227,7 +227,7 @@ def arrive(
   # A lost worker holds no one back (SSP's slowest clock is among the live).
   clocks = jnp.where(s.live, steps, jnp.iinfo(jnp.int32).max)
   send, waiting = arrival.dispatch(strategy, s.waiting & s.live, worker, clocks, released, fresh, rejected)
-  sender = jnp.arange(strategy.num_workers) == worker
+  sender = jnp.arange(strategy.num_units) == worker
   noise = contracts.noise_ratio(arrived.rule_state)
   evaluated, metrics, next_eval = schedule.maybe_evaluate(
     s.next_eval, arrived.params, version, now, metric_names
@@ -310,7 +310,7 @@ def elastic_step(
   Returns:
     A :class:`ServerStep`; ``send`` names the sender on an exchange only.
   """
-  sender = jnp.arange(strategy.num_workers) == worker
+  sender = jnp.arange(strategy.num_units) == worker
   if exchange:
     model = unravel(flat)
     finite = worker_finite & guard.tree_all_finite(model)

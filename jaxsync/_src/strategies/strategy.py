@@ -163,13 +163,30 @@ class Strategy:
       object.__setattr__(self, name, _enum(what, name, getattr(self, name), kind))
 
   @property
+  def num_units(self) -> int:
+    """The workers as the runtimes schedule them: an EA-wild group of ``group_size`` acts as one.
+
+    ``K / G`` for an elastic strategy with synchronous groups (one simulated
+    worker, one worker process each), else ``K``.
+    """
+    return self.num_workers // self.workers_per_unit
+
+  @property
+  def workers_per_unit(self) -> int:
+    """Workers in one of :attr:`num_units`: an EA-wild group's ``G``, else 1."""
+    return self.group_size if self.protocol == WorkerProtocol.ELASTIC else 1
+
+  @property
   def gradients_per_event(self) -> int:
-    """Worker gradients one simulator event costs: 1 for an arrival, ``K x local_steps`` for a round.
+    """Worker gradients one simulator event costs: 1 for an arrival (``G`` for an EA-wild group's step),
+    ``K x local_steps`` for a round.
 
     Every worker computes in a round, also those fastest-k cancels: a gradient budget counts what
     the workers computed, not what the server applied.
     """
-    return 1 if self.engine == Engine.ASYNC else self.num_workers * self.local_steps
+    if self.engine == Engine.ASYNC:
+      return self.workers_per_unit
+    return self.num_workers * self.local_steps
 
 
 def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
