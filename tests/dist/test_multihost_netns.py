@@ -1,9 +1,9 @@
 """Multi-host runs on one machine: every process in a network namespace of its own, a host with its own address.
 
-The ``hosts`` fixture makes N namespaces, each a host with a loopback and one
-veth at ``10.99.0.(I+1)/24``, joined by a Linux bridge in one more namespace;
-nothing is added to the root namespace, and everything is deleted at the end,
-failed test or not. Process I runs ``jaxsync train ... --coordinator
+The ``hosts`` fixture makes N namespaces (``benchmarks/_netns.py``), each a
+host with a loopback and one veth at ``10.99.0.(I+1)/24``, joined by a Linux
+bridge in one more namespace; nothing is added to the root namespace, and
+everything is deleted at the end, failed test or not. Process I runs ``jaxsync train ... --coordinator
 10.99.0.1:PORT --num-processes N --process-id I`` in host I. There 127.0.0.1
 is the host's own loopback: a process that bound, announced or dialled it
 instead of its host's address (the coordinator, the parameter server's
@@ -17,91 +17,32 @@ missing the tests skip, naming the command and its error;
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import pathlib
 import re
-import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import jax
 import numpy as np
 import pytest
 
-import helpers
-
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import cluster, sync_runtime
+from jaxsync._src.dist import cluster
 from jaxsync._src.train.checkpoints import RunCheckpoints
 
-SUBNET = "10.99.0"  # private to the namespaces: their routing tables are their own
-PORT = 4321  # the coordinator's port in host 0, where nothing else listens
+import helpers
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
+import _netns  # noqa: E402
+from _netns import Hosts  # noqa: E402
+
+PORT = _netns.PORT  # the coordinator's port in host 0, where nothing else listens
 PROBE_PORT = 4322  # the isolation check's listener in host 0
 TIMEOUT = 180  # seconds a run may take (about 15-30 s here) before the test fails
 BASE = ["model.name=mlp", "run.eval_every=50", "run.target_accuracy=0.9", "run.checkpoint_every=null"]
-_count = itertools.count()
-
-
-class Hosts:
-  """N network namespaces on one bridge; ``names[i]`` has the address ``addresses[i]``."""
-
-  def __init__(self, n: int):
-    stem = f"jaxsync-{os.getpid()}-{next(_count)}"
-    self.names = [f"{stem}-h{i}" for i in range(n)]
-    self.addresses = [f"{SUBNET}.{i + 1}" for i in range(n)]
-    self.bridge = f"{stem}-br"
-    self.made: list[str] = []  # the namespaces made (or being made), to delete
-
-  def create(self) -> None:
-    """Makes the namespaces and links; skips (or fails) naming the command when ``ip`` cannot."""
-    if shutil.which("ip") is None:
-      _unavailable("`ip` (iproute2) is not on PATH")
-    self.made.append(self.bridge)  # before the command: a half-made namespace is deleted too
-    self._ip("netns", "add", self.bridge)
-    self._ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
-    self._ip("-n", self.bridge, "link", "set", "br0", "up")
-    for i, (name, address) in enumerate(zip(self.names, self.addresses)):
-      self.made.append(name)
-      self._ip("netns", "add", name)
-      # Both ends are made inside their namespaces: the root namespace never holds them.
-      self._ip(
-        "link", "add", "eth0", "netns", name, "type", "veth", "peer", "name", f"h{i}", "netns", self.bridge
-      )
-      self._ip("-n", self.bridge, "link", "set", f"h{i}", "master", "br0")
-      self._ip("-n", self.bridge, "link", "set", f"h{i}", "up")
-      self._ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
-      self._ip("-n", name, "link", "set", "eth0", "up")
-      self._ip("-n", name, "link", "set", "lo", "up")
-
-  def _ip(self, *args: str) -> None:
-    cmd = ["ip", *args]
-    done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
-    if done.returncode != 0:
-      _unavailable(f"`{' '.join(cmd)}` failed (exit code {done.returncode}): {done.stderr.strip()}")
-
-  def exec(self, i: int, *argv: str) -> list[str]:
-    """The command line that runs ``argv`` in host ``i``."""
-    return ["ip", "netns", "exec", self.names[i], *argv]
-
-  def destroy(self) -> list[str]:
-    """Kills what still runs in the namespaces, deletes them (their veths go with them); returns what is left."""
-    if not self.made:
-      return []
-    for name in self.made:
-      pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
-      for pid in pids:  # only processes this test started live in its namespaces
-        try:
-          os.kill(int(pid), signal.SIGKILL)
-        except (ProcessLookupError, ValueError):
-          pass
-    for name in reversed(self.made):
-      subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
-    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    return [name for name in self.made if re.search(rf"^{re.escape(name)}\b", listed, re.M)]
 
 
 def _unavailable(reason: str):
@@ -119,7 +60,10 @@ def hosts():
   def make(n: int) -> Hosts:
     h = Hosts(n)
     made.append(h)
-    h.create()
+    try:
+      h.create()
+    except _netns.Unavailable as err:
+      _unavailable(str(err))
     _check_isolation(h)
     return h
 
@@ -175,44 +119,19 @@ def _check_isolation(h: Hosts) -> None:
 
 def _run(h: Hosts, overrides: list[str], out, logs) -> list[str]:
   """Runs process I of the run in host I; returns their logs (fails on a timeout or a non-zero exit)."""
-  n = len(h.names)
-  sets = [f"--set={o}" for o in [*BASE, *overrides]]
   membership = (cluster.ENV_COORDINATOR, cluster.ENV_NUM_PROCESSES, cluster.ENV_PROCESS_ID)
   env = {
     k: v for k, v in os.environ.items() if k not in (*membership, cluster.ENV_BIND, cluster.ENV_ADVERTISE)
   }
   env.update(PYTHONUNBUFFERED="1", JAXSYNC_HEARTBEAT_TIMEOUT="3", JAX_PLATFORMS="cpu")
-  logs.mkdir()
-  processes = []
   try:
-    for i in range(n):
-      argv = [sys.executable, "-m", "jaxsync.cli", "train", "configs/quickstart.yaml", *sets]
-      argv += ["--out", str(out), "--progress", "quiet", "--coordinator", f"{h.addresses[0]}:{PORT}"]
-      argv += ["--num-processes", str(n), "--process-id", str(i)]
-      with open(logs / f"p{i}.log", "w") as log:
-        processes.append(
-          subprocess.Popen(
-            h.exec(i, *argv), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-          )
-        )
-    deadline = time.monotonic() + TIMEOUT
-    for p in processes:
-      try:
-        p.wait(timeout=max(0.1, deadline - time.monotonic()))
-      except subprocess.TimeoutExpired:
-        pytest.fail(f"the run did not finish within {TIMEOUT} s:\n{_tails(logs, n)}")
-  finally:
-    for p in processes:
-      if p.poll() is None:
-        os.killpg(p.pid, signal.SIGKILL)  # each process leads a session of its own
-        p.wait()
-  codes = [p.returncode for p in processes]
-  assert codes == [0] * n, f"exit codes {codes}:\n{_tails(logs, n)}"
-  return [(logs / f"p{i}.log").read_text() for i in range(n)]
-
-
-def _tails(logs, n: int) -> str:
-  return "\n".join(f"--- process {i}:\n{(logs / f'p{i}.log').read_text()[-2000:]}" for i in range(n))
+    codes, texts = _netns.train(
+      h, "configs/quickstart.yaml", [*BASE, *overrides], out, logs, env=env, timeout=TIMEOUT
+    )
+  except TimeoutError as err:
+    pytest.fail(str(err))
+  assert codes == [0] * len(codes), f"exit codes {codes}:\n{_netns.tails(logs, len(codes))}"
+  return texts
 
 
 def _check_addresses(h: Hosts, texts: list[str]) -> None:
@@ -288,3 +207,27 @@ def test_asp_parameter_server_and_two_workers_on_three_hosts(hosts, tmp_path):
 def test_gloo_is_given_the_advertised_address_only_where_this_host_can_bind_it():
   assert cluster._is_local_address("127.0.0.1")
   assert not cluster._is_local_address("192.0.2.1")  # TEST-NET-1: no interface here has it
+
+
+@pytest.mark.heavy
+def test_the_sharded_server_benchmark_runs_each_layout_on_hosts_with_shaped_cards(tmp_path):
+  import importlib
+
+  sharded = importlib.import_module("sharded_server")
+  results = tmp_path / "results"
+  argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
+  try:
+    assert sharded.main(argv) == 0
+  except _netns.Unavailable as err:
+    _unavailable(str(err))
+  markdown = (results / "sharded_server.md").read_text()
+  rows = [line.strip("|").split("|") for line in markdown.splitlines() if re.match(r"\| 2 \| [12] \|", line)]
+  assert [int(r[1]) for r in rows] == [1, 2], markdown
+  for row in rows:
+    measured, server_bound, worker_bound, of_bound = (float(c) for c in row[2:6])
+    assert of_bound == pytest.approx(measured / min(server_bound, worker_bound), abs=0.01)
+    # The cards bind: unshaped, these runs take about 100 gradients/s, 7x the bound.
+    assert 0.3 < of_bound < 1.1, row
+  assert float(rows[0][3]) * 2 == pytest.approx(float(rows[1][3]), rel=1e-3)  # two server cards carry twice
+  assert re.search(r"K = 2: [\d.]+x \(the bounds allow 1.00x\)", markdown)
+  assert "--set cluster.servers=2 " in markdown and "--num-processes 4 --process-id I" in markdown

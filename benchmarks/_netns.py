@@ -1,0 +1,177 @@
+"""Hosts on one machine: network namespaces, each with its own address and, optionally, its own network card's rate.
+
+:class:`Hosts` makes N namespaces, each a host with a loopback and one veth
+at ``10.99.0.(I+1)/24``, joined by a Linux bridge in one more namespace;
+nothing is added to the root namespace, and everything is deleted by
+:meth:`Hosts.destroy`. With ``rate_mbit`` each host's link is shaped in both
+directions (``tc`` token bucket on the host's end, its egress, and on the
+bridge's end, its ingress), as a network card of that rate would be: what
+one process can move is then bounded by its host's card, not by loopback
+memory copies.
+
+Needs iproute2 (``ip netns``, ``tc``) and CAP_NET_ADMIN (root); where they are
+missing, :class:`Unavailable` names the command and its error. Used by the
+multi-host tests (``tests/dist/test_multihost_netns.py``) and
+``benchmarks/sharded_server.py``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import pathlib
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+SUBNET = "10.99.0"  # private to the namespaces: their routing tables are their own
+PORT = 4321  # the coordinator's port in host 0, where nothing else listens
+_count = itertools.count()
+
+
+class Unavailable(RuntimeError):
+  """Network namespaces (or traffic shaping) cannot be made here; the message names the command."""
+
+
+class Hosts:
+  """N network namespaces on one bridge; ``names[i]`` has the address ``addresses[i]``.
+
+  Args:
+    n: hosts.
+    rate_mbit: each host's link rate in Mbit/s, each direction (``None``: unshaped).
+  """
+
+  def __init__(self, n: int, rate_mbit: float | None = None):
+    stem = f"jaxsync-{os.getpid()}-{next(_count)}"
+    self.names = [f"{stem}-h{i}" for i in range(n)]
+    self.addresses = [f"{SUBNET}.{i + 1}" for i in range(n)]
+    self.bridge = f"{stem}-br"
+    self.rate_mbit = rate_mbit
+    self.made: list[str] = []  # the namespaces made (or being made), to delete
+
+  def create(self) -> Hosts:
+    """Makes the namespaces and links; raises :class:`Unavailable` naming the command that failed."""
+    if shutil.which("ip") is None:
+      raise Unavailable("`ip` (iproute2) is not on PATH")
+    if self.rate_mbit is not None and shutil.which("tc") is None:
+      raise Unavailable("`tc` (iproute2) is not on PATH")
+    self.made.append(self.bridge)  # before the command: a half-made namespace is deleted too
+    self._ip("netns", "add", self.bridge)
+    self._ip("-n", self.bridge, "link", "add", "br0", "type", "bridge")
+    self._ip("-n", self.bridge, "link", "set", "br0", "up")
+    for i, (name, address) in enumerate(zip(self.names, self.addresses)):
+      self.made.append(name)
+      self._ip("netns", "add", name)
+      # Both ends are made inside their namespaces: the root namespace never holds them.
+      self._ip(
+        "link", "add", "eth0", "netns", name, "type", "veth", "peer", "name", f"h{i}", "netns", self.bridge
+      )
+      self._ip("-n", self.bridge, "link", "set", f"h{i}", "master", "br0")
+      self._ip("-n", self.bridge, "link", "set", f"h{i}", "up")
+      self._ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+      self._ip("-n", name, "link", "set", "eth0", "up")
+      self._ip("-n", name, "link", "set", "lo", "up")
+      if self.rate_mbit is not None:
+        for namespace, device in ((name, "eth0"), (self.bridge, f"h{i}")):
+          self._run("tc", "-n", namespace, *_token_bucket(device, self.rate_mbit))
+    return self
+
+  def _ip(self, *args: str) -> None:
+    self._run("ip", *args)
+
+  def _run(self, *cmd: str) -> None:
+    done = subprocess.run(list(cmd), capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+      raise Unavailable(f"`{' '.join(cmd)}` failed (exit code {done.returncode}): {done.stderr.strip()}")
+
+  def exec(self, i: int, *argv: str) -> list[str]:
+    """The command line that runs ``argv`` in host ``i``."""
+    return ["ip", "netns", "exec", self.names[i], *argv]
+
+  def destroy(self) -> list[str]:
+    """Kills what still runs in the namespaces, deletes them (their veths go with them); returns what is left."""
+    if not self.made:
+      return []
+    for name in self.made:
+      pids = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True).stdout.split()
+      for pid in pids:  # only processes started in these namespaces live there
+        try:
+          os.kill(int(pid), signal.SIGKILL)
+        except (ProcessLookupError, ValueError):
+          pass
+    for name in reversed(self.made):
+      subprocess.run(["ip", "netns", "del", name], capture_output=True, text=True)
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [name for name in self.made if re.search(rf"^{re.escape(name)}\b", listed, re.M)]
+
+
+def _token_bucket(device: str, rate_mbit: float) -> list[str]:
+  """``tc qdisc`` arguments shaping ``device``'s egress to ``rate_mbit``: a token bucket with a burst
+  of 10 ms at the rate (at least 64 KB, a few packets of a 64 KB GSO segment) and 100 ms of queue."""
+  burst = max(64 * 1024, int(rate_mbit * 1e6 / 8 * 0.01))
+  return [
+    "qdisc",
+    "add",
+    "dev",
+    device,
+    "root",
+    "tbf",
+    "rate",
+    f"{rate_mbit}mbit",
+    "burst",
+    str(burst),
+    "latency",
+    "100ms",
+  ]
+
+
+def train(
+  h: Hosts,
+  config: str,
+  overrides: list[str],
+  out: pathlib.Path,
+  logs: pathlib.Path,
+  *,
+  env: dict[str, str],
+  timeout: float,
+) -> tuple[list[int], list[str]]:
+  """Runs process I of one ``jaxsync train`` run in host I, joined at host 0's address; returns exit codes and logs.
+
+  Each process is ``jaxsync train CONFIG --set ... --out OUT --coordinator ADDR:PORT --num-processes N
+  --process-id I``, its output in ``logs/pI.log``. Raises TimeoutError (the processes killed, the
+  message holding their logs' tails) when the run outlasts ``timeout`` seconds.
+  """
+  n = len(h.names)
+  logs.mkdir(parents=True)
+  processes = []
+  try:
+    for i in range(n):
+      argv = [sys.executable, "-m", "jaxsync.cli", "train", config, *[f"--set={o}" for o in overrides]]
+      argv += ["--out", str(out), "--progress", "quiet", "--coordinator", f"{h.addresses[0]}:{PORT}"]
+      argv += ["--num-processes", str(n), "--process-id", str(i)]
+      with open(logs / f"p{i}.log", "w") as log:
+        processes.append(
+          subprocess.Popen(
+            h.exec(i, *argv), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+          )
+        )
+    deadline = time.monotonic() + timeout
+    for p in processes:
+      try:
+        p.wait(timeout=max(0.1, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        raise TimeoutError(f"the run did not finish within {timeout} s:\n{tails(logs, n)}") from None
+  finally:
+    for p in processes:
+      if p.poll() is None:
+        os.killpg(p.pid, signal.SIGKILL)  # each process leads a session of its own
+        p.wait()
+  return [p.returncode for p in processes], [(logs / f"p{i}.log").read_text() for i in range(n)]
+
+
+def tails(logs: pathlib.Path, n: int) -> str:
+  """The last 2,000 characters of each process's log."""
+  return "\n".join(f"--- process {i}:\n{(logs / f'p{i}.log').read_text()[-2000:]}" for i in range(n))

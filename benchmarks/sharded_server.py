@@ -1,0 +1,201 @@
+"""A sharded parameter server against one server, when every process has a network card of its own.
+
+On one machine every process shares the loopback and the cores, so a sharded server's gain (no server
+process moves more than ``1/S`` of the model) cannot show. Here each process is a host of its own: a network
+namespace (``_netns.py``) whose link is shaped to ``--rate-mbit`` in each direction, like a network card.
+An ``asp`` run of ``K`` worker hosts trains the quickstart's digits on an MLP of two hidden layers of
+``--hidden`` units (1,024: 1.1M parameters, a 4.4 MB message), through one server host (``cluster.servers=1``)
+and then through two shard hosts (``cluster.servers=2``), side by side. Measured: gradients per second
+over the second half of the run (after start-up and compilation), from the run's own metrics.
+
+What the cards allow, per gradient of ``n`` bytes at a card's rate ``R`` (bytes/s): a server's card
+carries ``n/S`` in and ``n/S`` out, so the servers take at most ``S R / n`` gradients/s; a worker waits for its
+reply before it computes again, so each worker's push and pull cross its own card one after the other, at most
+``R / (2n)`` gradients/s per worker (``K R / (2n)`` in all). Sharding pays while ``S R / n`` is the smaller.
+
+Sizes: tiny (the suite's: K = 2, a 0.34 MB MLP, 40 Mbit/s, 120 gradients), default (K = 2 and 4,
+1.1M parameters, 200 Mbit/s, 400 gradients; about 8 minutes on 2 CPU cores). Needs root (``ip netns``, ``tc``).
+
+    python benchmarks/sharded_server.py [--size tiny|default] [--rate-mbit R] [--hidden H] [--gradients N]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import shlex
+import shutil
+import sys
+
+import _harness
+import _netns
+
+from jaxsync._src.dist import cluster
+
+NAME = "sharded_server"
+SETTINGS = {
+  "tiny": {"workers": (2,), "hidden": 256, "rate": 40.0, "gradients": 120},
+  "default": {"workers": (2, 4), "hidden": 1024, "rate": 200.0, "gradients": 400},
+}
+TIMEOUT = 900  # seconds one run may take
+
+
+def parameters(hidden: int, inputs: int = 64, classes: int = 10) -> int:
+  """Parameters of the quickstart's MLP with two hidden layers of ``hidden`` units (digits: 64 inputs)."""
+  return inputs * hidden + hidden + hidden * hidden + hidden + hidden * classes + classes
+
+
+def steady_rate(run_dir: pathlib.Path) -> tuple[float, float | None]:
+  """(gradients per second over the second half of the run's evaluations, the final accuracy)."""
+  rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  evals = [r for r in rows if r["kind"] == "eval"]
+  middle, last = evals[len(evals) // 2], evals[-1]
+  rate = (last["updates"] - middle["updates"]) / (last["wall_time"] - middle["wall_time"])
+  final = [r for r in rows if r["kind"] == "final"]
+  return rate, final[-1].get("accuracy") if final else None
+
+
+def overrides(servers: int, workers: int, hidden: int, gradients: int) -> list[str]:
+  """The ``--set`` overrides of the quickstart config for one run."""
+  return [
+    "model.name=mlp",
+    f"model.hidden=[{hidden}, {hidden}]",
+    "strategy.name=asp",
+    "strategy.options={learning_rate: 0.01}",
+    f"cluster.num_workers={workers}",
+    f"cluster.servers={servers}",
+    f"run.gradients={gradients}",
+    f"run.eval_every={max(1, gradients // 10)}",
+    "run.checkpoint_every=null",
+  ]
+
+
+def run(servers: int, workers: int, hidden: int, rate: float, gradients: int, runs_dir: pathlib.Path) -> dict:
+  """One ``asp`` run on ``servers + workers`` hosts with cards of ``rate`` Mbit/s; its measured rate."""
+  out = runs_dir / f"s{servers}_k{workers}"
+  logs = runs_dir / f"s{servers}_k{workers}_logs"
+  for folder in (out, logs):
+    shutil.rmtree(folder, ignore_errors=True)
+  membership = (cluster.ENV_COORDINATOR, cluster.ENV_NUM_PROCESSES, cluster.ENV_PROCESS_ID)
+  env = {
+    k: v for k, v in os.environ.items() if k not in (*membership, cluster.ENV_BIND, cluster.ENV_ADVERTISE)
+  }
+  env.update(PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+  hosts = _netns.Hosts(servers + workers, rate_mbit=rate)
+  try:
+    hosts.create()
+    config = str(_harness.REPO / "configs" / "quickstart.yaml")
+    sets = overrides(servers, workers, hidden, gradients)
+    codes, _ = _netns.train(hosts, config, sets, out, logs, env=env, timeout=TIMEOUT)
+  finally:
+    left = hosts.destroy()
+  if left:
+    raise RuntimeError(f"{NAME}: namespaces left behind: {left}")
+  if codes != [0] * len(codes):
+    raise RuntimeError(f"{NAME}: exit codes {codes}:\n{_netns.tails(logs, len(codes))}")
+  measured, accuracy = steady_rate(out)
+  summary = json.loads((out / "summary.json").read_text())
+  if summary["updates"] != gradients:
+    raise RuntimeError(f"{NAME}: the run applied {summary['updates']} of {gradients} gradients")
+  return {"rate": measured, "accuracy": accuracy}
+
+
+def main(argv: list[str] | None = None) -> int:
+  argv = sys.argv[1:] if argv is None else argv
+  p = _harness.parser(__doc__)
+  p.add_argument("--rate-mbit", type=float, default=None, help="each host's card, Mbit/s each way")
+  p.add_argument("--hidden", type=int, default=None, help="units of each of the MLP's two hidden layers")
+  p.add_argument("--gradients", type=int, default=None, help="gradients per run")
+  args = p.parse_args(argv)
+  size = "tiny" if args.size == "tiny" else "default"
+  setting = dict(SETTINGS[size])
+  for key, given in (("rate", args.rate_mbit), ("hidden", args.hidden), ("gradients", args.gradients)):
+    if given is not None:
+      if given <= 0:
+        raise SystemExit(f"{NAME}: --{key.replace('rate', 'rate-mbit')}={given}; give a positive number")
+      setting[key] = given
+  bench = _harness.Benchmark(
+    NAME, "A sharded parameter server on hosts with their own network cards", args, argv, 0
+  )
+  count = parameters(setting["hidden"])
+  message = 4 * count  # float32
+  card = setting["rate"] * 1e6 / 8  # bytes/s
+  rows, measured, commands = [], {}, []
+  for workers in setting["workers"]:
+    for servers in (1, 2):
+      got = run(servers, workers, setting["hidden"], setting["rate"], setting["gradients"], bench.runs_dir)
+      bench.run_count += 1
+      measured[(servers, workers)] = got["rate"]
+      server_bound = servers * card / message
+      worker_bound = workers * card / (2 * message)
+      rows.append(
+        [
+          str(workers),
+          str(servers),
+          f"{got['rate']:.2f}",
+          f"{server_bound:.2f}",
+          f"{worker_bound:.2f}",
+          f"{got['rate'] / min(server_bound, worker_bound):.2f}",
+          _harness.ratio(got["rate"], measured[(1, workers)]) if servers == 2 else "1",
+          f"{got['accuracy']:.3f}" if got["accuracy"] is not None else "-",
+        ]
+      )
+      print(f"[{NAME}] K={workers} S={servers}: {got['rate']:.2f} gradients/s", file=sys.stderr)
+      sets = overrides(servers, workers, setting["hidden"], setting["gradients"])
+      commands.append(
+        "jaxsync train configs/quickstart.yaml "
+        + " ".join(f"--set {shlex.quote(o)}" for o in sets)
+        + f" --coordinator 10.99.0.1:{_netns.PORT} --num-processes {servers + workers} --process-id I"
+      )
+  bench.section(
+    f"Gradients per second, {count:,} parameters ({message / 1e6:.2f} MB a message), cards of"
+    f" {setting['rate']:g} Mbit/s each way, {setting['gradients']} gradients a run",
+    "*server bound*: `S R / n`, what the server cards can carry; *worker bound*: `K R / (2n)`, what the"
+    " workers' cards allow a push then a pull at a time; *of bound*: the measured rate over the smaller;"
+    " *sharded / one*: two shard hosts against one server host, same workers.\n\n"
+    + _harness.table(
+      [
+        "workers K",
+        "servers S",
+        "gradients/s",
+        "server bound",
+        "worker bound",
+        "of bound",
+        "sharded / one",
+        "final accuracy",
+      ],
+      rows,
+    ),
+  )
+
+  def bound(servers: int, workers: int) -> float:
+    return min(servers * card / message, workers * card / (2 * message))
+
+  gains = [
+    f"K = {k}: {measured[(2, k)] / measured[(1, k)]:.2f}x (the bounds allow {bound(2, k) / bound(1, k):.2f}x)"
+    for k in setting["workers"]
+  ]
+  one = ", ".join(f"{measured[(1, k)] / bound(1, k):.2f}" for k in setting["workers"])
+  bench.section(
+    "What it shows",
+    "Two shard hosts against one server host: " + "; ".join(gains) + f". One server host's card ran at"
+    f" {one} of its bound (K = {', '.join(map(str, setting['workers']))}): every push and every reply queues"
+    " at that one card, while a sharded server splits them over two cards, each half as busy, so a run"
+    " gets closer to its bound, and gains even where the bounds allow none. Each run's processes share"
+    " this machine's cores, and each host's card is a token bucket (`tc tbf`) on its veth: TCP over a"
+    " shaped link, ZeroMQ's framing and the server's step keep every rate under its bound.",
+  )
+  bench.section(
+    f"Commands (process I in host I, at 10.99.0.(I+1), its card shaped to {setting['rate']:g} Mbit/s each way)",
+    _harness.code(commands),
+  )
+  bench.write()
+  return 0
+
+
+if __name__ == "__main__":
+  try:
+    sys.exit(main())
+  except _netns.Unavailable as err:
+    raise SystemExit(f"{NAME}: network namespaces are unavailable here: {err}") from None
