@@ -4,9 +4,11 @@ On one machine every process shares the loopback and the cores, so a sharded ser
 process moves more than ``1/S`` of the model) cannot show. Here each process is a host of its own: a network
 namespace (``_netns.py``) whose link is shaped to ``--rate-mbit`` in each direction, like a network card.
 An ``asp`` run of ``K`` worker hosts trains the quickstart's digits on an MLP of two hidden layers of
-``--hidden`` units (1,024: 1.1M parameters, a 4.4 MB message), through one server host (``cluster.servers=1``)
+``--hidden`` units (1,024: 1.1M parameters, a 4.5 MB message), through one server host (``cluster.servers=1``)
 and then through two shard hosts (``cluster.servers=2``), side by side. Measured: gradients per second
-over the second half of the run (after start-up and compilation), from the run's own metrics.
+over the second half of the run (after start-up and compilation), from the run's own metrics. At the default
+size each layout also runs once on unshaped links: what this machine's cores and loopback allow, so that a
+shaped rate far below it is the cards' doing.
 
 What the cards allow, per gradient of ``n`` bytes at a card's rate ``R`` (bytes/s): a server's card
 carries ``n/S`` in and ``n/S`` out, so the servers take at most ``S R / n`` gradients/s; a worker waits for its
@@ -35,8 +37,8 @@ from jaxsync._src.dist import cluster
 
 NAME = "sharded_server"
 SETTINGS = {
-  "tiny": {"workers": (2,), "hidden": 256, "rate": 40.0, "gradients": 120},
-  "default": {"workers": (2, 4), "hidden": 1024, "rate": 200.0, "gradients": 400},
+  "tiny": {"workers": (2,), "hidden": 256, "rate": 40.0, "gradients": 120, "control": False},
+  "default": {"workers": (2, 4), "hidden": 1024, "rate": 200.0, "gradients": 400, "control": True},
 }
 TIMEOUT = 900  # seconds one run may take
 
@@ -71,10 +73,12 @@ def overrides(servers: int, workers: int, hidden: int, gradients: int) -> list[s
   ]
 
 
-def run(servers: int, workers: int, hidden: int, rate: float, gradients: int, runs_dir: pathlib.Path) -> dict:
-  """One ``asp`` run on ``servers + workers`` hosts with cards of ``rate`` Mbit/s; its measured rate."""
-  out = runs_dir / f"s{servers}_k{workers}"
-  logs = runs_dir / f"s{servers}_k{workers}_logs"
+def run(
+  servers: int, workers: int, hidden: int, rate: float | None, gradients: int, runs_dir: pathlib.Path
+) -> dict:
+  """One ``asp`` run on ``servers + workers`` hosts with cards of ``rate`` Mbit/s (None: unshaped); its rate."""
+  stem = f"s{servers}_k{workers}" + ("" if rate else "_unshaped")
+  out, logs = runs_dir / stem, runs_dir / f"{stem}_logs"
   for folder in (out, logs):
     shutil.rmtree(folder, ignore_errors=True)
   membership = (cluster.ENV_COORDINATOR, cluster.ENV_NUM_PROCESSES, cluster.ENV_PROCESS_ID)
@@ -109,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
   p.add_argument("--gradients", type=int, default=None, help="gradients per run")
   args = p.parse_args(argv)
   size = "tiny" if args.size == "tiny" else "default"
+  args.size = size  # no bigger size: the results file says which ran
   setting = dict(SETTINGS[size])
   for key, given in (("rate", args.rate_mbit), ("hidden", args.hidden), ("gradients", args.gradients)):
     if given is not None:
@@ -121,12 +126,16 @@ def main(argv: list[str] | None = None) -> int:
   count = parameters(setting["hidden"])
   message = 4 * count  # float32
   card = setting["rate"] * 1e6 / 8  # bytes/s
-  rows, measured, commands = [], {}, []
+  rows, measured, unshaped, commands = [], {}, {}, []
   for workers in setting["workers"]:
     for servers in (1, 2):
       got = run(servers, workers, setting["hidden"], setting["rate"], setting["gradients"], bench.runs_dir)
       bench.run_count += 1
       measured[(servers, workers)] = got["rate"]
+      if setting["control"]:
+        free = run(servers, workers, setting["hidden"], None, setting["gradients"], bench.runs_dir)
+        bench.run_count += 1
+        unshaped[(servers, workers)] = free["rate"]
       server_bound = servers * card / message
       worker_bound = workers * card / (2 * message)
       rows.append(
@@ -139,6 +148,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{got['rate'] / min(server_bound, worker_bound):.2f}",
           _harness.ratio(got["rate"], measured[(1, workers)]) if servers == 2 else "1",
           f"{got['accuracy']:.3f}" if got["accuracy"] is not None else "-",
+          f"{unshaped[(servers, workers)]:.1f}" if unshaped else "-",
         ]
       )
       print(f"[{NAME}] K={workers} S={servers}: {got['rate']:.2f} gradients/s", file=sys.stderr)
@@ -153,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
     f" {setting['rate']:g} Mbit/s each way, {setting['gradients']} gradients a run",
     "*server bound*: `S R / n`, what the server cards can carry; *worker bound*: `K R / (2n)`, what the"
     " workers' cards allow a push then a pull at a time; *of bound*: the measured rate over the smaller;"
-    " *sharded / one*: two shard hosts against one server host, same workers.\n\n"
+    " *sharded / one*: two shard hosts against one server host, same workers; *unshaped*: the same run on"
+    " links without a rate limit (this machine's cores and loopback; default size only).\n\n"
     + _harness.table(
       [
         "workers K",
@@ -164,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
         "of bound",
         "sharded / one",
         "final accuracy",
+        "unshaped gradients/s",
       ],
       rows,
     ),
@@ -172,26 +184,35 @@ def main(argv: list[str] | None = None) -> int:
   def bound(servers: int, workers: int) -> float:
     return min(servers * card / message, workers * card / (2 * message))
 
-  gains = [
-    f"K = {k}: {measured[(2, k)] / measured[(1, k)]:.2f}x (the bounds allow {bound(2, k) / bound(1, k):.2f}x)"
-    for k in setting["workers"]
-  ]
-  one = ", ".join(f"{measured[(1, k)] / bound(1, k):.2f}" for k in setting["workers"])
-  bench.section(
-    "What it shows",
-    "Two shard hosts against one server host: " + "; ".join(gains) + f". One server host's card ran at"
-    f" {one} of its bound (K = {', '.join(map(str, setting['workers']))}): every push and every reply queues"
-    " at that one card, while a sharded server splits them over two cards, each half as busy, so a run"
-    " gets closer to its bound, and gains even where the bounds allow none. Each run's processes share"
-    " this machine's cores, and each host's card is a token bucket (`tc tbf`) on its veth: TCP over a"
-    " shaped link, ZeroMQ's framing and the server's step keep every rate under its bound.",
-  )
+  bench.section("What it shows", findings(setting, measured, unshaped, bound))
   bench.section(
     f"Commands (process I in host I, at 10.99.0.(I+1), its card shaped to {setting['rate']:g} Mbit/s each way)",
     _harness.code(commands),
   )
   bench.write()
   return 0
+
+
+def findings(setting: dict, measured: dict, unshaped: dict, bound) -> str:
+  """The gains against what the cards allow, and how close each layout came to its bound, in words."""
+  parts = []
+  for k in setting["workers"]:
+    one, two = measured[(1, k)] / bound(1, k), measured[(2, k)] / bound(2, k)
+    parts.append(
+      f"K = {k}: {measured[(2, k)] / measured[(1, k)]:.2f}x (the bounds allow {bound(2, k) / bound(1, k):.2f}x;"
+      f" one server host ran at {one:.2f} of its bound, two shard hosts at {two:.2f})"
+    )
+  text = "Two shard hosts against one server host: " + "; ".join(parts) + "."
+  if unshaped:
+    ceiling = min(unshaped.values())
+    text += (
+      f" Unshaped, every layout ran at {ceiling:.0f} gradients/s or more, {ceiling / max(measured.values()):.0f}x"
+      " the fastest shaped run: the cards, not this machine's cores, set the shaped rates."
+    )
+  return text + (
+    " Each host's card is a token bucket (`tc tbf`) on its veth; TCP over a shaped link, ZeroMQ's framing and"
+    " the server's step keep every rate under its bound."
+  )
 
 
 if __name__ == "__main__":

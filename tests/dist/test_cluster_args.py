@@ -48,7 +48,8 @@ def test_an_async_run_needs_one_process_more_than_workers():
   groups = strategies.make("ea_wild", 4, group_size=2)
   commands.check_processes(groups, 3)
   with pytest.raises(
-    ConfigError, match=r"one group of 2 workers \(group_size=2\) per other process; launch 3 processes, or set cluster.num_workers=8"
+    ConfigError,
+    match=r"one group of 2 workers \(group_size=2\) per other process; launch 3 processes, or set cluster.num_workers=8",
   ):
     commands.check_processes(groups, 5)
   with pytest.raises(ConfigError, match="one worker per device"):
@@ -84,7 +85,9 @@ def test_a_sharded_server_adds_its_shards_to_the_process_count():
   with pytest.raises(ConfigError, match=r"runs 2 server shards \(processes 0-1\).*launch 5 processes"):
     commands.check_processes(strategies.make("asp", 3), 4, servers=2)
   commands.check_processes(strategies.make("asp", 3), 5, servers=2)
-  with pytest.raises(ConfigError, match=r"cluster.servers=2 is invalid for the sync strategy 'bsp'.*expected 1"):
+  with pytest.raises(
+    ConfigError, match=r"cluster.servers=2 is invalid for the sync strategy 'bsp'.*expected 1"
+  ):
     commands.check_processes(strategies.make("bsp", 1), 1, servers=2)
 
 

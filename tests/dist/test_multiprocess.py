@@ -265,7 +265,8 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
   "strategy, options, workers, processes",
   [
     ("easgd", "{period: 4, learning_rate: 0.05}", 3, 4),  # elastic: local steps and a locked exchange
-    ("fastest_k", "{k: 2, learning_rate: 0.05}", 3, 4),  # synchronous rounds on the server, the slowest dropped
+    # Synchronous rounds on the server, the slowest dropped.
+    ("fastest_k", "{k: 2, learning_rate: 0.05}", 3, 4),
     # EA-wild in two synchronous groups of two: a server and one worker process per group.
     ("ea_wild", "{group_size: 2, learning_rate: 0.05}", 4, 3),
   ],

@@ -446,7 +446,9 @@ def test_a_batch_that_does_not_split_over_the_local_devices_is_refused():
   from jaxsync._src.dist import local_devices
 
   assert local_devices.check_batch(32, 4) == 32
-  with pytest.raises(ValueError, match=r"data.batch_size=30 .*splits over this worker process's 4 local devices"):
+  with pytest.raises(
+    ValueError, match=r"data.batch_size=30 .*splits over this worker process's 4 local devices"
+  ):
     local_devices.check_batch(30, 4)
   # An EA-wild group's process computes its 2 members' batches: 2 x 30 splits over 4 devices, 2 x 31 does not.
   assert local_devices.check_batch(30, 4, group_size=2) == 30

@@ -31,7 +31,7 @@ class _StopAfter(Reporter):
       raise _Interrupted
 
 
-def _train(run_dir, gradient_batch, reporter=None):
+def _train(run_dir, gradient_batch, reporter=None, num_events=120):
   loss, params, data = problem(K)
   sim = jaxsync.sim.Simulator(
     jaxsync.strategies.make("ormo", K, learning_rate=0.05),
@@ -43,7 +43,7 @@ def _train(run_dir, gradient_batch, reporter=None):
     gradient_batch=gradient_batch,
   )
   run_dir.mkdir(exist_ok=True)
-  kwargs = dict(num_events=120, log_every=40, checkpoint_every=40, tensorboard=False, make_plots=False)
+  kwargs = dict(num_events=num_events, log_every=40, checkpoint_every=40, tensorboard=False, make_plots=False)
   return train(sim, params, run_dir, reporter=reporter, **kwargs)
 
 
@@ -66,3 +66,10 @@ def test_a_resumed_batched_run_equals_the_uninterrupted_one_and_resumes_at_anoth
   moved = _train(tmp_path / "moved", 1)
   np.testing.assert_array_equal(whole.history.worker, moved.history.worker)
   assert_trees_close(moved.params, whole.params, atol=2e-6)
+
+
+def test_a_checkpoint_at_or_past_a_smaller_budget_ends_the_run_without_advancing(tmp_path):
+  # E.g. a run saved when EA-wild's group steps counted one gradient each, resumed where a budget counts G.
+  _interrupted(tmp_path / "cut", 1)  # its latest checkpoint: event 80 of 120
+  resumed = _train(tmp_path / "cut", 1, num_events=60)
+  assert resumed.summary["events"] == 80 and resumed.summary["stopped_by"] == "events"

@@ -23,7 +23,7 @@ class EventRecord(NamedTuple):
 
   Attributes:
     time: simulated seconds when the server finished the event.
-    worker: the arriving worker, ``-1`` for a synchronous round.
+    worker: the arriving worker (an EA-wild group's id, ``0 .. K/G - 1``), ``-1`` for a synchronous round.
     staleness: server updates between the sender's pull and this arrival.
     version: the server version after the event.
     released: whether the event changed the server parameters.

@@ -102,6 +102,10 @@ def _run_chunks(
   """Advances ``run`` chunk by chunk until ``num_events`` or ``max_time``; writes rows, saves checkpoints."""
   state, records, done, stopped_by = run.state, list(run.records), run.done, run.stopped_by
   last_eval = dict(run.initial_metrics)
+  if stopped_by is None and done >= num_events:
+    # A checkpoint at or past this run's budget (e.g. saved when EA-wild's group steps counted one
+    # gradient each, and a budget now counts G): nothing is left to run.
+    stopped_by = "events"
   while stopped_by is None:
     before, n = done, min(log_every, num_events - done)
     state, rec = runtime.advance(state, n, max_time=max_time)
