@@ -47,6 +47,7 @@ from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.runtime.history import History
 from jaxsync._src.sim.simulator import Simulator
 from jaxsync._src.sim.time_model import TimeModel
+from jaxsync._src.steps.records import EvalSchedule
 from jaxsync._src.strategies.strategy import Strategy
 
 _WHAT = "advise"
@@ -425,7 +426,15 @@ def short_run(
     The run's :class:`History`, its evaluation rows at equal event counts.
   """
   sim = Simulator(strategy, loss_fn, data, time_model)
-  return _short_run(sim, jax.jit(eval_fn), params, gradients=gradients, seed=seed, evaluations=evaluations)
+  return _short_run(sim, _compiled(eval_fn), params, gradients=gradients, seed=seed, evaluations=evaluations)
+
+
+def _compiled(eval_fn: Callable[[optax.Params], dict[str, Any]]) -> Callable[[optax.Params], dict[str, Any]]:
+  """``eval_fn`` compiled once, its arrays (e.g. ``classification_metrics``' test set) arguments, not constants."""
+  schedule = EvalSchedule(eval_fn, None, None)
+  arrays = schedule.eval_arrays()
+  compiled = jax.jit(lambda given, params: schedule.with_eval_arrays(given).eval_fn(params))
+  return lambda params: compiled(arrays, params)
 
 
 def _short_run(
@@ -547,7 +556,7 @@ def advise(
   if not seeds:
     raise ValueError(f"{_WHAT}: {seeds=}; expected at least one seed.")
   runs: dict[str, list[History]] = {}
-  evaluate = jax.jit(eval_fn)
+  evaluate = _compiled(eval_fn)
   for label, strategy in named.items():
     runs[label] = []
     sim = Simulator(strategy, loss_fn, data, time_model)  # one per candidate: its seeds share the compile
