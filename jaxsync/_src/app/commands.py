@@ -124,7 +124,7 @@ def check_processes(strategy: strategies.Strategy, num_processes: int, servers: 
 
   k = strategy.num_workers
   if param_server.serves(strategy):
-    units, g = strategy.num_units, k // strategy.num_units
+    units, g = strategy.num_units, strategy.workers_per_unit
     if num_processes != units + servers:
       server = (
         "a parameter server (process 0)"

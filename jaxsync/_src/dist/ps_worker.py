@@ -101,7 +101,7 @@ def run_worker(
   flat_like, unravel = ravel_pytree(params_like)
   count, dtype = int(flat_like.size), str(flat_like.dtype)
   devices = list(jax.local_devices() if devices is None else devices)
-  local_devices.check_batch(data.batch_size, len(devices), strategy.num_workers // strategy.num_units)
+  local_devices.check_batch(data.batch_size, len(devices), strategy.workers_per_unit)
   gradient = local_devices.gradient_fn(loss_fn, devices)
   addresses = [address] if isinstance(address, str) else list(address)
   layout = shards.layout(count, len(addresses))

@@ -86,7 +86,7 @@ class RuntimeBase:
     eval_every_time: float | None,
   ):
     self.schedule = EvalSchedule.make(eval_fn, eval_every, eval_every_time)
-    self._evaluate = jax.jit(self._evaluate_impl) if eval_fn is not None else None
+    self._evaluate = jax.jit(self.schedule.evaluate_with) if eval_fn is not None else None
     self._initial_metrics: dict[str, float] = {}
     self._prepared = False
     self.metric_names: tuple[str, ...] = ()
@@ -112,9 +112,6 @@ class RuntimeBase:
       return {}
     metrics = self._evaluate(self.schedule.eval_arrays(), params)
     return {name: float(value) for name, value in metrics.items()}
-
-  def _evaluate_impl(self, eval_arrays, params):
-    return self.schedule.with_eval_arrays(eval_arrays).evaluate(params)
 
   @property
   def initial_metrics(self) -> dict[str, float]:

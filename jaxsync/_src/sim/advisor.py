@@ -432,8 +432,7 @@ def short_run(
 def _compiled(eval_fn: Callable[[optax.Params], dict[str, Any]]) -> Callable[[optax.Params], dict[str, Any]]:
   """``eval_fn`` compiled once, its arrays (e.g. ``classification_metrics``' test set) arguments, not constants."""
   schedule = EvalSchedule(eval_fn, None, None)
-  arrays = schedule.eval_arrays()
-  compiled = jax.jit(lambda given, params: schedule.with_eval_arrays(given).eval_fn(params))
+  arrays, compiled = schedule.eval_arrays(), jax.jit(schedule.evaluate_with)
   return lambda params: compiled(arrays, params)
 
 

@@ -118,8 +118,8 @@ def _set_row(tree: Any, i: jax.Array, row: Any) -> Any:
 
 def _compute_times(strategy: Strategy, time_model: TimeModel, key, units, steps) -> jax.Array:
   """Next compute times of ``units``; a group takes its slowest member plus its all-reduce (docs/algorithms.md §13)."""
-  g = strategy.group_size
-  if strategy.protocol != WorkerProtocol.ELASTIC or g == 1:
+  g = strategy.workers_per_unit
+  if g == 1:
     return time_model.sample_compute(key, units, steps)
   members = (units[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1)
   times = time_model.sample_compute(key, members, jnp.repeat(steps, g)).reshape(-1, g)

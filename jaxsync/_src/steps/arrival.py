@@ -24,7 +24,7 @@ import optax
 
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.rules import contracts, guard
-from jaxsync._src.strategies.strategy import Dispatch, Strategy, WorkerProtocol
+from jaxsync._src.strategies.strategy import Dispatch, Strategy
 
 
 class WorkerMessage(NamedTuple):
@@ -72,8 +72,8 @@ def unit_batch(strategy: Strategy, data: WorkerData, unit, step):
   mean over the whole equals the mean of the members' means). Any other
   unit is one worker with its own batch.
   """
-  g = strategy.group_size
-  if strategy.protocol != WorkerProtocol.ELASTIC or g == 1:
+  g = strategy.workers_per_unit
+  if g == 1:
     return data.batch(unit, step)
   parts = [data.batch(unit * g + i, step) for i in range(g)]
   return jax.tree.map(lambda *xs: jnp.concatenate(xs), *parts)

@@ -102,6 +102,10 @@ class EvalSchedule(NamedTuple):
   def evaluate(self, params: optax.Params) -> dict[str, jax.Array]:
     return {k: jnp.asarray(v, jnp.float32) for k, v in self.eval_fn(params).items()}
 
+  def evaluate_with(self, eval_arrays: list[jax.Array], params: optax.Params) -> dict[str, jax.Array]:
+    """:meth:`evaluate` with :meth:`eval_arrays` given (to jit: ``jax.jit(schedule.evaluate_with)``)."""
+    return self.with_eval_arrays(eval_arrays).evaluate(params)
+
   def maybe_evaluate(
     self,
     next_due: jax.Array,
