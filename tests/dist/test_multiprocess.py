@@ -188,6 +188,42 @@ def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_p
   assert time.monotonic() - killed_at < 170
 
 
+def test_inhad_node_whose_aggregator_is_killed_is_dropped_whole_and_the_run_finishes_with_the_other(tmp_path):
+  """Node 1's aggregator runs in worker 2's process: killing it drops workers 2 and 3 (3 cannot reach the
+  server without it); the gradients node 1 held count as zeros; node 0 carries the run to its end."""
+  out = tmp_path / "inhad"
+  overrides = [
+    "strategy.name=inhad",
+    "strategy.options={local_workers: 2, learning_rate: 0.1}",
+    "cluster.num_workers=4",
+    "run.gradients=8000",  # long enough that the loss is declared (3 s heartbeat timeout) before the end
+    "run.chunk=200",
+  ]
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  launcher = _start("launch", "-n", "5", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  try:
+    head = _read_until(launcher, r"worker 3 joined", 120)
+    time.sleep(0.5)
+    _process(launcher, 3).send_signal(signal.SIGKILL)
+    log, _ = launcher.communicate(timeout=180)
+    log = head + log
+  finally:
+    if launcher.poll() is None:
+      _kill_tree(launcher)
+  assert launcher.returncode == 0, log[-3000:]
+  assert "node 1's aggregator (in worker 2's process) is lost: its workers are dropped with it" in log, log[
+    -3000:
+  ]
+  # Worker 3 stops waiting for its node once the node's process stops beating, and says why.
+  assert "node 1's aggregator (process 3) is lost" in log and "process 4 ended with exit code 3" in log, log[
+    -3000:
+  ]
+  summary = _summary(out)
+  assert sorted(x["worker"] for x in summary["lost_workers"]) == [2, 3]
+  assert summary["events"] == 8000 and summary["updates"] == 2000, summary
+  assert summary["final_accuracy"] > 0.85, summary
+
+
 def test_sync_run_that_loses_a_process_stops_in_bounded_time_naming_it(tmp_path):
   out = tmp_path / "bsp"
   overrides = ["strategy.name=bsp", "cluster.num_workers=2", "run.gradients=200000", "run.chunk=50"]
@@ -269,6 +305,8 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
     ("fastest_k", "{k: 2, learning_rate: 0.05}", 3, 4),
     # EA-wild in two synchronous groups of two: a server and one worker process per group.
     ("ea_wild", "{group_size: 2, learning_rate: 0.05}", 4, 3),
+    # InHAD on two nodes of two workers: each node's first worker process runs its aggregator.
+    ("inhad", "{local_workers: 2, learning_rate: 0.1}", 4, 5),
   ],
 )
 def test_elastic_fastest_k_and_ea_wild_group_runs_reach_the_simulated_accuracy_band(
@@ -296,6 +334,14 @@ def test_elastic_fastest_k_and_ea_wild_group_runs_reach_the_simulated_accuracy_b
     # 450 group steps of two gradients each, every one an exchange with the centre.
     assert summary["events"] == summary["updates"] == 450 and summary["gradients"] == 900, summary
     assert "[p1] worker 0:" in log and "[p2] worker 1:" in log and "[p3]" not in log, log[-3000:]
+  elif strategy == "inhad":
+    # A pull every K = 4 gradients; the gradients stayed on the nodes: the server's card moved only
+    # the pulled sums (one per node that held any) and the broadcasts (one per node per version).
+    assert summary["updates"] == 225 and summary["gradients"] == 900, summary
+    assert "node 0's aggregator joined" in log and "node 1's aggregator joined" in log, log[-3000:]
+    message = exp.model.num_params * 4
+    assert summary["bytes_moved_intra"] == 2 * 900 * message, summary
+    assert 226 * 2 + 225 <= summary["bytes_moved"] / message <= 226 * 2 + 225 * 2, summary
   else:
     # 300 rounds of 3 gradients, the first 2 of each applied; late ones dropped, never applied.
     assert summary["updates"] == 300

@@ -120,7 +120,7 @@ def launched_processes(run_dir: pathlib.Path) -> int | None:
 
 def check_processes(strategy: strategies.Strategy, num_processes: int, servers: int = 1) -> None:
   """Raises ConfigError unless ``num_processes`` fits the strategy's worker count (and ``servers`` shards)."""
-  from jaxsync._src.dist import param_server
+  from jaxsync._src.dist import node_aggregator, param_server
 
   k = strategy.num_workers
   if param_server.serves(strategy):
@@ -136,6 +136,11 @@ def check_processes(strategy: strategies.Strategy, num_processes: int, servers: 
         f"cluster.num_workers={k} is invalid for {num_processes} processes: the {strategy.engine} strategy "
         f"{strategy.name!r} runs {server} and {per} per other process; "
         f"launch {units + servers} processes, or set cluster.num_workers={(num_processes - servers) * g}."
+      )
+    if servers > 1 and node_aggregator.aggregates(strategy):
+      raise config_lib.ConfigError(
+        f"cluster.servers={servers} is invalid for {strategy.name!r}: its node aggregators pull from one "
+        "server process; expected 1."
       )
   elif servers != 1:
     raise config_lib.ConfigError(
@@ -159,7 +164,7 @@ def _run_distributed(
   """One process's part of a multi-process run (async: server or worker; sync: one worker)."""
   import logging
 
-  from jaxsync._src.dist import cluster, param_server, ps_worker, shards, sync_runtime
+  from jaxsync._src.dist import cluster, node_aggregator, param_server, ps_worker, shards, sync_runtime
 
   handler = logging.StreamHandler()
   handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
@@ -194,9 +199,28 @@ def _run_distributed(
   addresses = [client.blocking_key_value_get(shards.key_address(s), 300_000) for s in range(servers)]
   token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 300_000)
   worker = group.index - servers
+  aggregator, server_alive, peer = None, None, "the parameter server (process 0)"
+  if node_aggregator.aggregates(strategy):  # InHAD: the node's first worker process runs its aggregator
+    node = node_aggregator.node_of(strategy, worker)
+    aggregator = node_aggregator.aggregator_for(
+      strategy, worker, exp.model.params, server=addresses[0], token=token, bind=group.bind,
+      advertise=group.advertise,
+    )  # fmt: skip
+    if aggregator is not None:
+      client.key_value_set(
+        node_aggregator.key_address(node), aggregator.start().address, allow_overwrite=True
+      )
+    addresses = client.blocking_key_value_get(node_aggregator.key_address(node), 300_000)
+    monitor = cluster.HeartbeatMonitor(client)
+    lead = node * strategy.node_size + servers  # the aggregator's process
+    server_alive = lambda: lead in monitor.live([lead])  # noqa: E731
+    peer = f"node {node}'s aggregator (process {lead})"
   done = ps_worker.run_worker(
-    strategy, exp.loss_fn, exp.data, exp.model.params, worker=worker, address=addresses, token=token
-  )
+    strategy, exp.loss_fn, exp.data, exp.model.params, worker=worker, address=addresses, token=token,
+    server_alive=server_alive, peer=peer,
+  )  # fmt: skip
+  if aggregator is not None:
+    aggregator.stop()
   heartbeat.stop()
   print(
     f"worker {worker}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "

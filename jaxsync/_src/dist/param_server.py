@@ -36,11 +36,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import zmq
 from jax.flatten_util import ravel_pytree
 
 from jaxsync._src.core import validation
-from jaxsync._src.dist import shards, wire
+from jaxsync._src.dist import node_aggregator, shards, wire
 from jaxsync._src.dist.cluster import RunFaultError, heartbeat_timeout
 from jaxsync._src.runtime.history import RunTotals
 from jaxsync._src.runtime.interface import RuntimeBase
@@ -99,6 +100,13 @@ class ParameterServer(RuntimeBase):
   strategies), their version (the round's number in ``"rounds"`` mode), the
   worker's next data step and the noise ratio (BB). This class is the
   transport around it: the socket, message checks, liveness and the host loop.
+
+  InHAD's workers push to their node's aggregator (:mod:`node_aggregator`),
+  which reports each gradient's header here and keeps the gradient: the step
+  runs on a zero message for every report but the one that completes a pull,
+  which carries the pulled sum of all ``T`` (the rule's buffer adds zeros
+  until then, so the released mean is the same). A node then holds each new
+  version once (BROADCAST) and answers its workers with it on the server's word.
 
   Every change of the server's state is one :class:`shards.Command` applied
   by :meth:`_apply`. A sharded server (``num_shards > 1``, :mod:`shards`) runs
@@ -193,6 +201,12 @@ class ParameterServer(RuntimeBase):
     self._last_liveness = 0.0
     self._state: ServerState | None = None
     self._mesh: shards.ShardedState | None = None
+    self._nodes = _Nodes(strategy) if node_aggregator.aggregates(strategy) else None
+    if self._nodes is not None and self.num_shards > 1:
+      raise validation.invalid(
+        _WHAT, "num_shards", num_shards, f"1 for {strategy.name} (its node aggregators pull from one server)"
+      )
+    self._deferred: collections.deque = collections.deque()  # messages that came during a pull
 
   @property
   def leads(self) -> bool:
@@ -317,12 +331,17 @@ class ParameterServer(RuntimeBase):
   def totals(self, state: ServerState) -> RunTotals:
     """Per-worker pushes, accepted pushes and waiting seconds; bytes of every push and reply."""
     message = float(self.count * np.dtype(wire.numpy_dtype(self.dtype)).itemsize)
+    moved, intra = float(state.inter_messages) * message, 0.0
+    if self._nodes is not None:
+      # Pushes and answers stay inside the nodes; the server's card moves the pulled sums and broadcasts
+      # (counted since this server process started: a resumed run's earlier ones are not in it).
+      moved, intra = self._nodes.payload_messages * message, moved
     return RunTotals(
       worker_steps=np.asarray(state.steps),
       worker_used=np.asarray(state.used),
       worker_idle=np.asarray(state.idle),
-      bytes_moved=float(state.inter_messages) * message,
-      bytes_moved_intra=0.0,
+      bytes_moved=moved,
+      bytes_moved_intra=intra,
     ).per_worker(self.strategy.workers_per_unit)
 
   def _to_device(self, state: ServerState) -> ServerState:
@@ -344,6 +363,8 @@ class ParameterServer(RuntimeBase):
     return self._clock_offset + time.perf_counter() - self._started
 
   def _send(self, worker: int, header: wire.Header, payload=None) -> None:
+    if self._nodes is not None:
+      payload = None  # a directive: the node answers with its copy of the version the header names
     identity = self._identity.get(worker)
     if identity is None:
       if not self.leads:  # its HELLO to this shard is on its way: the reply waits for it
@@ -373,6 +394,8 @@ class ParameterServer(RuntimeBase):
       payload = np.asarray(reply_flat)
     else:
       payload = self._mesh.local_slice(reply_flat, self.shard)
+    if self._nodes is not None:
+      self._broadcast(int(_host(state.version)), payload)
     for w in workers:
       self._send(int(w), self._params_header(state, int(w)), payload)
 
@@ -408,7 +431,7 @@ class ParameterServer(RuntimeBase):
       if self.mode == "gradient":
         args += (self._scalar(command.step_size, np.float32),)
       state, row, send, reply = self._arrive(state, *args, now)
-      send = np.asarray(_host(send))
+      send = self._last_send = np.asarray(_host(send))
       if send.any():
         self._reply(state, np.nonzero(send)[0], reply)
       elif self.mode == "rounds":
@@ -460,6 +483,8 @@ class ParameterServer(RuntimeBase):
       return state
     was = np.asarray(_host(state.live))
     lost = [w for w in range(self.num_workers) if was[w] and w not in live]
+    if self._nodes is not None:
+      lost = self._nodes.with_their_nodes(lost, was)
     version = int(_host(state.version))
     for worker in lost:
       event = {
@@ -540,6 +565,8 @@ class ParameterServer(RuntimeBase):
         True,
       )
     rows: list[EventRecord] = []
+    if self._nodes is not None:
+      self._count_orphans(state)
     if self.leads:
       try:
         state = self._lead_sharded(state, rows, num_events, max_time)
@@ -559,6 +586,18 @@ class ParameterServer(RuntimeBase):
       return self._to_host(state), jax.tree.map(lambda x: np.zeros((0, *x.shape), x.dtype), empty)
     rows = [jax.tree.map(_host, r) for r in rows]
     return self._to_host(state), jax.tree.map(lambda *xs: np.stack(xs), *rows)
+
+  def _count_orphans(self, state: ServerState) -> None:
+    """Gradients the rule's buffer counts that no node of this run holds: a checkpoint's, after a restart."""
+    buffered = int(_host(optax.tree_utils.tree_get(state.rule_state, "accumulated_count")))
+    orphans = buffered - int(self._nodes.counted.sum())
+    if orphans != self._nodes.orphans:
+      self._nodes.orphans = orphans
+      log.warning(
+        "%d gradient(s) counted before the checkpoint were held by the nodes of the run that wrote it; they "
+        "count as zeros at the next pull",
+        orphans,
+      )
 
   def _placeholder_args(self, payload=None) -> tuple:
     """The arguments after the state of this mode's step: an empty message of worker 0 (or ``payload``)."""
@@ -588,6 +627,12 @@ class ParameterServer(RuntimeBase):
       if max_time is not None and self._now() >= max_time:
         break
       state = self._check_liveness(state, rows)
+      if self._deferred:
+        state, row = self._handle(state, self._deferred.popleft())
+        self._state = state
+        if row is not None:
+          rows.append(row)
+        continue
       if not poller.poll(100):
         if time.perf_counter() - quiet_since > self.idle_timeout:
           raise WorkerLostError(
@@ -608,6 +653,16 @@ class ParameterServer(RuntimeBase):
     identity, worker = frames[0].bytes, self._worker_of.get(frames[0].bytes)
     try:
       header, payload = self._decode(frames)
+      if self._nodes is not None:  # every message comes through a node aggregator
+        if header.kind == wire.Kind.NODE_HELLO:
+          return self._node_hello(state, identity, header.worker), None
+        if header.kind == wire.Kind.SUM:  # its pull gave up on it (see _pull): too late to apply
+          self.rejected_messages["version"] += 1
+          log.warning("node %d's sum for pull %d came after that pull; dropped", header.worker, header.version)
+          return state, None
+        worker = header.worker if self._nodes.speaks_for(identity, header.worker) else None
+        if worker is None:
+          raise wire.MessageError("worker", f"worker={header.worker} through a connection that is not its node's")
       if header.kind == wire.Kind.HELLO:
         return self._hello(state, identity, header.worker), None
       if worker != header.worker:
@@ -618,7 +673,8 @@ class ParameterServer(RuntimeBase):
         log.info("worker %d left", worker)
         return self._do(state, shards.Command(shards.Op.DROP, mask=1 << worker))
       elastic_step = header.kind == wire.Kind.STEP and self.mode == "elastic"
-      if header.kind != wire.Kind.PUSH and not elastic_step:
+      pushed = wire.Kind.PUSH if self._nodes is None else wire.Kind.REPORT
+      if header.kind != pushed and not elastic_step:
         raise wire.MessageError("malformed", f"a {header.kind.name} message sent to a {self.mode} server")
       current = int(_host(state.event if self.mode == "rounds" else state.version))
       if header.version > current:
@@ -645,6 +701,8 @@ class ParameterServer(RuntimeBase):
         int(_host(state.version)),
       )
       state, _ = self._do(state, shards.Command(shards.Op.LATE, worker=worker))
+      if self._nodes is not None:  # its node discards the gradient it holds
+        self._send(worker, wire.Header(kind=wire.Kind.DROP, token=self.token, worker=worker))
       return self._hello(state, identity, worker), None
     fields = dict(
       worker=worker, version=header.version, step=header.step, loss=header.loss, finite=header.finite,
@@ -653,6 +711,8 @@ class ParameterServer(RuntimeBase):
     if elastic_step:
       return self._do(state, shards.Command(shards.Op.LOCAL_STEP, **fields))
     command = shards.Command(shards.Op.ARRIVE, step_size=header.step_size, **fields)
+    if self._nodes is not None:
+      return self._report(state, command)
     if self._mesh is not None:  # the inbox's whole buffer: the slice, then zeros to the shards' equal size
       payload = self._inbox.view(wire.numpy_dtype(self.dtype), self._mesh.layout.chunk)
     return self._do(state, command, self._payload(payload))
@@ -684,6 +744,127 @@ class ParameterServer(RuntimeBase):
       self._worker_of.pop(old, None)
     self._identity[worker] = identity
     self._worker_of[identity] = worker
+
+  # -- InHAD's node aggregators ----------------------------------------------------------------
+
+  def _node_hello(self, state: ServerState, identity: bytes, node: int) -> ServerState:
+    if not 0 <= node < self._nodes.count:
+      raise wire.MessageError("worker", f"node={node}; expected 0..{self._nodes.count - 1}")
+    self._nodes.register(identity, node)
+    log.info("node %d's aggregator joined", node)
+    self._broadcast(int(_host(state.version)), np.asarray(self._reply_payload(state)))
+    return state
+
+  def _broadcast(self, version: int, payload: np.ndarray) -> None:
+    """Every node that does not hold ``version`` yet gets it: one message per node per release."""
+    nodes = self._nodes
+    for node in list(nodes.identity):
+      if nodes.version.get(node) != version:
+        header = wire.Header(kind=wire.Kind.BROADCAST, token=self.token, worker=node, version=version)
+        if self._send_node(node, header, payload):
+          nodes.version[node] = version
+          nodes.payload_messages += 1
+
+  def _send_node(self, node: int, header: wire.Header, payload=None) -> bool:
+    try:
+      self._socket.send_multipart(
+        [self._nodes.identity[node], *wire.encode(header, payload)], copy=False, flags=zmq.NOBLOCK
+      )
+    except zmq.ZMQError:  # its process is gone (liveness will tell), or a blip ZeroMQ reconnects
+      if node not in self._nodes.unreachable:
+        log.warning("node %d: %s not delivered (its connection is gone)", node, header.kind.name)
+      self._nodes.unreachable.add(node)
+      return False
+    self._nodes.unreachable.discard(node)
+    return True
+
+  def _report(self, state: ServerState, command: shards.Command):
+    """A gradient its node holds: the step on a zero message, or on the pulled sum if it completes a pull.
+
+    The rule's buffer adds zeros for the reports before, so the mean it
+    releases is the pulled sum's over ``T`` (docs/algorithms.md §15).
+    """
+    nodes, worker = self._nodes, command.worker
+    counted = bool(command.finite)  # the node's verdict; a NaN/Inf gradient is neither kept nor counted
+    completes = counted and nodes.completes()
+    payload = self._no_payload
+    if counted:
+      nodes.counted[node_aggregator.node_of(self.strategy, worker)] += 1
+    hold = wire.Header(kind=wire.Kind.HOLD, token=self.token, worker=worker)
+    if completes:
+      self._send(worker, hold)  # into its node's sum before the pull that counts it
+      payload = self._pull()
+    state, row = self._do(state, command, payload)
+    if completes and not bool(_host(row.released)):
+      raise RunFaultError(
+        f"pull {nodes.pulls} did not release an update: the server's count of the nodes' gradients "
+        "disagrees with its rule's (a bug; please report it)."
+      )
+    if counted and not completes and not self._last_send[worker]:
+      self._send(worker, hold)
+    return state, row
+
+  def _pull(self):
+    """InHAD's pull: every node that holds counted gradients sends their sum; returns the sum over nodes.
+
+    A node that does not answer within the heartbeat timeout (its process
+    stopped or lost) adds nothing: its gradients count as zeros in the mean.
+    """
+    nodes = self._nodes
+    nodes.pulls += 1
+    wanted = {n: int(c) for n, c in enumerate(nodes.counted) if c > 0 and n in nodes.identity}
+    for node, count in wanted.items():
+      pull = wire.Header(kind=wire.Kind.PULL, token=self.token, worker=node, version=nodes.pulls, step=count)
+      self._send_node(node, pull)
+    sums: dict[int, np.ndarray] = {}
+    poller = zmq.Poller()
+    poller.register(self._socket, zmq.POLLIN)
+    deadline = time.perf_counter() + heartbeat_timeout()
+    while len(sums) < len(wanted) and time.perf_counter() < deadline:
+      if poller.poll(100):
+        frames = self._inbox.receive(self._socket, routed=True)
+        if not self._take_sum(frames, wanted, sums):
+          # Handled after the pull; a payload's frame is the inbox's, which the next sum overwrites.
+          self._deferred.append([f if isinstance(f, zmq.Frame) else bytes(f) for f in frames])
+    total = np.zeros([self.count], wire.numpy_dtype(self.dtype))
+    for node in sorted(wanted):  # in node order: the same sum whatever order the nodes answered in
+      if node in sums:
+        np.add(total, sums[node], out=total)
+    lost = nodes.orphans + int(nodes.counted.sum()) - sum(wanted[n] for n in sums)
+    if lost:
+      log.warning(
+        "pull %d: %d gradient(s) were held by nodes that are lost or did not answer within %d s; they count "
+        "as zeros in its mean",
+        nodes.pulls,
+        lost,
+        heartbeat_timeout(),
+      )
+    nodes.counted[:], nodes.orphans = 0, 0
+    nodes.payload_messages += len(sums)
+    return self._payload(total)
+
+  def _take_sum(self, frames, wanted: dict[int, int], sums: dict) -> bool:
+    """Whether ``frames`` are a node's answer to the open pull (kept in ``sums`` when they check out)."""
+    nodes = self._nodes
+    try:
+      header = wire.decode_header(frames[1], token=self.token) if len(frames) > 1 else None
+    except wire.MessageError:
+      return False  # _handle rejects it
+    if header is None or header.kind != wire.Kind.SUM:
+      return False
+    node = nodes.node_of_identity.get(frames[0].bytes)
+    try:
+      if node not in wanted or header.version != nodes.pulls:
+        raise wire.MessageError("version", f"a sum for pull {header.version} from node {node} during pull {nodes.pulls}")
+      payload = wire.decode_payload(header, frames[2:], dtype=self.dtype, count=self.count)
+      if header.step != wanted[node]:
+        raise wire.MessageError("shape", f"a sum of {header.step} gradient(s); the server counted {wanted[node]}")
+    except wire.MessageError as err:
+      self.rejected_messages[err.reason] += 1
+      log.warning("rejected a sum: %s", err)
+      return True
+    sums[node] = np.array(payload)  # the inbox's buffer takes the next sum
+    return True
 
   # -- a shard that follows the leader ------------------------------------------------------------
 
@@ -776,6 +957,11 @@ class ParameterServer(RuntimeBase):
     if not self.leads:
       self._socket.close(linger=0)
       return
+    if self._nodes is not None:  # each node tells its workers
+      for node in list(self._nodes.identity):
+        self._send_node(node, wire.Header(kind=wire.Kind.STOP, token=self.token, worker=node))
+      self._socket.close(linger=1000)
+      return
     try:
       live_mask, waiting = np.asarray(_host(self._state.live)), np.asarray(_host(self._state.waiting))
     except (AttributeError, RuntimeError):  # no state yet, or one donated to a step that failed
@@ -801,6 +987,68 @@ class ParameterServer(RuntimeBase):
         self._send(worker, stop)
         told.add(worker)
     self._socket.close(linger=1000)
+
+
+class _Nodes:
+  """The server's side of InHAD's node aggregators: who they are, what they hold, what a pull takes.
+
+  Attributes:
+    size, count: workers per node (``W``) and nodes (``K / W``).
+    threshold: ``T``, the gradients a pull takes (the rule's ``gradients_per_update``).
+    identity, node_of_identity: each registered node's connection, both ways.
+    version: the parameter version each node holds.
+    counted: per node, the gradients the server counted since the last pull (``IN_n``).
+    orphans: gradients in the rule's buffer no node holds (counted before a restart).
+    pulls: pulls so far (a SUM names the pull it answers).
+    payload_messages: sums pulled and broadcasts sent: the payloads on the server's card.
+  """
+
+  def __init__(self, strategy: Strategy):
+    self.size = strategy.node_size
+    self.count = strategy.num_workers // self.size
+    self.threshold = int(strategy.gradients_per_update)
+    self.identity: dict[int, bytes] = {}
+    self.node_of_identity: dict[bytes, int] = {}
+    self.version: dict[int, int] = {}
+    self.counted = np.zeros([self.count], np.int64)
+    self.orphans = 0
+    self.pulls = 0
+    self.payload_messages = 0
+    self.unreachable: set[int] = set()  # nodes whose last message could not be sent (warned once)
+
+  def register(self, identity: bytes, node: int) -> None:
+    self.forget(node)
+    self.identity[node], self.node_of_identity[identity] = identity, node
+
+  def forget(self, node: int) -> None:
+    """A node that is gone (or joins again): no more pulls or broadcasts go to its old connection."""
+    self.node_of_identity.pop(self.identity.pop(node, b""), None)
+    self.version.pop(node, None)
+
+  def speaks_for(self, identity: bytes, worker: int) -> bool:
+    """Whether the connection ``identity`` is worker ``worker``'s node's aggregator."""
+    return self.node_of_identity.get(identity) == worker // self.size
+
+  def completes(self) -> bool:
+    """Whether one more counted gradient makes ``T``: the report that completes a pull."""
+    return self.orphans + int(self.counted.sum()) + 1 >= self.threshold
+
+  def with_their_nodes(self, lost: list[int], live: np.ndarray) -> list[int]:
+    """``lost`` and, for a lost node's first worker (whose process runs the aggregator), its node's live workers."""
+    out = list(lost)
+    for worker in lost:
+      if worker % self.size == 0:
+        node = worker // self.size
+        self.forget(node)
+        out += [w for w in range(worker, worker + self.size) if live[w] and w not in out]
+        held = int(self.counted[node])
+        log.warning(
+          "node %d's aggregator (in worker %d's process) is lost: its workers are dropped with it%s",
+          node,
+          worker,
+          f"; the {held} gradient(s) it held count as zeros at the next pull" if held else "",
+        )
+    return sorted(out)
 
 
 def _host(x) -> np.ndarray:

@@ -70,6 +70,7 @@ def run_worker(
   reply_timeout: float = 300.0,
   server_alive=None,
   devices=None,
+  peer: str = "the parameter server (process 0)",
 ) -> dict[str, Any]:
   """Works for the server at ``address`` until it says STOP; returns counters.
 
@@ -85,10 +86,11 @@ def run_worker(
     token: the run token (from the coordination service).
     reply_timeout: seconds to wait for any reply before giving up.
     server_alive: optional ``() -> bool`` checked while waiting (the
-      coordination service's view of process 0).
+      coordination service's view of ``peer``'s process).
     devices: the devices this worker computes on (default: this process's
       ``jax.local_devices()``); with several, each gradient is computed
       data-parallel over them (:mod:`local_devices`), the batch split evenly.
+    peer: what ``address`` is, in errors (InHAD's workers talk to their node's aggregator).
 
   Returns:
     ``{"pushes": n, "wall_seconds": s, "compute_seconds": [per step], "devices": D}``.
@@ -115,7 +117,7 @@ def run_worker(
     socket.setsockopt(zmq.MAXMSGSIZE, wire.max_message_bytes(hi - lo, dtype))
     socket.connect(at)
     sockets.append(socket)
-  link = _Link(sockets, layout, token, worker, dtype, reply_timeout, server_alive)
+  link = _Link(sockets, layout, token, worker, dtype, reply_timeout, (peer, server_alive))
   link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
   loop = _elastic_loop if server_step.mode(strategy) == "elastic" else _gradient_loop
   start = time.perf_counter()
@@ -139,10 +141,10 @@ class _Stop(Exception):
 class _Link:
   """This worker's sockets to the server, one per shard: typed sends, checked and assembled replies."""
 
-  def __init__(self, sockets, layout, token, worker, dtype, reply_timeout, server_alive):
+  def __init__(self, sockets, layout, token, worker, dtype, reply_timeout, peer):
     self.sockets, self.layout, self.token, self.worker, self.dtype = sockets, layout, token, worker, dtype
     self.count = layout.count
-    self.reply_timeout, self.server_alive = reply_timeout, server_alive
+    self.reply_timeout, self.peer = reply_timeout, peer  # (its name, () -> whether it is alive)
     self.pollers = []
     for socket in sockets:
       self.pollers.append(zmq.Poller())
@@ -184,13 +186,13 @@ class _Link:
     leader's decides which, and each other shard's slice is the one of its
     replies with the same header.
     """
-    _wait(self.pollers[0], self.reply_timeout, self.server_alive)
+    _wait(self.pollers[0], self.reply_timeout, *self.peer)
     reply = self._receive(0)
     while newest and self.pollers[0].poll(0):
       reply = self._receive(0)
     for shard in range(1, len(self.sockets)):
       while True:
-        _wait(self.pollers[shard], self.reply_timeout, self.server_alive)
+        _wait(self.pollers[shard], self.reply_timeout, *self.peer)
         got = self._receive(shard)
         if (got.version, got.step) == (reply.version, reply.step):
           break
@@ -300,14 +302,12 @@ def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, param
     return pushes, compute_times
 
 
-def _wait(poller, timeout: float, server_alive) -> None:
-  """Returns once a message is ready; raises ServerGoneError after ``timeout`` s or when the server is lost."""
+def _wait(poller, timeout: float, peer: str, alive) -> None:
+  """Returns once a message is ready; raises ServerGoneError after ``timeout`` s or when ``peer`` is lost."""
   deadline = time.perf_counter() + timeout
   while time.perf_counter() < deadline:
     if poller.poll(200):
       return
-    if server_alive is not None and not server_alive():
-      raise ServerGoneError("the parameter server (process 0) is lost; resume with `jaxsync resume RUN_DIR`.")
-  raise ServerGoneError(
-    f"no reply from the parameter server for reply_timeout={timeout} s; it is stuck or unreachable."
-  )
+    if alive is not None and not alive():
+      raise ServerGoneError(f"{peer} is lost; resume with `jaxsync resume RUN_DIR`.")
+  raise ServerGoneError(f"no reply from {peer} for reply_timeout={timeout} s; it is stuck or unreachable.")

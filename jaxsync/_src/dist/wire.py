@@ -39,6 +39,14 @@ class Kind(enum.IntEnum):
   ERROR = 5  # server -> worker: your message was rejected (for `reason`)
   BYE = 6  # worker -> server: leaving
   STEP = 7  # worker -> server: an elastic worker's local step (its loss; no payload, no reply)
+  # InHAD's node aggregator (node_aggregator.py) between a node's workers and the server:
+  NODE_HELLO = 8  # node -> server: I am node `worker`, send me the parameters
+  REPORT = 9  # node -> server: worker `worker` pushed a gradient to its node (a PUSH's header, no payload)
+  BROADCAST = 10  # server -> node: the parameters of `version` (payload), for the node's workers
+  HOLD = 11  # server -> node: worker `worker`'s gradient counts; its answer comes later
+  DROP = 12  # server -> node: worker `worker`'s gradient is dropped (it was declared lost)
+  PULL = 13  # server -> node: send the sum of your `step` counted gradients (pull number `version`)
+  SUM = 14  # node -> server: the sum of `step` gradients (payload) for pull number `version`
 
 
 class MessageError(ValueError):
@@ -48,6 +56,10 @@ class MessageError(ValueError):
     super().__init__(f"{reason}: {detail}")
     self.reason = reason
 
+
+PAYLOAD_KINDS = (Kind.PUSH, Kind.PARAMS, Kind.BROADCAST, Kind.SUM)
+"""The kinds that carry a payload (a PARAMS directive from the server to a node carries none:
+:func:`decode_payload` with ``directive=True``)."""
 
 REASONS = ("malformed", "token", "worker", "future_version", "version", "dtype", "shape")
 """Why a message was rejected; an ERROR header carries one (encoded as its index + 1, 0 for none)."""
@@ -136,15 +148,19 @@ def decode_header(frame: Any, *, token: bytes) -> Header:
   )
 
 
-def decode_payload(header: Header, frames: list[Any], *, dtype: str, count: int) -> np.ndarray | None:
+def decode_payload(
+  header: Header, frames: list[Any], *, dtype: str, count: int, directive: bool = False
+) -> np.ndarray | None:
   """The payload as a NumPy view of the frame, after checking its dtype and element count.
 
   Args:
     header: the message's decoded header.
     frames: the frames after the header (zero or one).
     dtype, count: what the receiver expects (the parameters' dtype and size).
+    directive: the message is the server's to a node aggregator, whose PARAMS
+      carry no payload (the node answers its worker with its own copy).
   """
-  if header.kind not in (Kind.PUSH, Kind.PARAMS):
+  if header.kind not in PAYLOAD_KINDS or (directive and header.kind == Kind.PARAMS):
     if frames:
       raise MessageError("malformed", f"a {header.kind.name} message with {len(frames)} payload frame(s)")
     return None
