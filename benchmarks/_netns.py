@@ -137,14 +137,18 @@ def train(
   *,
   env: dict[str, str],
   timeout: float,
+  host_of: list[int] | None = None,
 ) -> tuple[list[int], list[str]]:
-  """Runs process I of one ``jaxsync train`` run in host I, joined at host 0's address; returns exit codes and logs.
+  """Runs process I of one ``jaxsync train`` run in host ``host_of[I]`` (default I), joined at host 0's
+  address; returns exit codes and logs.
 
   Each process is ``jaxsync train CONFIG --set ... --out OUT --coordinator ADDR:PORT --num-processes N
-  --process-id I``, its output in ``logs/pI.log``. Raises TimeoutError (the processes killed, the
-  message holding their logs' tails) when the run outlasts ``timeout`` seconds.
+  --process-id I``, its output in ``logs/pI.log``; processes that share a host share its card. Raises
+  TimeoutError (the processes killed, the message holding their logs' tails) when the run outlasts
+  ``timeout`` seconds.
   """
-  n = len(h.names)
+  host_of = list(range(len(h.names))) if host_of is None else list(host_of)
+  n = len(host_of)
   logs.mkdir(parents=True)
   processes = []
   try:
@@ -155,7 +159,7 @@ def train(
       with open(logs / f"p{i}.log", "w") as log:
         processes.append(
           subprocess.Popen(
-            h.exec(i, *argv), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            h.exec(host_of[i], *argv), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
           )
         )
     deadline = time.monotonic() + timeout

@@ -9,7 +9,7 @@
 # are only comparable on an otherwise idle machine. Each script's log goes to runs/bench/<name>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-BENCHMARKS=${BENCHMARKS:-"ormo_table adaptive_k_comparison adaptive_k_regimes ea_wild_comparison inhad_layouts server_bound advisor_check sharded_server fault_campaign performance"}
+BENCHMARKS=${BENCHMARKS:-"ormo_table adaptive_k_comparison adaptive_k_regimes ea_wild_comparison inhad_layouts server_bound advisor_check sharded_server node_aggregation fault_campaign performance"}
 mkdir -p runs/bench
 for name in $BENCHMARKS; do
   echo "== $name $*" >&2

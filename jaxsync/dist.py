@@ -4,7 +4,8 @@ Asynchronous strategies (gradient and elastic) and synchronous rounds that
 drop the slowest gradients (``fastest_k``) run on a :class:`ParameterServer`
 (process 0, or processes ``0 .. S-1`` each owning a slice of the parameters:
 ``num_shards``) with :func:`run_worker` in every other process, each worker on
-all its local devices; the other synchronous ones on a :class:`SyncRuntime`
+all its local devices (InHAD's workers through their node's
+:class:`NodeAggregator`); the other synchronous ones on a :class:`SyncRuntime`
 in every process. :func:`initialize` joins a run
 (explicit, from ``jaxsync launch``, or a detected SLURM / TPU / Kubernetes
 cluster) and :func:`launch` starts N local processes. ``jaxsync launch`` and
@@ -21,6 +22,7 @@ from jaxsync._src.dist.cluster import (
   initialize,
 )
 from jaxsync._src.dist.launch import launch
+from jaxsync._src.dist.node_aggregator import NodeAggregator
 from jaxsync._src.dist.param_server import ParameterServer, WorkerLostError
 from jaxsync._src.dist.ps_worker import RejectedError, ServerGoneError, run_worker
 from jaxsync._src.dist.sync_runtime import ProcessLostError, SyncRuntime, SyncState
@@ -30,6 +32,7 @@ __all__ = [
   "ClusterError",
   "Heartbeat",
   "HeartbeatMonitor",
+  "NodeAggregator",
   "ParameterServer",
   "ProcessGroup",
   "ProcessLostError",

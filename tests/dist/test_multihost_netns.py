@@ -233,3 +233,29 @@ def test_the_sharded_server_benchmark_runs_each_layout_on_hosts_with_shaped_card
     r"K = 2: [\d.]+x \(the bounds allow 1.00x; one server host ran at [\d.]+ of its bound", markdown
   )
   assert "--set cluster.servers=2 " in markdown and "--num-processes 4 --process-id I" in markdown
+
+
+@pytest.mark.heavy
+def test_the_node_aggregation_benchmark_runs_inhad_nodes_on_hosts_of_their_own(tmp_path):
+  """A node's aggregator binds every interface of its host and is reached at its address by its workers;
+  the server's card moves one sum and one broadcast per update instead of every push and reply."""
+  import importlib
+
+  bench = importlib.import_module("node_aggregation")
+  results = tmp_path / "results"
+  argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
+  try:
+    assert bench.main(argv) == 0
+  except _netns.Unavailable as err:
+    _unavailable(str(err))
+  markdown = (results / "node_aggregation.md").read_text()
+  rows = {r[0].strip(): [c.strip() for c in r[1:]] for r in (line.strip("|").split("|") for line in markdown.splitlines()) if r[0].strip().startswith(("k_async", "inhad"))}  # fmt: skip
+  assert list(rows) == ["k_async, k = K", "inhad, wait_for_pull", "inhad"], markdown
+  assert rows["k_async, k = K"][2] == "2.00"  # every push in, every reply out
+  base = float(rows["k_async, k = K"][0])
+  for label in ("inhad, wait_for_pull", "inhad"):
+    rate, against, models = float(rows[label][0]), rows[label][1], float(rows[label][2])
+    assert models <= 1.05, markdown  # one sum and one broadcast per update of K = 2 (and version 0's)
+    assert against == f"{rate / base:.2f}x", markdown
+  logs = (tmp_path / "runs" / "inhad_logs" / "p1.log").read_text()
+  assert "sockets on 0.0.0.0, reached at 10.99.0.2" in logs, logs[-2000:]
