@@ -18,6 +18,7 @@ multi-host tests (``tests/dist/test_multihost_netns.py``) and
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import pathlib
 import re
@@ -179,3 +180,68 @@ def train(
 def tails(logs: pathlib.Path, n: int) -> str:
   """The last 2,000 characters of each process's log."""
   return "\n".join(f"--- process {i}:\n{(logs / f'p{i}.log').read_text()[-2000:]}" for i in range(n))
+
+
+def run_env() -> dict[str, str]:
+  """This process's environment without a run's membership (each process is given its own on the command line)."""
+  from jaxsync._src.dist import cluster
+
+  membership = (cluster.ENV_COORDINATOR, cluster.ENV_NUM_PROCESSES, cluster.ENV_PROCESS_ID)
+  env = {
+    k: v for k, v in os.environ.items() if k not in (*membership, cluster.ENV_BIND, cluster.ENV_ADVERTISE)
+  }
+  env.update(PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
+  return env
+
+
+def train_on_hosts(
+  num_hosts: int,
+  rate_mbit: float | None,
+  config: str,
+  overrides: list[str],
+  out: pathlib.Path,
+  *,
+  timeout: float,
+  host_of: list[int] | None = None,
+) -> tuple[list[int], pathlib.Path]:
+  """One run on ``num_hosts`` fresh hosts with cards of ``rate_mbit`` (:func:`train`); returns exit codes and
+  the logs' folder (``OUT_logs``). The hosts are deleted afterwards; one left behind raises RuntimeError."""
+  logs = out.with_name(out.name + "_logs")
+  for folder in (out, logs):
+    shutil.rmtree(folder, ignore_errors=True)
+  hosts = Hosts(num_hosts, rate_mbit=rate_mbit)
+  try:
+    hosts.create()
+    codes, _ = train(hosts, config, overrides, out, logs, env=run_env(), timeout=timeout, host_of=host_of)
+  finally:
+    left = hosts.destroy()
+  if left:
+    raise RuntimeError(f"namespaces left behind: {left}")
+  return codes, logs
+
+
+def steady_rate(run_dir: pathlib.Path, counter: str = "updates") -> tuple[float, float | None]:
+  """(``counter`` per second over the second half of the run's evaluations, the final accuracy)."""
+  rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+  evals = [r for r in rows if r["kind"] == "eval"]
+  middle, last = evals[len(evals) // 2], evals[-1]
+  rate = (last[counter] - middle[counter]) / (last["wall_time"] - middle["wall_time"])
+  final = [r for r in rows if r["kind"] == "final"]
+  return rate, final[-1].get("accuracy") if final else None
+
+
+def card_settings(parser, settings: dict, argv: list[str], name: str):
+  """Parses ``--size``, ``--rate-mbit``, ``--hidden``, ``--gradients``; returns (args, the size's settings
+  with the given ones in place). Sizes past ``default`` run the default's (the results file says which)."""
+  parser.add_argument("--rate-mbit", type=float, default=None, help="each host's card, Mbit/s each way")
+  parser.add_argument("--hidden", type=int, default=None, help="units of each of the MLP's two hidden layers")
+  parser.add_argument("--gradients", type=int, default=None, help="gradients per run")
+  args = parser.parse_args(argv)
+  args.size = "tiny" if args.size == "tiny" else "default"
+  setting = dict(settings[args.size])
+  for key, given in (("rate", args.rate_mbit), ("hidden", args.hidden), ("gradients", args.gradients)):
+    if given is not None:
+      if given <= 0:
+        raise SystemExit(f"{name}: --{key.replace('rate', 'rate-mbit')}={given}; give a positive number")
+      setting[key] = given
+  return args, setting

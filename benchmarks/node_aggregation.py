@@ -17,7 +17,7 @@ Measured: gradients per second over the second half of the run (from the run's o
 server's card moved per gradient (the run summary's ``bytes_moved``, counted by the server). At the default
 size each layout also runs on unshaped links: what this machine's cores and loopback allow.
 
-Sizes: tiny (the suite's: one node of 2, a 0.34 MB MLP, 40 Mbit/s, 120 gradients), default (two nodes of 2,
+Sizes: tiny (the suite's: one node of 2, a 0.34 MB MLP, 40 Mbit/s, 120 gradients, the first two runs), default (two nodes of 2,
 1.1M parameters, 200 Mbit/s, 400 gradients; about 5 minutes on 2 CPU cores). Needs root (``ip netns``, ``tc``).
 
     python benchmarks/node_aggregation.py [--size tiny|default] [--rate-mbit R] [--hidden H] [--gradients N]
@@ -26,23 +26,20 @@ Sizes: tiny (the suite's: one node of 2, a 0.34 MB MLP, 40 Mbit/s, 120 gradients
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shlex
-import shutil
 import sys
 
 import _harness
 import _netns
 from sharded_server import parameters
 
-from jaxsync._src.dist import cluster
-
 NAME = "node_aggregation"
 NODE_SIZE = 2
 SETTINGS = {
-  "tiny": {"nodes": 1, "hidden": 256, "rate": 40.0, "gradients": 120, "control": False},
-  "default": {"nodes": 2, "hidden": 1024, "rate": 200.0, "gradients": 400, "control": True},
+  # tiny runs the first two layouts (the fair pair): the suite runs it.
+  "tiny": {"nodes": 1, "hidden": 256, "rate": 40.0, "gradients": 120, "control": False, "layouts": 2},
+  "default": {"nodes": 2, "hidden": 1024, "rate": 200.0, "gradients": 400, "control": True, "layouts": 3},
 }
 TIMEOUT = 900  # seconds one run may take
 
@@ -74,45 +71,17 @@ def overrides(strategy: str, options: str, workers: int, hidden: int, gradients:
   ]
 
 
-def gradient_rate(run_dir: pathlib.Path) -> tuple[float, float | None]:
-  """(gradients per second over the second half of the run's evaluations, the final accuracy).
-
-  An event of these runs is one gradient's arrival (an update averages ``K`` of them).
-  """
-  rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  evals = [r for r in rows if r["kind"] == "eval"]
-  middle, last = evals[len(evals) // 2], evals[-1]
-  rate = (last["event"] - middle["event"]) / (last["wall_time"] - middle["wall_time"])
-  final = [r for r in rows if r["kind"] == "final"]
-  return rate, final[-1].get("accuracy") if final else None
-
-
-def run(sets: list[str], nodes: int, rate: float | None, out: pathlib.Path) -> dict:
+def run(sets: list[str], nodes: int, rate: float | None, gradients: int, out: pathlib.Path) -> dict:
   """One run: the server in host 0, node ``j``'s workers in host ``j + 1``; its rate and server-card bytes."""
-  logs = out.with_name(out.name + "_logs")
-  for folder in (out, logs):
-    shutil.rmtree(folder, ignore_errors=True)
-  membership = (cluster.ENV_COORDINATOR, cluster.ENV_NUM_PROCESSES, cluster.ENV_PROCESS_ID)
-  env = {
-    k: v for k, v in os.environ.items() if k not in (*membership, cluster.ENV_BIND, cluster.ENV_ADVERTISE)
-  }
-  env.update(PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
   host_of = [0] + [1 + w // NODE_SIZE for w in range(nodes * NODE_SIZE)]
-  hosts = _netns.Hosts(1 + nodes, rate_mbit=rate)
-  try:
-    hosts.create()
-    config = str(_harness.REPO / "configs" / "quickstart.yaml")
-    codes, _ = _netns.train(hosts, config, sets, out, logs, env=env, timeout=TIMEOUT, host_of=host_of)
-  finally:
-    left = hosts.destroy()
-  if left:
-    raise RuntimeError(f"{NAME}: namespaces left behind: {left}")
+  config = str(_harness.REPO / "configs" / "quickstart.yaml")
+  codes, logs = _netns.train_on_hosts(1 + nodes, rate, config, sets, out, timeout=TIMEOUT, host_of=host_of)
   summary_file = out / "summary.json"
   if codes[0] != 0 or not summary_file.exists():
     raise RuntimeError(f"{NAME}: exit codes {codes}:\n{_netns.tails(logs, len(codes))}")
-  measured, accuracy = gradient_rate(out)
+  measured, accuracy = _netns.steady_rate(out, "event")  # an event: one gradient; an update: K
   summary = json.loads(summary_file.read_text())
-  if summary["gradients"] != int(next(o for o in sets if o.startswith("run.gradients=")).split("=")[1]):
+  if summary["gradients"] != gradients:
     raise RuntimeError(f"{NAME}: the run ended after {summary['gradients']} gradients")
   return {
     # The server's run is complete; a worker process that ended badly after it is reported, not hidden.
@@ -126,19 +95,7 @@ def run(sets: list[str], nodes: int, rate: float | None, out: pathlib.Path) -> d
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  p = _harness.parser(__doc__)
-  p.add_argument("--rate-mbit", type=float, default=None, help="each host's card, Mbit/s each way")
-  p.add_argument("--hidden", type=int, default=None, help="units of each of the MLP's two hidden layers")
-  p.add_argument("--gradients", type=int, default=None, help="gradients per run")
-  args = p.parse_args(argv)
-  size = "tiny" if args.size == "tiny" else "default"
-  args.size = size  # no bigger size: the results file says which ran
-  setting = dict(SETTINGS[size])
-  for key, given in (("rate", args.rate_mbit), ("hidden", args.hidden), ("gradients", args.gradients)):
-    if given is not None:
-      if given <= 0:
-        raise SystemExit(f"{NAME}: --{key.replace('rate', 'rate-mbit')}={given}; give a positive number")
-      setting[key] = given
+  args, setting = _netns.card_settings(_harness.parser(__doc__), SETTINGS, argv, NAME)
   bench = _harness.Benchmark(
     NAME, "InHAD's node aggregation on hosts with their own network cards", args, argv, 0
   )
@@ -146,14 +103,14 @@ def main(argv: list[str] | None = None) -> int:
   workers = nodes * NODE_SIZE
   message = 4 * parameters(setting["hidden"])  # float32
   rows, commands, measured, failures = [], [], {}, []
-  for label, strategy, options in layouts(workers):
+  for label, strategy, options in layouts(workers)[: setting["layouts"]]:
     sets = overrides(strategy, options, workers, setting["hidden"], setting["gradients"])
     stem = label.replace(", ", "_").replace(" = ", "").replace(" ", "_")
-    got = run(sets, nodes, setting["rate"], bench.runs_dir / stem)
+    got = run(sets, nodes, setting["rate"], setting["gradients"], bench.runs_dir / stem)
     bench.run_count += 1
     free = None
     if setting["control"]:
-      free = run(sets, nodes, None, bench.runs_dir / f"{stem}_unshaped")
+      free = run(sets, nodes, None, setting["gradients"], bench.runs_dir / f"{stem}_unshaped")
       bench.run_count += 1
     measured[label] = got
     for kind, result in (("shaped", got), ("unshaped", free)):
@@ -213,16 +170,18 @@ def main(argv: list[str] | None = None) -> int:
 
 def findings(setting: dict, measured: dict, workers: int, message: int) -> str:
   """The gain of keeping gradients on the nodes, against what the server's card had to move, in words."""
-  base, waiting, free = (measured[label] for label, _, _ in layouts(workers))
-  models = {k: v["server_bytes"] / message for k, v in (("base", base), ("waiting", waiting), ("free", free))}
+  base, waiting, *rest = (measured[label] for label, _, _ in layouts(workers)[: setting["layouts"]])
+  free = rest[0] if rest else None
   bound = 2 * setting["nodes"] / workers
   return (
     f"Every update averages K = {workers} gradients. With `k_async` every gradient and every reply crosses"
-    f" the server's card ({models['base']:.2f} models per gradient); with InHAD's nodes the card moves at most"
-    f" one sum and one broadcast per node per update (at most {bound:.2f} models per gradient; measured"
-    f" {models['waiting']:.2f} waiting for each pull, {models['free']:.2f} without). The same updates and the"
-    f" same waiting: InHAD with `wait_for_pull` ran at {waiting['rate'] / base['rate']:.2f}x `k_async`'s rate;"
-    f" without waiting, at {free['rate'] / base['rate']:.2f}x."
+    f" the server's card ({base['server_bytes'] / message:.2f} models per gradient); with InHAD's nodes the"
+    f" card moves at most one sum and one broadcast per node per update (at most {bound:.2f} models per"
+    f" gradient; measured {waiting['server_bytes'] / message:.2f} waiting for each pull"
+    + (f", {free['server_bytes'] / message:.2f} without" if free else "")
+    + f"). The same updates and the same waiting: InHAD with `wait_for_pull` ran at"
+    f" {waiting['rate'] / base['rate']:.2f}x `k_async`'s rate"
+    + (f"; without waiting, at {free['rate'] / base['rate']:.2f}x." if free else ".")
   )
 
 

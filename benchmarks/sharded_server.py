@@ -24,16 +24,12 @@ Sizes: tiny (the suite's: K = 2, a 0.34 MB MLP, 40 Mbit/s, 120 gradients), defau
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 import shlex
-import shutil
 import sys
 
 import _harness
 import _netns
-
-from jaxsync._src.dist import cluster
 
 NAME = "sharded_server"
 SETTINGS = {
@@ -46,16 +42,6 @@ TIMEOUT = 900  # seconds one run may take
 def parameters(hidden: int, inputs: int = 64, classes: int = 10) -> int:
   """Parameters of the quickstart's MLP with two hidden layers of ``hidden`` units (digits: 64 inputs)."""
   return inputs * hidden + hidden + hidden * hidden + hidden + hidden * classes + classes
-
-
-def steady_rate(run_dir: pathlib.Path) -> tuple[float, float | None]:
-  """(gradients per second over the second half of the run's evaluations, the final accuracy)."""
-  rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-  evals = [r for r in rows if r["kind"] == "eval"]
-  middle, last = evals[len(evals) // 2], evals[-1]
-  rate = (last["updates"] - middle["updates"]) / (last["wall_time"] - middle["wall_time"])
-  final = [r for r in rows if r["kind"] == "final"]
-  return rate, final[-1].get("accuracy") if final else None
 
 
 def overrides(servers: int, workers: int, hidden: int, gradients: int) -> list[str]:
@@ -78,27 +64,13 @@ def run(
 ) -> dict:
   """One ``asp`` run on ``servers + workers`` hosts with cards of ``rate`` Mbit/s (None: unshaped); its rate."""
   stem = f"s{servers}_k{workers}" + ("" if rate else "_unshaped")
-  out, logs = runs_dir / stem, runs_dir / f"{stem}_logs"
-  for folder in (out, logs):
-    shutil.rmtree(folder, ignore_errors=True)
-  membership = (cluster.ENV_COORDINATOR, cluster.ENV_NUM_PROCESSES, cluster.ENV_PROCESS_ID)
-  env = {
-    k: v for k, v in os.environ.items() if k not in (*membership, cluster.ENV_BIND, cluster.ENV_ADVERTISE)
-  }
-  env.update(PYTHONUNBUFFERED="1", JAX_PLATFORMS="cpu")
-  hosts = _netns.Hosts(servers + workers, rate_mbit=rate)
-  try:
-    hosts.create()
-    config = str(_harness.REPO / "configs" / "quickstart.yaml")
-    sets = overrides(servers, workers, hidden, gradients)
-    codes, _ = _netns.train(hosts, config, sets, out, logs, env=env, timeout=TIMEOUT)
-  finally:
-    left = hosts.destroy()
-  if left:
-    raise RuntimeError(f"{NAME}: namespaces left behind: {left}")
+  out = runs_dir / stem
+  config = str(_harness.REPO / "configs" / "quickstart.yaml")
+  sets = overrides(servers, workers, hidden, gradients)
+  codes, logs = _netns.train_on_hosts(servers + workers, rate, config, sets, out, timeout=TIMEOUT)
   if codes != [0] * len(codes):
     raise RuntimeError(f"{NAME}: exit codes {codes}:\n{_netns.tails(logs, len(codes))}")
-  measured, accuracy = steady_rate(out)
+  measured, accuracy = _netns.steady_rate(out)
   summary = json.loads((out / "summary.json").read_text())
   if summary["updates"] != gradients:
     raise RuntimeError(f"{NAME}: the run applied {summary['updates']} of {gradients} gradients")
@@ -107,19 +79,7 @@ def run(
 
 def main(argv: list[str] | None = None) -> int:
   argv = sys.argv[1:] if argv is None else argv
-  p = _harness.parser(__doc__)
-  p.add_argument("--rate-mbit", type=float, default=None, help="each host's card, Mbit/s each way")
-  p.add_argument("--hidden", type=int, default=None, help="units of each of the MLP's two hidden layers")
-  p.add_argument("--gradients", type=int, default=None, help="gradients per run")
-  args = p.parse_args(argv)
-  size = "tiny" if args.size == "tiny" else "default"
-  args.size = size  # no bigger size: the results file says which ran
-  setting = dict(SETTINGS[size])
-  for key, given in (("rate", args.rate_mbit), ("hidden", args.hidden), ("gradients", args.gradients)):
-    if given is not None:
-      if given <= 0:
-        raise SystemExit(f"{NAME}: --{key.replace('rate', 'rate-mbit')}={given}; give a positive number")
-      setting[key] = given
+  args, setting = _netns.card_settings(_harness.parser(__doc__), SETTINGS, argv, NAME)
   bench = _harness.Benchmark(
     NAME, "A sharded parameter server on hosts with their own network cards", args, argv, 0
   )

@@ -153,6 +153,22 @@ def test_bsp_on_two_processes_equals_simulated_bsp_and_stays_identical_across_pr
   assert abs(summary["final_accuracy"] - exp.simulator().evaluate(sim_state.params)["accuracy"]) < 0.01
 
 
+def _launch_and_kill(n: int, overrides, out, *, after: str, victim: int):
+  """``jaxsync launch -n N``; SIGKILLs process ``victim`` 0.5 s after the log says ``after``; (launcher, log, kill time)."""
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  launcher = _start("launch", "-n", str(n), "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  try:
+    head = _read_until(launcher, after, 120)
+    time.sleep(0.5)  # let it push for a while
+    _process(launcher, victim).send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    log, _ = launcher.communicate(timeout=180)
+  finally:
+    if launcher.poll() is None:
+      _kill_tree(launcher)
+  return launcher, head + log, killed_at
+
+
 def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_path):
   out = tmp_path / "asp"
   overrides = [
@@ -164,19 +180,7 @@ def test_async_worker_killed_with_sigkill_the_run_finishes_with_the_others(tmp_p
     "run.gradients=5000",
     "run.chunk=100",
   ]
-  sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  launcher = _start("launch", "-n", "3", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
-  try:
-    head = _read_until(launcher, r"worker 1 joined", 120)
-    time.sleep(0.5)  # let it push for a while
-    victim = _process(launcher, 2)
-    victim.send_signal(signal.SIGKILL)
-    killed_at = time.monotonic()
-    log, _ = launcher.communicate(timeout=180)
-    log = head + log
-  finally:
-    if launcher.poll() is None:
-      _kill_tree(launcher)
+  launcher, log, killed_at = _launch_and_kill(3, overrides, out, after=r"worker 1 joined", victim=2)
   assert launcher.returncode == 0, log[-3000:]
   assert re.search(r"worker 1 \(process 2\) lost at [\d.]+ s, server version \d+", log), log[-3000:]
   assert "process 2 ended with signal 9" in log
@@ -199,17 +203,7 @@ def test_inhad_node_whose_aggregator_is_killed_is_dropped_whole_and_the_run_fini
     "run.gradients=8000",  # long enough that the loss is declared (3 s heartbeat timeout) before the end
     "run.chunk=200",
   ]
-  sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  launcher = _start("launch", "-n", "5", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
-  try:
-    head = _read_until(launcher, r"worker 3 joined", 120)
-    time.sleep(0.5)
-    _process(launcher, 3).send_signal(signal.SIGKILL)
-    log, _ = launcher.communicate(timeout=180)
-    log = head + log
-  finally:
-    if launcher.poll() is None:
-      _kill_tree(launcher)
+  launcher, log, _ = _launch_and_kill(5, overrides, out, after=r"worker 3 joined", victim=3)
   assert launcher.returncode == 0, log[-3000:]
   assert "node 1's aggregator (in worker 2's process) is lost: its workers are dropped with it" in log, log[
     -3000:
