@@ -8,6 +8,7 @@ of ``jaxsync launch`` (tests/dist/test_multiprocess.py runs those).
 from __future__ import annotations
 
 import threading
+import time
 
 import jax
 import numpy as np
@@ -124,8 +125,14 @@ def test_a_node_sums_only_what_the_server_counts_and_a_worker_cannot_bypass_its_
   token, count = server.token, server.count
   workers = [_dealer(node.address) for _ in range(2)]
 
-  def serve(state, seconds=1.0):
-    return server.advance(state, 100, max_time=server._now() + seconds)
+  def serve(state):  # returns once one arrival is applied (20 s at most)
+    return server.advance(state, 1, max_time=server._now() + 20)
+
+  def serve_until_answered(state, socks):  # HELLOs make no arrival: serve until each has its answer
+    deadline = time.monotonic() + 20
+    while not all(sock.poll(0) for sock in socks) and time.monotonic() < deadline:
+      state, _ = server.advance(state, 1, max_time=server._now() + 0.2)
+    return state
 
   def reply(w):
     assert workers[w].poll(5000), f"no answer to worker {w}"
@@ -138,7 +145,7 @@ def test_a_node_sums_only_what_the_server_counts_and_a_worker_cannot_bypass_its_
 
   for w in range(2):
     workers[w].send_multipart(wire.encode(wire.Header(kind=wire.Kind.HELLO, token=token, worker=w)))
-  state, _ = serve(state)
+  state = serve_until_answered(state, workers)
   assert [reply(w)[0].version for w in range(2)] == [0, 0]
   push(0, np.nan, 0)  # the node sees the NaN: reported as such, never summed, the worker answered
   state, records = serve(state)
@@ -152,10 +159,15 @@ def test_a_node_sums_only_what_the_server_counts_and_a_worker_cannot_bypass_its_
   assert header.version == 1 and records.released.tolist() == [True]
   before = np.asarray(jax.flatten_util.ravel_pytree(exp.model.params)[0])
   np.testing.assert_allclose(np.frombuffer(payload[0], np.float32), before - 0.5 * 2.0, rtol=1e-6)
+  # A version from the future: the server's ERROR names the worker; the node discards the gradient.
+  push(0, 7.0, 5)
+  state = serve_until_answered(state, workers[:1])
+  error = reply(0)[0]
+  assert (error.kind, error.reason, node.iteration_number) == (wire.Kind.ERROR, "future_version", 0)
   # A worker that skips its node and dials the server is refused: the server answers only nodes for it.
   rogue = _dealer(server.address)
   rogue.send_multipart(wire.encode(wire.Header(kind=wire.Kind.HELLO, token=token, worker=0)))
-  state, _ = serve(state, 0.5)
+  state = serve_until_answered(state, [rogue])
   assert rogue.poll(3000) and wire.decode_header(rogue.recv_multipart()[0], token=token).reason == "worker"
   assert server.rejected_messages["worker"] == 1
   server.stop(timeout=1)

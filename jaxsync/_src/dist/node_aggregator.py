@@ -24,8 +24,9 @@ node's half of that, between its workers and the parameter server:
 
 ZeroMQ keeps each connection's order, so a gradient is settled before any
 PULL that counts it, and a node holds every version a directive names. The
-node sums in the order the server settled its gradients: with one node that
-is the arrival order, and the pulled mean is bit for bit the simulator's.
+node sums, in the parameters' dtype, in the order the server settled its
+gradients: the arrival order, so a one-worker float32 run's pulled mean is
+bit for bit the simulator's.
 
 The aggregator is a thread of the node's first worker process (workers
 ``n W .. n W + W - 1`` form node ``n``).

@@ -390,12 +390,13 @@ class ParameterServer(RuntimeBase):
     )
 
   def _reply(self, state: ServerState, workers, reply_flat) -> None:
-    if self._mesh is None:
+    if self._nodes is not None:  # directives; the parameters cross only in a node's first copy of a version
+      self._broadcast(int(_host(state.version)), reply_flat)
+      payload = None
+    elif self._mesh is None:
       payload = np.asarray(reply_flat)
     else:
       payload = self._mesh.local_slice(reply_flat, self.shard)
-    if self._nodes is not None:
-      self._broadcast(int(_host(state.version)), payload)
     for w in workers:
       self._send(int(w), self._params_header(state, int(w)), payload)
 
@@ -651,6 +652,8 @@ class ParameterServer(RuntimeBase):
   def _handle(self, state: ServerState, frames) -> tuple[ServerState, EventRecord | None]:
     """The leader's view of a worker's message: checked, then the command it makes (or a rejection)."""
     identity, worker = frames[0].bytes, self._worker_of.get(frames[0].bytes)
+    if self._nodes is not None:
+      worker = None  # a node speaks for several workers: only a checked header names one
     try:
       header, payload = self._decode(frames)
       if self._nodes is not None:  # every message comes through a node aggregator
@@ -660,9 +663,13 @@ class ParameterServer(RuntimeBase):
           self.rejected_messages["version"] += 1
           log.warning("node %d's sum for pull %d came after that pull; dropped", header.worker, header.version)
           return state, None
-        worker = header.worker if self._nodes.speaks_for(identity, header.worker) else None
-        if worker is None:
+        if not self._nodes.speaks_for(identity, header.worker):
+          if identity in self._nodes.node_of_identity or header.kind == wire.Kind.REPORT:
+            # A node that was declared lost, or speaks out of turn: the ERROR names the worker, so the node
+            # discards its gradient and the worker stops saying why.
+            worker = header.worker
           raise wire.MessageError("worker", f"worker={header.worker} through a connection that is not its node's")
+        worker = header.worker
       if header.kind == wire.Kind.HELLO:
         return self._hello(state, identity, header.worker), None
       if worker != header.worker:
@@ -752,14 +759,15 @@ class ParameterServer(RuntimeBase):
       raise wire.MessageError("worker", f"node={node}; expected 0..{self._nodes.count - 1}")
     self._nodes.register(identity, node)
     log.info("node %d's aggregator joined", node)
-    self._broadcast(int(_host(state.version)), np.asarray(self._reply_payload(state)))
+    self._broadcast(int(_host(state.version)), self._reply_payload(state))
     return state
 
-  def _broadcast(self, version: int, payload: np.ndarray) -> None:
+  def _broadcast(self, version: int, reply) -> None:
     """Every node that does not hold ``version`` yet gets it: one message per node per release."""
-    nodes = self._nodes
+    nodes, payload = self._nodes, None
     for node in list(nodes.identity):
       if nodes.version.get(node) != version:
+        payload = np.asarray(reply) if payload is None else payload  # on the host once, and only if sent
         header = wire.Header(kind=wire.Kind.BROADCAST, token=self.token, worker=node, version=version)
         if self._send_node(node, header, payload):
           nodes.version[node] = version
@@ -795,7 +803,11 @@ class ParameterServer(RuntimeBase):
       self._send(worker, hold)  # into its node's sum before the pull that counts it
       payload = self._pull()
     state, row = self._do(state, command, payload)
-    if completes and not bool(_host(row.released)):
+    if completes and bool(_host(row.rejected)):
+      # Finite gradients whose sum is not (an overflow): the rule rejected it, its T - 1 zeros stay counted.
+      nodes.orphans = nodes.threshold - 1
+      log.warning("pull %d: the pulled sum is not finite (an overflow); its gradients are lost", nodes.pulls)
+    elif completes and not bool(_host(row.released)):
       raise RunFaultError(
         f"pull {nodes.pulls} did not release an update: the server's count of the nodes' gradients "
         "disagrees with its rule's (a bug; please report it)."
@@ -812,20 +824,22 @@ class ParameterServer(RuntimeBase):
     """
     nodes = self._nodes
     nodes.pulls += 1
-    wanted = {n: int(c) for n, c in enumerate(nodes.counted) if c > 0 and n in nodes.identity}
-    for node, count in wanted.items():
-      pull = wire.Header(kind=wire.Kind.PULL, token=self.token, worker=node, version=nodes.pulls, step=count)
-      self._send_node(node, pull)
-    sums: dict[int, np.ndarray] = {}
+    wanted = {}
+    for node, count in enumerate(nodes.counted):
+      pull = wire.Header(kind=wire.Kind.PULL, token=self.token, worker=node, version=nodes.pulls, step=int(count))
+      if count > 0 and node in nodes.identity and self._send_node(node, pull):
+        wanted[node] = int(count)
+    sums: dict[int, np.ndarray | None] = {}  # None: an answer that was rejected
     poller = zmq.Poller()
     poller.register(self._socket, zmq.POLLIN)
-    deadline = time.perf_counter() + heartbeat_timeout()
-    while len(sums) < len(wanted) and time.perf_counter() < deadline:
+    started = time.perf_counter()
+    while len(sums) < len(wanted) and self._still_pulling(started, set(wanted) - set(sums)):
       if poller.poll(100):
         frames = self._inbox.receive(self._socket, routed=True)
         if not self._take_sum(frames, wanted, sums):
           # Handled after the pull; a payload's frame is the inbox's, which the next sum overwrites.
           self._deferred.append([f if isinstance(f, zmq.Frame) else bytes(f) for f in frames])
+    sums = {node: got for node, got in sums.items() if got is not None}
     total = np.zeros([self.count], wire.numpy_dtype(self.dtype))
     for node in sorted(wanted):  # in node order: the same sum whatever order the nodes answered in
       if node in sums:
@@ -833,15 +847,25 @@ class ParameterServer(RuntimeBase):
     lost = nodes.orphans + int(nodes.counted.sum()) - sum(wanted[n] for n in sums)
     if lost:
       log.warning(
-        "pull %d: %d gradient(s) were held by nodes that are lost or did not answer within %d s; they count "
-        "as zeros in its mean",
+        "pull %d: %d gradient(s) were held by nodes that are lost, did not answer, or sent a sum it rejected; "
+        "they count as zeros in its mean",
         nodes.pulls,
         lost,
-        heartbeat_timeout(),
       )
     nodes.counted[:], nodes.orphans = 0, 0
     nodes.payload_messages += len(sums)
     return self._payload(total)
+
+  def _still_pulling(self, started: float, missing: set[int]) -> bool:
+    """Whether to wait on for the ``missing`` nodes' sums: within the heartbeat timeout, and after it while
+    every one of their aggregators' processes still beats (a large sum on a slow card), up to idle_timeout."""
+    waited = time.perf_counter() - started
+    if waited < heartbeat_timeout():
+      return True
+    if waited > self.idle_timeout:
+      return False
+    live = self._live_workers()
+    return live is not None and all(node * self._nodes.size in live for node in missing)
 
   def _take_sum(self, frames, wanted: dict[int, int], sums: dict) -> bool:
     """Whether ``frames`` are a node's answer to the open pull (kept in ``sums`` when they check out)."""
@@ -862,6 +886,8 @@ class ParameterServer(RuntimeBase):
     except wire.MessageError as err:
       self.rejected_messages[err.reason] += 1
       log.warning("rejected a sum: %s", err)
+      if node in wanted and header.version == nodes.pulls:
+        sums[node] = None  # answered: the pull does not wait for it any longer
       return True
     sums[node] = np.array(payload)  # the inbox's buffer takes the next sum
     return True
