@@ -232,7 +232,10 @@ def test_performance_tiny(tmp_path):
     "`conv_in_loop.py`",
     "`ps_throughput.py`",
   ]
-  assert re.search(r"target >= 0.8x of a raw loopback socket: (met|missed) \(1 MB: [\d.]+x\)", overview[4][2])
+  assert re.search(
+    r"target >= 0.8x of a raw loopback socket: (met|missed) \(1 MB: [\d.]+x \([\d.]+-[\d.]+\)\)",
+    overview[4][2],
+  )
   assert "| real |" in markdown and "| simulated |" in markdown  # ps_throughput's staleness table
   assert "measured" in overview[1][2]  # transform_overhead's own target verdicts are collected
   assert re.search(

@@ -250,7 +250,7 @@ def test_the_node_aggregation_benchmark_runs_inhad_nodes_on_hosts_of_their_own(t
   base = float(rows["k_async, k = K"][0])
   rate, against, models = (float(rows["inhad, wait_for_pull"][0]), *rows["inhad, wait_for_pull"][1:3])
   assert float(models) <= 1.05, markdown  # one sum and one broadcast per update of K = 2 (and version 0's)
-  assert against == f"{rate / base:.2f}x", markdown
+  assert abs(float(against.rstrip("x")) - rate / base) <= 0.006, markdown  # from the unrounded rates
   assert re.search(r"measured 1\.0\d waiting for each pull\)\. .* at [\d.]+x `k_async`'s rate\.", markdown)
   logs = (tmp_path / "runs" / "inhad_wait_for_pull_logs" / "p1.log").read_text()
   assert "sockets on 0.0.0.0, reached at 10.99.0.2" in logs, logs[-2000:]

@@ -337,9 +337,10 @@ def test_elastic_fastest_k_and_ea_wild_group_runs_reach_the_simulated_accuracy_b
     assert summary["bytes_moved_intra"] == 2 * 900 * message, summary
     assert 226 * 2 + 225 <= summary["bytes_moved"] / message <= 226 * 2 + 225 * 2, summary
   else:
-    # 300 rounds of 3 gradients, the first 2 of each applied; late ones dropped, never applied.
+    # 300 rounds, the first 2 gradients of each applied; every later one dropped, never applied. (On a
+    # loaded machine the third worker may join after the run's 1.5 s: then nothing was late.)
     assert summary["updates"] == 300
-    assert summary["dropped_gradients"] > 0, summary
+    assert summary["gradients"] - summary["dropped_gradients"] == 600, summary
 
 
 def test_a_server_sharded_over_two_processes_equals_the_simulator_for_one_worker(tmp_path):

@@ -232,6 +232,72 @@ def test_header_round_trip_and_refusals():
     wire.decode_header(bytes(bad_reason), token=token)
 
 
+def test_a_payload_sent_in_several_frames_is_received_end_to_end_into_the_inbox_without_a_copy():
+  import zmq
+
+  token = b"t" * 16
+  leaves = [np.arange(3, dtype=np.float32), np.arange(3, 7, dtype=np.float32).reshape(2, 2)]
+  header = wire.Header(kind=wire.Kind.PARAMS, token=token, worker=0)
+  frames = wire.encode(header, leaves)
+  assert len(frames) == 3 and wire.decode_header(frames[0], token=token).count == 7
+  got = wire.decode_payload(wire.decode_header(frames[0], token=token), frames[1:], dtype="float32", count=7)
+  np.testing.assert_array_equal(got, np.arange(7, dtype=np.float32))
+  with pytest.raises(ValueError, match="payload dtypes"):
+    wire.encode(header, [leaves[0], leaves[1].astype(np.float64)])
+  context = zmq.Context.instance()
+  sender, receiver = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+  try:
+    receiver.connect(f"tcp://127.0.0.1:{sender.bind_to_random_port('tcp://127.0.0.1')}")
+    inbox = wire.Inbox(wire.max_message_bytes(7, "float32"))
+    sender.send_multipart(frames, copy=False)
+    received = inbox.receive(receiver)
+    assert len(received) == 2  # the header, then one view of the whole payload
+    payload = wire.decode_payload(wire.decode_header(received[0], token=token), received[1:], dtype="float32", count=7)
+    np.testing.assert_array_equal(payload, np.arange(7, dtype=np.float32))
+    assert np.shares_memory(payload, inbox.view(np.float32, 7))  # laid end to end in the inbox itself
+    # Frames past the inbox's 7 elements: refused for their length, never written past the buffer.
+    sender.send_multipart([frames[0], *frames[1:], b"\0" * 8], copy=False)
+    too_long = inbox.receive(receiver)
+    with pytest.raises(wire.MessageError, match=r"shape: payload of 7 elements \(36 bytes\)"):
+      wire.decode_payload(wire.decode_header(too_long[0], token=token), too_long[1:], dtype="float32", count=7)
+  finally:
+    sender.close(linger=0)
+    receiver.close(linger=0)
+
+
+@pytest.mark.parametrize("name, look_ahead", [("asp", False), ("smega2", True)])
+def test_the_reply_is_the_parameters_own_buffers_and_the_next_step_does_not_overwrite_one_in_flight(name, look_ahead):
+  """The server sends its parameters' leaves as they are (no raveled copy): so the step must not update
+  them in place while ZeroMQ may still be sending them. SMEGA²'s look-ahead reply is a raveled array of its own."""
+  exp = _experiment("model.name=mlp", f"strategy.name={name}", "strategy.options={}")
+  server = param_server.ParameterServer(exp.strategy)
+  try:
+    state = server._to_device(server.init(exp.model.params))
+    gradient = wire.aligned_zeros(server.count, np.float32)
+    gradient[:] = 0.5
+    state, _, _, reply = server._arrive(state, *server._placeholder_args(gradient))
+    sent = server._host_reply(state, reply)
+    if look_ahead:
+      from jax.flatten_util import ravel_pytree
+      from jaxsync._src.rules import contracts
+
+      expected = ravel_pytree(contracts.reply_params(state.params, state.rule_state))[0]
+      np.testing.assert_array_equal(sent, expected)
+      assert not np.shares_memory(sent, np.asarray(jax.tree.leaves(state.params)[0]))
+      return
+    leaves = jax.tree.leaves(state.params)
+    assert len(sent) == len(leaves) > 1
+    assert all(np.shares_memory(frame, np.asarray(leaf)) for frame, leaf in zip(sent, leaves))
+    kept = [frame.copy() for frame in sent]
+    state, _, _, _ = server._arrive(state, *server._placeholder_args(gradient))
+    moved = jax.tree.leaves(state.params)
+    for frame, copy, leaf in zip(sent, kept, moved):
+      np.testing.assert_array_equal(frame, copy)  # the reply in flight is intact ...
+      assert not np.array_equal(np.asarray(leaf), copy)  # ... while the parameters moved on
+  finally:
+    server.stop(timeout=1)
+
+
 def test_the_server_refuses_strategies_it_cannot_serve():
   for name in ("allreduce", "local_sgd"):
     exp = _experiment(f"strategy.name={name}", "strategy.options={}")

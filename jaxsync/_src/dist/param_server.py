@@ -46,7 +46,7 @@ from jaxsync._src.dist.cluster import RunFaultError, heartbeat_timeout
 from jaxsync._src.runtime.history import RunTotals
 from jaxsync._src.runtime.interface import RuntimeBase
 from jaxsync._src.steps import server_step
-from jaxsync._src.steps.records import EventRecord
+from jaxsync._src.steps.records import EvalSchedule, EventRecord
 from jaxsync._src.steps.server_step import ServerState, ServerStep
 from jaxsync._src.strategies.strategy import Engine, Strategy
 
@@ -259,16 +259,11 @@ class ParameterServer(RuntimeBase):
     if len(leaf_dtypes) != 1:
       raise validation.invalid(_WHAT, "params dtypes", sorted(leaf_dtypes), "one dtype for every leaf")
     self._unravel = unravel
-    schedule, step_unravel = self.schedule, unravel
+    step_unravel = unravel
     if self.num_shards > 1:
       layout = shards.layout(self.count, self.num_shards)
       lo, hi = layout.bounds(self.shard)
       self._slice_count, self._slice_at = hi - lo, lo
-      # The sharded step runs on the raveled parameters, padded: evaluation sees the model's tree.
-      if schedule.eval_fn is not None:
-        schedule = schedule._replace(
-          eval_fn=lambda padded: self.schedule.eval_fn(unravel(padded[: self.count]))
-        )
       step_unravel = lambda padded: padded  # noqa: E731
       init_flat = lambda x: server_step.init(self.strategy, x, self.schedule)  # noqa: E731
       self._mesh = shards.ShardedState(init_flat, layout, shards.shard_devices(self.num_shards), flat.dtype)
@@ -282,31 +277,61 @@ class ParameterServer(RuntimeBase):
       self._open_socket(max_bytes)
       self._inbox = wire.Inbox(max_bytes, capacity=chunk_bytes)
     self._no_payload = self._payload(np.zeros([self._slice_count], flat.dtype))  # a local step's stand-in
-    self._compile(schedule, step_unravel)
+    self._compile(step_unravel)
 
-  def _compile(self, schedule, unravel) -> None:
+  def _schedule_with(self, eval_arrays: list) -> EvalSchedule:
+    """The evaluation schedule inside a compiled step, the held-out arrays being its arguments."""
+    schedule = self.schedule.with_eval_arrays(eval_arrays)
+    if self._mesh is None or schedule.eval_fn is None:
+      return schedule
+    # The sharded step runs on the raveled parameters, padded: evaluation sees the model's tree.
+    evaluate = schedule.eval_fn
+    return schedule._replace(eval_fn=lambda padded: evaluate(self._unravel(padded[: self.count])))
+
+  def _compile(self, unravel) -> None:
     """Jits this mode's steps and the state changes around them (on the shards' mesh, when sharded)."""
-    fixed = (self.strategy, schedule, self.metric_names, unravel)
     mesh = self._mesh
     state_out = None if mesh is None else mesh.shardings
     step_out = None if mesh is None else ServerStep(*mesh.step_shardings)
+    # The held-out set is an argument of the steps that evaluate, not a constant folded into each
+    # compiled program (a copy of it per program, and a compile time that grows with it).
+    arrays = self.schedule.eval_arrays()
+    self._eval_arrays = arrays if mesh is None else [self._mesh_array(np.asarray(x)) for x in arrays]
 
     def jit(fn, out=state_out, **kwargs):
       return jax.jit(fn, **kwargs) if mesh is None else jax.jit(fn, out_shardings=out, **kwargs)
 
+    def evaluating(step, **static):  # step(strategy, schedule, metric_names, unravel, state, *args)
+      def run(eval_arrays, state, *args):
+        return step(self.strategy, self._schedule_with(eval_arrays), self.metric_names, unravel, state, *args, **static)
+
+      return run
+
+    def donating(run, out):
+      # The state is donated (updated in place) except its parameters: a reply may still be reading them,
+      # since ZeroMQ sends the parameters' own buffers without a copy (_host_reply).
+      split = jit(
+        lambda eval_arrays, params, rest, *args: run(eval_arrays, rest._replace(params=params), *args),
+        out,
+        donate_argnums=2,
+      )
+
+      def call(state, *args):
+        return split(self._eval_arrays, state.params, state._replace(params=None), *args)
+
+      call.lower = lambda state, *args: split.lower(self._eval_arrays, state.params, state._replace(params=None), *args)
+      return call
+
     if self.mode == "elastic":
-      self._arrive = jit(
-        functools.partial(server_step.elastic_step, *fixed, exchange=True), step_out, donate_argnums=0
-      )
+      self._arrive = donating(evaluating(server_step.elastic_step, exchange=True), step_out)
       local_out = None if mesh is None else step_out._replace(reply=mesh.replicated)
-      self._local_step = jit(
-        functools.partial(server_step.elastic_step, *fixed, exchange=False), local_out, donate_argnums=0
-      )
+      self._local_step = donating(evaluating(server_step.elastic_step, exchange=False), local_out)
     elif self.mode == "rounds":
-      self._arrive = jit(functools.partial(server_step.round_arrive, *fixed), step_out, donate_argnums=0)
-      self._close_round = jit(functools.partial(server_step.close_round, *fixed), step_out)
+      self._arrive = donating(evaluating(server_step.round_arrive), step_out)
+      close_round = jit(evaluating(server_step.close_round), step_out)
+      self._close_round = lambda state, now: close_round(self._eval_arrays, state, now)
     else:
-      self._arrive = jit(functools.partial(server_step.arrive, *fixed), step_out, donate_argnums=0)
+      self._arrive = donating(evaluating(server_step.arrive), step_out)
     self._join = jit(server_step.join)
     self._drop = jit(server_step.drop)
     self._release = jit(
@@ -389,16 +414,24 @@ class ParameterServer(RuntimeBase):
       count=self._slice_count,
     )
 
-  def _reply(self, state: ServerState, workers, reply_flat) -> None:
+  def _reply(self, state: ServerState, workers, reply) -> None:
+    """Sends ``workers`` the step's ``reply`` (``None``: the parameters themselves)."""
     if self._nodes is not None:  # directives; the parameters cross only in a node's first copy of a version
-      self._broadcast(int(_host(state.version)), reply_flat)
+      self._broadcast(int(_host(state.version)), state, reply)
       payload = None
-    elif self._mesh is None:
-      payload = np.asarray(reply_flat)
     else:
-      payload = self._mesh.local_slice(reply_flat, self.shard)
+      payload = self._host_reply(state, reply)
     for w in workers:
       self._send(int(w), self._params_header(state, int(w)), payload)
+
+  def _host_reply(self, state: ServerState, reply) -> np.ndarray | list[np.ndarray]:
+    """A reply's payload on the host: without a copy of the parameters (the step's ``reply`` is ``None``
+    when it is them) on a CPU server, this shard's slice when sharded."""
+    if self._mesh is not None:
+      return self._mesh.local_slice(state.params if reply is None else reply, self.shard)
+    if reply is None:  # the leaves, one frame each, in the order ravel_pytree lays them out
+      return [np.asarray(leaf) for leaf in jax.tree.leaves(state.params)]
+    return np.asarray(reply)
 
   def _reject(self, identity: bytes, reason: str, detail: str, worker: int | None) -> None:
     self.rejected_messages[reason] += 1
@@ -759,15 +792,15 @@ class ParameterServer(RuntimeBase):
       raise wire.MessageError("worker", f"node={node}; expected 0..{self._nodes.count - 1}")
     self._nodes.register(identity, node)
     log.info("node %d's aggregator joined", node)
-    self._broadcast(int(_host(state.version)), self._reply_payload(state))
+    self._broadcast(int(_host(state.version)), state, self._reply_payload(state))
     return state
 
-  def _broadcast(self, version: int, reply) -> None:
+  def _broadcast(self, version: int, state: ServerState, reply) -> None:
     """Every node that does not hold ``version`` yet gets it: one message per node per release."""
     nodes, payload = self._nodes, None
     for node in list(nodes.identity):
       if nodes.version.get(node) != version:
-        payload = np.asarray(reply) if payload is None else payload  # on the host once, and only if sent
+        payload = self._host_reply(state, reply) if payload is None else payload  # once, and only if sent
         header = wire.Header(kind=wire.Kind.BROADCAST, token=self.token, worker=node, version=version)
         if self._send_node(node, header, payload):
           nodes.version[node] = version

@@ -144,6 +144,7 @@ class SyncRuntime(RuntimeBase):
     self._per_worker = NamedSharding(self.mesh, P(_AXES))
     self._liveness = liveness
     self._round = jax.jit(self._round_impl)
+    self._inputs = None  # (the training data, the held-out arrays) on the mesh, made on the first advance
     self._started = time.perf_counter()
     self._clock_offset: float | None = None
 
@@ -197,33 +198,33 @@ class SyncRuntime(RuntimeBase):
 
   # -- one round, compiled ----------------------------------------------------------------------
 
-  def _gradient_round(self, s: SyncState):
+  def _gradient_round(self, s: SyncState, data: WorkerData):
     num_workers = self.strategy.num_workers
 
-    def per_worker(params, steps):
+    def per_worker(params, steps, data):
       worker = self._worker_index()
-      batch = self.data.batch(worker, steps[worker])
+      batch = data.batch(worker, steps[worker])
       # Each worker's share of the round's mean loss (the simulator's w_k = 1/K).
       loss, grads = jax.value_and_grad(lambda p: self.loss_fn(p, batch) / num_workers)(params)
       return self._sum(grads), self._sum(loss)
 
     grads, loss = jax.shard_map(
-      per_worker, mesh=self.mesh, in_specs=(P(), P()), out_specs=(P(), P()), check_vma=False
-    )(s.params, s.steps)
+      per_worker, mesh=self.mesh, in_specs=(P(), P(), P()), out_specs=(P(), P()), check_vma=False
+    )(s.params, s.steps, data)
     update = sync_round.apply_aggregate(
       self.strategy, s.params, s.rule_state, grads, version=s.version, num_workers=num_workers
     )
     return update, loss, s._replace(steps=s.steps + 1)
 
-  def _local_round(self, s: SyncState):
+  def _local_round(self, s: SyncState, data: WorkerData):
     strategy = self.strategy
     num_workers = strategy.num_workers
 
-    def per_worker(params, xs, states, steps):
+    def per_worker(params, xs, states, steps, data):
       worker = self._worker_index()
       x, state = jax.tree.map(lambda a: a[0], (xs, states))
       x, state, losses = sync_round.local_steps(
-        strategy, self.loss_fn, lambda t: self.data.batch(worker, t), x, state, steps[worker]
+        strategy, self.loss_fn, lambda t: data.batch(worker, t), x, state, steps[worker]
       )
       mean_model = jax.tree.map(lambda m: m / num_workers, self._sum(x))
       return mean_model, self._sum(jnp.mean(losses) / num_workers), jax.tree.map(lambda a: a[None], state)
@@ -232,10 +233,10 @@ class SyncRuntime(RuntimeBase):
     mean_model, loss, worker_state = jax.shard_map(
       per_worker,
       mesh=self.mesh,
-      in_specs=(P(), spec, spec, P()),
+      in_specs=(P(), spec, spec, P(), P()),
       out_specs=(P(), P(), spec),
       check_vma=False,
-    )(s.params, s.worker_params, s.worker_state, s.steps)
+    )(s.params, s.worker_params, s.worker_state, s.steps, data)
     update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
     return (
       update,
@@ -247,13 +248,14 @@ class SyncRuntime(RuntimeBase):
       ),
     )
 
-  def _round_impl(self, s: SyncState, now):
+  def _round_impl(self, s: SyncState, now, data: WorkerData, eval_arrays: list):
+    """One round; the training and held-out arrays are arguments, not constants folded into the program."""
     if self.strategy.protocol == WorkerProtocol.LOCAL:
-      update, loss, s = self._local_round(s)
+      update, loss, s = self._local_round(s, data)
     else:
-      update, loss, s = self._gradient_round(s)
+      update, loss, s = self._gradient_round(s, data)
     version = s.version + update.finite.astype(jnp.int32)
-    evaluated, metrics, next_eval = self.schedule.maybe_evaluate(
+    evaluated, metrics, next_eval = self.schedule.with_eval_arrays(eval_arrays).maybe_evaluate(
       s.next_eval, update.params, version, now, self.metric_names
     )
     new = s._replace(
@@ -280,20 +282,21 @@ class SyncRuntime(RuntimeBase):
   def _global(self, state: SyncState) -> SyncState:
     """Process-local arrays -> arrays on the mesh (replicated; local models sharded by worker)."""
 
+    fields = {name: self._on_mesh(value, per_worker=name in ("worker_params", "worker_state"))
+              for name, value in state._asdict().items()}  # fmt: skip
+    return SyncState(**fields)
+
+  def _on_mesh(self, tree, *, per_worker: bool = False):
+    """Process-local arrays (the same on every process) -> replicated on the mesh, or sliced by worker."""
     local = [i for i, d in enumerate(self.mesh.devices.reshape(-1)) if d.process_index == jax.process_index()]
 
-    def put(x, sharding):
+    def put(x):
       x = np.asarray(x)
-      if sharding is self._replicated:
-        return jax.make_array_from_process_local_data(sharding, x, x.shape)
-      return jax.make_array_from_process_local_data(sharding, x[local], x.shape)
+      if not per_worker:
+        return jax.make_array_from_process_local_data(self._replicated, x, x.shape)
+      return jax.make_array_from_process_local_data(self._per_worker, x[local], x.shape)
 
-    fields = state._asdict()
-    out = {}
-    for name, value in fields.items():
-      sharding = self._per_worker if name in ("worker_params", "worker_state") else self._replicated
-      out[name] = jax.tree.map(lambda x, sh=sharding: put(x, sh), value)
-    return SyncState(**out)
+    return jax.tree.map(put, tree)
 
   def _local(self, tree):
     """Arrays on the mesh -> this process's copy (replicated values are the same on every process)."""
@@ -317,6 +320,8 @@ class SyncRuntime(RuntimeBase):
       self._clock_offset = float(state.clock)
       self._started = time.perf_counter()
     s = self._global(state)
+    if self._inputs is None:  # every process holds the same arrays: replicated on the mesh once
+      self._inputs = self._on_mesh((self.data, self.schedule.eval_arrays()))
     rows = []
     try:
       for _ in range(num_events):
@@ -324,7 +329,9 @@ class SyncRuntime(RuntimeBase):
         now = multihost_utils.broadcast_one_to_all(
           np.float32(self._clock_offset + time.perf_counter() - self._started)
         )
-        s, row = self._round(s, jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()))
+        s, row = self._round(
+          s, jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()), *self._inputs
+        )
         rows.append(jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), row))
       local = self._local(s)
     except (jax.errors.JaxRuntimeError, ValueError) as err:

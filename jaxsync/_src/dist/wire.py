@@ -1,16 +1,21 @@
-"""The parameter server's messages on the wire: a fixed 64-byte header and one flat payload frame.
+"""The parameter server's messages on the wire: a fixed 64-byte header and a flat payload.
 
-A message is a ZeroMQ multipart message of one or two frames::
+A message is a ZeroMQ multipart message: the header, then the payload's frames::
 
-  [header (64 bytes)] [payload: count x dtype, the whole pytree raveled]
+  [header (64 bytes)] [payload: count x dtype, the whole pytree raveled, in one or more frames]
+
+The payload is the parameters' leaves end to end: a sender may send each leaf
+as a frame of its own (the server sends its parameter buffers as they are,
+without raveling them into a copy) or the whole as one; the receiver reads
+them as one flat array.
 
 The header carries the run token (only processes of the run know it: it is
 handed out on the coordination service), the sender's worker id, the
 parameter version a gradient was computed on, the worker's data step, its
 batch loss and its own NaN/Inf verdict. The receiver checks every field
 against what it expects before it looks at the payload (:func:`decode`), and
-the payload is received without a copy (``numpy.frombuffer`` over the ZeroMQ
-frame). A frame longer than the largest legal message is refused by ZeroMQ
+the payload is received without a copy (into an :class:`Inbox`, or
+``numpy.frombuffer`` over a single ZeroMQ frame). A frame longer than the largest legal message is refused by ZeroMQ
 itself (``MAXMSGSIZE``) before it is read whole.
 """
 
@@ -83,10 +88,19 @@ class Header:
   reason: str | None = None
 
 
-def encode(header: Header, payload: np.ndarray | None = None) -> list[Any]:
-  """The frames of a message; ``payload`` (1-D, contiguous) is sent without a copy."""
-  count = 0 if payload is None else int(payload.size)
-  dtype = header.dtype if payload is None else str(payload.dtype)
+def encode(header: Header, payload: np.ndarray | list[np.ndarray] | None = None) -> list[Any]:
+  """The frames of a message; ``payload`` (an array, or a list of arrays laid end to end) is sent without a copy.
+
+  Each array of a list is a frame of its own (e.g. the leaves of a parameter
+  tree, which would otherwise have to be raveled into a copy); they must share
+  one dtype. A non-contiguous array is copied.
+  """
+  parts = [] if payload is None else [payload] if isinstance(payload, np.ndarray) else list(payload)
+  dtypes = {str(part.dtype) for part in parts}
+  if len(dtypes) > 1:
+    raise ValueError(f"payload dtypes={sorted(dtypes)}; a message's payload has one dtype")
+  count = sum(int(part.size) for part in parts)
+  dtype = header.dtype if payload is None else dtypes.pop() if dtypes else header.dtype
   packed = _HEADER.pack(
     MAGIC,
     int(header.kind),
@@ -102,7 +116,9 @@ def encode(header: Header, payload: np.ndarray | None = None) -> list[Any]:
     header.noise_ratio,
     count,
   )
-  return [packed] if payload is None else [packed, memoryview(np.ascontiguousarray(payload)).cast("B")]
+  if payload is None:
+    return [packed]
+  return [packed, *(memoryview(np.ascontiguousarray(part).reshape(-1)).cast("B") for part in parts)]
 
 
 def max_message_bytes(count: int, dtype: str) -> int:
@@ -151,11 +167,14 @@ def decode_header(frame: Any, *, token: bytes) -> Header:
 def decode_payload(
   header: Header, frames: list[Any], *, dtype: str, count: int, directive: bool = False
 ) -> np.ndarray | None:
-  """The payload as a NumPy view of the frame, after checking its dtype and element count.
+  """The payload as a flat NumPy array, after checking its dtype and element count.
+
+  One frame (what an :class:`Inbox` returns) is viewed without a copy; the
+  frames of a payload sent in several are joined.
 
   Args:
     header: the message's decoded header.
-    frames: the frames after the header (zero or one).
+    frames: the frames after the header (none for a message without a payload).
     dtype, count: what the receiver expects (the parameters' dtype and size).
     directive: the message is the server's to a node aggregator, whose PARAMS
       carry no payload (the node answers its worker with its own copy).
@@ -164,17 +183,31 @@ def decode_payload(
     if frames:
       raise MessageError("malformed", f"a {header.kind.name} message with {len(frames)} payload frame(s)")
     return None
-  if len(frames) != 1:
-    raise MessageError("malformed", f"{len(frames)} payload frames; expected 1")
+  if not frames:
+    raise MessageError("malformed", f"a {header.kind.name} message without its payload")
   if header.dtype != dtype:
     raise MessageError("dtype", f"payload dtype={header.dtype!r}; expected {dtype!r}")
-  buffer = frames[0].buffer if hasattr(frames[0], "buffer") else memoryview(frames[0])
   itemsize = np.dtype(numpy_dtype(dtype)).itemsize
-  if header.count != count or len(buffer) != count * itemsize:
-    raise MessageError(
-      "shape", f"payload of {header.count} elements ({len(buffer)} bytes); expected {count} elements"
-    )
-  return np.frombuffer(buffer, dtype=numpy_dtype(dtype))
+  nbytes = sum(_nbytes(frame) for frame in frames)
+  if header.count != count or nbytes != count * itemsize:
+    raise MessageError("shape", f"payload of {header.count} elements ({nbytes} bytes); expected {count} elements")
+  views = [np.frombuffer(_buffer(frame), dtype=numpy_dtype(dtype)) for frame in frames]
+  return views[0] if len(views) == 1 else np.concatenate(views)
+
+
+def _buffer(frame: Any) -> memoryview:
+  return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
+
+
+def _nbytes(frame: Any) -> int:
+  return frame.nbytes if isinstance(frame, _Overflow) else _buffer(frame).nbytes
+
+
+class _Overflow:
+  """A payload longer than an :class:`Inbox`'s buffer: only its length is kept, for the shape check to refuse."""
+
+  def __init__(self, nbytes: int):
+    self.nbytes = nbytes
 
 
 ALIGNMENT = 64
@@ -209,22 +242,25 @@ class Inbox:
   def receive(self, socket, *, routed: bool = False, at: int = 0, size: int | None = None) -> list[Any]:
     """The frames of the next message (the sender's identity first when ``routed``: a ROUTER socket).
 
-    The frame after the header is received into the buffer's bytes ``[at,
-    at + size)`` (default: all of it; a worker assembles a sharded server's
-    slices side by side) and returned as a view of them; any further frame is
-    received as it comes, for the checks to refuse.
+    The frames after the header (the payload, in one frame or several) are
+    received end to end into the buffer's bytes ``[at, at + size)`` (default:
+    all of it; a worker assembles a sharded server's slices side by side) and
+    returned as one view of them. A payload longer than that region is
+    returned as its length only, for :func:`decode_payload` to refuse.
     """
     import zmq
 
     region = self._buffer[at:] if size is None else self._buffer[at : at + size]
     frames = [socket.recv(copy=False)]
-    header_at = 1 if routed else 0
+    while len(frames) < (2 if routed else 1) and socket.getsockopt(zmq.RCVMORE):
+      frames.append(socket.recv(copy=False))  # the sender's identity, then the header
+    received, parts = 0, 0
     while socket.getsockopt(zmq.RCVMORE):
-      if len(frames) == header_at + 1:
-        received = socket.recv_into(region)
-        frames.append(region[: min(received, len(region))])
-      else:
-        frames.append(socket.recv(copy=False))
+      # recv_into copies what fits and returns the frame's whole length.
+      received += socket.recv_into(region[min(received, len(region)) :])
+      parts += 1
+    if parts:
+      frames.append(region[:received] if received <= len(region) else _Overflow(received))
     return frames
 
 
