@@ -72,7 +72,7 @@ SCRIPTS = {
     {"tiny": ["--rounds", "1", "--steps", "5"], "default": [], "full": ["--rounds", "15"]},
   ),
   "ps_throughput.py": (
-    "parameter-server push+pull vs a raw loopback socket, same bytes (target >= 0.5x); updates/s with "
+    "parameter-server push+pull vs a raw loopback socket, same bytes (target >= 0.8x); updates/s with "
     "1/2/4 worker processes; real vs simulated asp staleness",
     {
       "tiny": [
