@@ -1284,7 +1284,7 @@ _OUTCOME = {
   "count": "shape",
   "payload_length": "shape",
   "missing_payload": "malformed",
-  "extra_frames": "malformed",
+  "extra_frames": "shape (the frames after the header are the payload, end to end)",
   "control_with_payload": "malformed",
   "worker_range": "worker",
   "server_kinds": "malformed (from worker 1) / worker (from a stranger)",
