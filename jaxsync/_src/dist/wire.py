@@ -95,7 +95,8 @@ def encode(header: Header, payload: np.ndarray | list[np.ndarray] | None = None)
   tree, which would otherwise have to be raveled into a copy); they must share
   one dtype. A non-contiguous array is copied.
   """
-  parts = [] if payload is None else [payload] if isinstance(payload, np.ndarray) else list(payload)
+  parts = [] if payload is None else list(payload) if isinstance(payload, (list, tuple)) else [payload]
+  parts = [np.asarray(part) for part in parts]
   dtypes = {str(part.dtype) for part in parts}
   if len(dtypes) > 1:
     raise ValueError(f"payload dtypes={sorted(dtypes)}; a message's payload has one dtype")
@@ -118,7 +119,8 @@ def encode(header: Header, payload: np.ndarray | list[np.ndarray] | None = None)
   )
   if payload is None:
     return [packed]
-  return [packed, *(memoryview(np.ascontiguousarray(part).reshape(-1)).cast("B") for part in parts)]
+  # As bytes: the buffer protocol has no format for ml_dtypes' bfloat16.
+  return [packed, *(memoryview(np.ascontiguousarray(part).reshape(-1).view(np.uint8)) for part in parts)]
 
 
 def max_message_bytes(count: int, dtype: str) -> int:
@@ -200,11 +202,14 @@ def _buffer(frame: Any) -> memoryview:
 
 
 def _nbytes(frame: Any) -> int:
-  return frame.nbytes if isinstance(frame, _Overflow) else _buffer(frame).nbytes
+  return frame.nbytes if isinstance(frame, OversizedPayload) else _buffer(frame).nbytes
 
 
-class _Overflow:
-  """A payload longer than an :class:`Inbox`'s buffer: only its length is kept, for the shape check to refuse."""
+class OversizedPayload:
+  """What :meth:`Inbox.receive` returns for a payload longer than its buffer: the length only.
+
+  :func:`decode_payload` refuses it (``shape``); its bytes were never written past the buffer.
+  """
 
   def __init__(self, nbytes: int):
     self.nbytes = nbytes
@@ -260,7 +265,7 @@ class Inbox:
       received += socket.recv_into(region[min(received, len(region)) :])
       parts += 1
     if parts:
-      frames.append(region[:received] if received <= len(region) else _Overflow(received))
+      frames.append(region[:received] if received <= len(region) else OversizedPayload(received))
     return frames
 
 

@@ -129,9 +129,9 @@ class ServerStep(NamedTuple):
     reply: the reply's payload when it is not the new parameters themselves
       (SMEGA²'s look-ahead estimate; the centre before the exchange for
       locked EASGD), raveled; ``None`` when it is them: the host sends the
-      parameters' own buffers, leaf by leaf, instead of a raveled copy (at
-      40 MB the copy was two fifths of the server's step). Empty when nobody is
-      sent anything.
+      parameters' own buffers, leaf by leaf, instead of a raveled copy (one
+      more pass over the parameters per step). Empty when nobody is sent
+      anything.
   """
 
   state: ServerState
