@@ -322,7 +322,9 @@ class ParameterServer(RuntimeBase):
           out,
           donate_argnums=2,
         )
-        call = lambda state, *args: split(self._eval_arrays, state.params, state._replace(params=None), *args)  # noqa: E731
+        def call(state, *args):
+          return split(self._eval_arrays, state.params, state._replace(params=None), *args)
+
         call.lower = lambda state, *args: split.lower(
           self._eval_arrays, state.params, state._replace(params=None), *args
         )

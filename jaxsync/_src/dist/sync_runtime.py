@@ -281,10 +281,8 @@ class SyncRuntime(RuntimeBase):
 
   def _global(self, state: SyncState) -> SyncState:
     """Process-local arrays -> arrays on the mesh (replicated; local models sharded by worker)."""
-
-    fields = {name: self._on_mesh(value, per_worker=name in ("worker_params", "worker_state"))
-              for name, value in state._asdict().items()}  # fmt: skip
-    return SyncState(**fields)
+    per_worker = ("worker_params", "worker_state")
+    return SyncState(**{name: self._on_mesh(x, per_worker=name in per_worker) for name, x in state._asdict().items()})
 
   def _on_mesh(self, tree, *, per_worker: bool = False):
     """Process-local arrays (the same on every process) -> replicated on the mesh, or sliced by worker."""
