@@ -66,21 +66,27 @@ def _process(launcher: subprocess.Popen, index: int, timeout: float = 120) -> ps
 
 
 def _read_until(p: subprocess.Popen, pattern: str, timeout: float) -> str:
-  """Reads ``p``'s output until a line matches ``pattern``; returns what was read (fails after ``timeout``)."""
+  """Reads ``p``'s output until a line matches ``pattern``; returns what was read (fails after ``timeout``).
+
+  It reads the pipe's descriptor itself: ``select`` says nothing of lines already in the text
+  wrapper's buffer, so a ``readline`` loop could sit on the matching line until the process wrote
+  again (with ``--progress quiet``, at the run's end: a kill meant for its start came at its end).
+  """
   import select
 
-  seen, deadline = [], time.monotonic() + timeout
-  os.set_blocking(p.stdout.fileno(), True)
+  fd, data, deadline = p.stdout.fileno(), b"", time.monotonic() + timeout
+  os.set_blocking(fd, True)
   while time.monotonic() < deadline:
-    if not select.select([p.stdout], [], [], max(0.0, deadline - time.monotonic()))[0]:
+    if not select.select([fd], [], [], max(0.0, deadline - time.monotonic()))[0]:
       break  # nothing more within the timeout: never block past it
-    line = p.stdout.readline()
-    if not line:
+    chunk = os.read(fd, 1 << 16)
+    if not chunk:
       break
-    seen.append(line)
-    if re.search(pattern, line):
-      return "".join(seen)
-  raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n{''.join(seen)[-3000:]}")
+    data += chunk
+    text = data.decode(errors="replace")
+    if any(re.search(pattern, line) for line in text.splitlines()):
+      return text  # the rest of the output comes through communicate()
+  raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n{data.decode(errors='replace')[-3000:]}")
 
 
 def _wait_for_rows(run_dir, kind: str, count: int, timeout: float) -> None:
