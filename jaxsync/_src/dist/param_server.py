@@ -316,22 +316,15 @@ class ParameterServer(RuntimeBase):
         schedule = self._schedule_with(eval_arrays)
         return step(self.strategy, schedule, self.metric_names, unravel, state, *args, **static)
 
-      if donate == "all but params":
-        split = jit(
-          lambda arrays, params, rest, *a: run(arrays, rest._replace(params=params), *a),
-          out,
-          donate_argnums=2,
-        )
-        def call(state, *args):
-          return split(self._eval_arrays, state.params, state._replace(params=None), *args)
+      # The parameters are an argument of their own, so that they can be donated or kept apart.
+      donated = {"state": (1, 2), "all but params": (2,), "nothing": ()}[donate]
+      split = jit(lambda arrays, params, rest, *a: run(arrays, rest._replace(params=params), *a), out, donate_argnums=donated)
 
-        call.lower = lambda state, *args: split.lower(
-          self._eval_arrays, state.params, state._replace(params=None), *args
-        )
-        return call
-      compiled = jit(run, out, donate_argnums=1 if donate == "state" else ())
-      call = functools.partial(compiled, self._eval_arrays)
-      call.lower = functools.partial(compiled.lower, self._eval_arrays)
+      def arguments(state, *args):
+        return (self._eval_arrays, state.params, state._replace(params=None), *args)
+
+      call = lambda state, *args: split(*arguments(state, *args))  # noqa: E731
+      call.lower = lambda state, *args: split.lower(*arguments(state, *args))
       return call
 
     if self.mode == "elastic":
