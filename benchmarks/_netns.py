@@ -11,7 +11,7 @@ memory copies.
 
 Needs iproute2 (``ip netns``, ``tc``) and CAP_NET_ADMIN (root); where they are
 missing, :class:`Unavailable` names the command and its error. Used by the
-multi-host tests (``tests/dist/test_multihost_netns.py``) and
+multi-host tests (``tests/distributed/test_multihost_netns.py``) and
 ``benchmarks/sharded_server.py``.
 """
 
@@ -184,7 +184,7 @@ def tails(logs: pathlib.Path, n: int) -> str:
 
 def run_env() -> dict[str, str]:
   """This process's environment without a run's membership (each process is given its own on the command line)."""
-  from jaxsync._src.dist import cluster
+  from jaxsync._src.distributed import cluster
 
   membership = (cluster.ENV_COORDINATOR, cluster.ENV_NUM_PROCESSES, cluster.ENV_PROCESS_ID)
   env = {

@@ -29,8 +29,8 @@ import sys
 
 import _harness
 
+from jaxsync._src.advisor import advisor
 from jaxsync._src.app import experiment
-from jaxsync._src.sim import advisor
 
 FRACTIONS = (0.1, 0.25, 0.5)
 EVALUATIONS = 40  # of the full run: a whole number of them at each fraction (4, 10, 20)

@@ -75,7 +75,7 @@ import numpy as np
 import zmq
 import zmq.utils.monitor
 
-from jaxsync._src.dist import wire
+from jaxsync._src.distributed import wire
 
 NAME = "fault_campaign"
 TITLE = "Fault campaign: fuzzed frames, killed and stopped workers, a killed server"
@@ -467,7 +467,7 @@ def fuzz(frames: int, seed: int, *, timeout: float = 600.0) -> FuzzResult:
   import jax
   import jax.numpy as jnp
 
-  from jaxsync._src.dist import param_server
+  from jaxsync._src.distributed.server import param_server
   from jaxsync._src.strategies import registry as strategies
 
   started = time.perf_counter()
@@ -930,7 +930,8 @@ import sys
 import jax
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import cluster, param_server, ps_worker
+from jaxsync._src.distributed import cluster, ps_worker
+from jaxsync._src.distributed.server import param_server
 group = cluster.initialize()
 client = cluster.coordination_client()
 heartbeat = cluster.Heartbeat(client, group.index).start()

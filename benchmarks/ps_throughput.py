@@ -45,7 +45,8 @@ import zmq
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import param_server, wire
+from jaxsync._src.distributed import wire
+from jaxsync._src.distributed.server import param_server
 from jaxsync._src.sim.simulator import Simulator
 from jaxsync._src.sim.time_model import Link, TimeModel
 from jaxsync._src.strategies import registry as strategies
@@ -56,7 +57,7 @@ TARGET = 0.8  # of a raw loopback socket's bytes/s
 _PS_CLIENT = textwrap.dedent(
   """
   import json, sys, time, numpy as np, zmq
-  from jaxsync._src.dist import wire
+  from jaxsync._src.distributed import wire
   wire.keep_freed_memory()  # as every process of a multi-process run (cluster.initialize)
   address, token, count, rounds = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
   sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -105,7 +106,7 @@ _WORKER = textwrap.dedent(
   import json, sys
   from jaxsync._src.app import config as config_lib
   from jaxsync._src.app import experiment
-  from jaxsync._src.dist import ps_worker, wire
+  from jaxsync._src.distributed import ps_worker, wire
   wire.keep_freed_memory()  # as every process of a multi-process run (cluster.initialize)
   overrides, worker, address, token = json.loads(sys.argv[1]), int(sys.argv[2]), sys.argv[3], bytes.fromhex(sys.argv[4])
   exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))

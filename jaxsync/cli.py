@@ -25,7 +25,7 @@ import traceback
 
 from jaxsync._src.app import commands
 from jaxsync._src.app.config import ConfigError
-from jaxsync._src.dist.cluster import RunFaultError
+from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.train import progress, run_directory
 from jaxsync._src.train.checkpoints import CheckpointError
 from jaxsync._src.train.run_directory import RunDirectoryError
@@ -175,14 +175,14 @@ def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
 
 
 def _launch(args: argparse.Namespace, run_args: list[str]) -> int:
-  from jaxsync._src.dist import launch
+  from jaxsync._src.distributed import launch
 
   return launch.launch(args.num_processes, run_args, bind=args.bind)
 
 
 def _group(args: argparse.Namespace):
   """This process's multi-process group (None: the simulator), decided and logged once."""
-  from jaxsync._src.dist import cluster
+  from jaxsync._src.distributed import cluster
 
   if getattr(args, "single_process", False):
     return None
@@ -197,7 +197,7 @@ def _group(args: argparse.Namespace):
 
 
 def _in_a_launched_or_cluster_run(args: argparse.Namespace) -> bool:
-  from jaxsync._src.dist import cluster
+  from jaxsync._src.distributed import cluster
 
   return bool(getattr(args, "coordinator", None) or os.environ.get(cluster.ENV_COORDINATOR))
 
@@ -219,7 +219,7 @@ def _dispatch(args: argparse.Namespace) -> int:
   if args.command == "resume":
     args.run_dir_in_use = args.run_dir
     processes = commands.launched_processes(args.run_dir)
-    from jaxsync._src.dist import cluster
+    from jaxsync._src.distributed import cluster
 
     on_cluster = (
       args.coordinator is not None or os.environ.get(cluster.ENV_COORDINATOR) or cluster.detected_cluster()

@@ -13,7 +13,7 @@ cluster) and :func:`launch` starts N local processes. ``jaxsync launch`` and
 "Multi-process runs".
 """
 
-from jaxsync._src.dist.cluster import (
+from jaxsync._src.distributed.cluster import (
   ClusterError,
   Heartbeat,
   HeartbeatMonitor,
@@ -21,12 +21,12 @@ from jaxsync._src.dist.cluster import (
   RunFaultError,
   initialize,
 )
-from jaxsync._src.dist.launch import launch
-from jaxsync._src.dist.node_aggregator import NodeAggregator
-from jaxsync._src.dist.param_server import ParameterServer, WorkerLostError
-from jaxsync._src.dist.ps_worker import RejectedError, ServerGoneError, run_worker
-from jaxsync._src.dist.sync_runtime import ProcessLostError, SyncRuntime, SyncState
-from jaxsync._src.steps.server_step import ServerState
+from jaxsync._src.distributed.launch import launch
+from jaxsync._src.distributed.node_aggregator import NodeAggregator
+from jaxsync._src.distributed.ps_worker import RejectedError, ServerGoneError, run_worker
+from jaxsync._src.distributed.server.param_server import ParameterServer, WorkerLostError
+from jaxsync._src.distributed.server.server_step import ServerState
+from jaxsync._src.distributed.sync_runtime import ProcessLostError, SyncRuntime, SyncState
 
 __all__ = [
   "ClusterError",

@@ -7,9 +7,9 @@ Build a strategy (:mod:`jaxsync.strategies`), a loss function, per-worker data
 says which to use.
 """
 
+from jaxsync._src.advisor.advisor import Advice, Estimate, advise, estimate, prefix, rank, short_run
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.runtime.history import History
-from jaxsync._src.sim.advisor import Advice, Estimate, advise, estimate, prefix, rank, short_run
+from jaxsync._src.interface.history import History
 from jaxsync._src.sim.events import EventState
 from jaxsync._src.sim.rounds import RoundState
 from jaxsync._src.sim.simulator import Simulator, run

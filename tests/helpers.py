@@ -73,7 +73,7 @@ def apply(params, updates):
 
 def sync_state_like(exp, num_workers: int):
   """A ``SyncState`` with ``exp``'s structure: what a synchronous run's checkpoint is restored into."""
-  from jaxsync._src.dist import sync_runtime
+  from jaxsync._src.distributed import sync_runtime
 
   return sync_runtime.SyncState(
     clock=np.float32(0),

@@ -1,8 +1,8 @@
 """The layers of ``jaxsync/_src``: each folder imports only from the layers below it.
 
 The order (docs/design.md, "Layers"): ``core`` < ``rules``, ``data``, ``models``
-< ``strategies`` < ``steps`` < ``runtime`` < ``sim``, ``dist`` < ``train`` <
-``app``. Folders of the same rank are independent of each other (the simulator
+< ``strategies`` < ``steps`` < ``interface`` < ``sim``, ``distributed`` < ``advisor``,
+``train`` < ``app``. Folders of the same rank are independent of each other (the simulator
 and the multi-process runtime share only what lies below them). The public
 modules (``jaxsync/*.py``) sit on top.
 """
@@ -22,9 +22,10 @@ RANK = {
   "models": 1,
   "strategies": 2,
   "steps": 3,
-  "runtime": 4,
+  "interface": 4,
   "sim": 5,
-  "dist": 5,
+  "distributed": 5,
+  "advisor": 6,
   "train": 6,
   "app": 7,
 }

@@ -7,7 +7,7 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from jaxsync._src.runtime.history import History
+from jaxsync._src.interface.history import History
 from jaxsync._src.train import plots
 
 from sim_cases import accuracy_fn, problem, simulate

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from jaxsync._src.runtime.history import History
+from jaxsync._src.interface.history import History
 from jaxsync._src.train.summary import divergence
 
 

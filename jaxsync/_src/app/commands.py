@@ -13,16 +13,15 @@ import dataclasses
 import json
 import pathlib
 import sys
-import time
 from typing import Any
 
 import numpy as np
 import yaml
 
+from jaxsync._src.advisor import advisor
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist.cluster import ProcessGroup
-from jaxsync._src.sim import advisor
+from jaxsync._src.distributed.cluster import ProcessGroup
 from jaxsync._src.strategies import registry as strategies
 from jaxsync._src.train import plots, run_directory, training
 from jaxsync._src.train.progress import Reporter
@@ -120,7 +119,8 @@ def launched_processes(run_dir: pathlib.Path) -> int | None:
 
 def check_processes(strategy: strategies.Strategy, num_processes: int, servers: int = 1) -> None:
   """Raises ConfigError unless ``num_processes`` fits the strategy's worker count (and ``servers`` shards)."""
-  from jaxsync._src.dist import node_aggregator, param_server
+  from jaxsync._src.distributed import node_aggregator
+  from jaxsync._src.distributed.server import param_server
 
   k = strategy.num_workers
   if param_server.serves(strategy):
@@ -161,135 +161,33 @@ def check_processes(strategy: strategies.Strategy, num_processes: int, servers: 
 def _run_distributed(
   exp: experiment.Experiment, run_dir: pathlib.Path, group: ProcessGroup, reporter: Reporter
 ) -> training.RunResult | None:
-  """One process's part of a multi-process run (async: server or worker; sync: one worker)."""
-  import logging
+  """One process's part of a multi-process run: its role (server, shard, worker) from ``roles``."""
+  from jaxsync._src.distributed import roles
 
-  from jaxsync._src.dist import cluster, node_aggregator, param_server, ps_worker, shards, sync_runtime
-
-  handler = logging.StreamHandler()
-  handler.setFormatter(logging.Formatter("%(name)s: %(message)s"))
-  logging.getLogger("jaxsync").addHandler(handler)
-  logging.getLogger("jaxsync").setLevel(logging.INFO)
-  logging.getLogger("jaxsync").propagate = False  # absl configures the root logger too
-  strategy = exp.strategy
-  client = cluster.coordination_client()
-  evaluation = exp.evaluation()
   kwargs = exp.train_kwargs()
-  if not param_server.serves(strategy):
-    client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
-    if kwargs.pop("max_time") is not None:
-      raise config_lib.ConfigError(
-        f"run.max_time={exp.config.run.max_time!r} is invalid for a synchronous multi-process run; expected "
-        "null (its processes stop together, after run.gradients)."
-      )
-    liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
-    runtime = sync_runtime.SyncRuntime(strategy, exp.loss_fn, exp.data, liveness=liveness, **evaluation)
-    reporter = reporter if group.is_primary else Reporter()
-    result = training.train(
-      runtime, exp.model.params, run_dir, reporter=reporter, primary=group.is_primary, **kwargs
+  if not roles.serves(exp.strategy) and kwargs.pop("max_time") is not None:
+    raise config_lib.ConfigError(
+      f"run.max_time={exp.config.run.max_time!r} is invalid for a synchronous multi-process run; expected "
+      "null (its processes stop together, after run.gradients)."
     )
-    print(f"process {group.index}: final parameters sha256 {runtime.fingerprint(result.params)}", flush=True)
-    _leave_in_order(client, group)
-    return result if group.is_primary else None
-  servers = exp.config.cluster.servers
-  if group.index < servers:
-    return _serve(exp, run_dir, group, reporter, client, kwargs)
-  heartbeat = cluster.Heartbeat(client, group.index).start()
-  # Process 0 may still compile; the other shards publish once the leader's token is out.
-  addresses = [client.blocking_key_value_get(shards.key_address(s), 300_000) for s in range(servers)]
-  token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 300_000)
-  worker = group.index - servers
-  aggregator, server_alive, peer = None, None, "the parameter server (process 0)"
-  if node_aggregator.aggregates(strategy):  # InHAD: the node's first worker process runs its aggregator
-    node = node_aggregator.node_of(strategy, worker)
-    aggregator = node_aggregator.aggregator_for(
-      strategy, worker, exp.model.params, server=addresses[0], token=token, bind=group.bind,
-      advertise=group.advertise,
-    )  # fmt: skip
-    if aggregator is not None:
-      client.key_value_set(
-        node_aggregator.key_address(node), aggregator.start().address, allow_overwrite=True
-      )
-    addresses = client.blocking_key_value_get(node_aggregator.key_address(node), 300_000)
-    monitor = cluster.HeartbeatMonitor(client)
-    lead = node * strategy.node_size + servers  # the aggregator's process
-    server_alive = lambda: lead in monitor.live([lead])  # noqa: E731
-    peer = f"node {node}'s aggregator (process {lead})"
-  done = ps_worker.run_worker(
-    strategy, exp.loss_fn, exp.data, exp.model.params, worker=worker, address=addresses, token=token,
-    server_alive=server_alive, peer=peer,
+
+  def drive(runtime, primary: bool) -> training.RunResult:
+    return training.train(
+      runtime,
+      exp.model.params,
+      run_dir,
+      reporter=reporter if primary else Reporter(),
+      primary=primary,
+      **kwargs,
+    )
+
+  result = roles.run_process(
+    exp.strategy, exp.loss_fn, exp.data, exp.model.params, group=group, servers=exp.config.cluster.servers,
+    evaluation=exp.evaluation(), drive=drive,
   )  # fmt: skip
-  if aggregator is not None:
-    aggregator.stop()
-  heartbeat.stop()
-  print(
-    f"worker {worker}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "
-    f"{done['devices']} device(s); the server said stop"
-  )
-  import jax
-
-  jax.distributed.shutdown()  # before process 0, which waits for this worker's heartbeat to go
-  return None
-
-
-def _serve(exp, run_dir: pathlib.Path, group: ProcessGroup, reporter: Reporter, client, kwargs):
-  """A parameter-server process: the server (process 0), or one shard of a sharded server."""
-  from jaxsync._src.dist import cluster, param_server
-
-  servers = exp.config.cluster.servers
-  monitor = cluster.HeartbeatMonitor(client)
-  workers = range(servers, group.count)
-  if not group.is_primary:
-    client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 600_000)  # the leader made the run directory
-  server = param_server.ParameterServer(
-    exp.strategy,
-    bind=group.bind,
-    advertise=group.advertise,
-    client=client,
-    liveness=lambda: {p - servers for p in monitor.live(workers)},
-    num_shards=servers,
-    shard=group.index,
-    **exp.evaluation(),
-  )
-  if not group.is_primary:
-    try:
-      training.train(server, exp.model.params, run_dir, reporter=Reporter(), primary=False, **kwargs)
-    finally:
-      server.stop()
-    print(f"server shard {group.index}: done", flush=True)
-    import jax
-
-    jax.distributed.shutdown()
-    return None
-  try:
-    result = training.train(server, exp.model.params, run_dir, reporter=reporter, **kwargs)
-  finally:
-    server.stop()
-  result.summary.update(
-    lost_workers=server.lost,
-    rejected_messages=dict(server.rejected_messages),
-    dropped_gradients=server.dropped_gradients,
-  )
-  run_directory.write_json(run_dir / "summary.json", result.summary)
-  # Process 0 hosts the coordinator: it leaves last, once the workers have left.
-  lost = {x["process"] for x in server.lost}
-  deadline = time.monotonic() + 15.0
-  # A worker killed near the end leaves its key behind: it stops counting once its beats stop.
-  while monitor.live(set(monitor.beats()) - lost) and time.monotonic() < deadline:
-    time.sleep(0.2)
-  time.sleep(1.0)
+  if result is not None and roles.serves(exp.strategy):
+    run_directory.write_json(run_dir / "summary.json", result.summary)  # with the server's fault counts
   return result
-
-
-def _leave_in_order(client, group: ProcessGroup) -> None:
-  """Every process finishes together; process 0, the coordinator's host, shuts down last."""
-  import jax
-
-  client.wait_at_barrier("jaxsync/finished", 600_000)
-  if group.is_primary:
-    time.sleep(1.0)  # the others' shutdown calls reach the coordinator first
-  else:
-    jax.distributed.shutdown()
 
 
 # ---------------------------------------------------------------------------

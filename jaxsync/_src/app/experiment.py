@@ -17,12 +17,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from jaxsync._src.advisor import advisor
 from jaxsync._src.app.config import Config, ConfigError, ScheduleConfig
 from jaxsync._src.data import datasets
 from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.interface.history import History
 from jaxsync._src.models import networks as models
-from jaxsync._src.runtime.history import History
-from jaxsync._src.sim import advisor
 from jaxsync._src.sim.simulator import Simulator
 from jaxsync._src.sim.time_model import TimeModel, compute_time_from_flops
 from jaxsync._src.steps.records import EvalSchedule

@@ -12,8 +12,8 @@ import optax
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.runtime.history import History, RunTotals
-from jaxsync._src.runtime.interface import RuntimeBase
+from jaxsync._src.interface.history import History, RunTotals
+from jaxsync._src.interface.runtime import RuntimeBase
 from jaxsync._src.sim import events as sim_events
 from jaxsync._src.sim import rounds as sim_rounds
 from jaxsync._src.sim.time_model import TimeModel

@@ -11,7 +11,7 @@ import numpy as np
 if TYPE_CHECKING:
   from matplotlib.figure import Figure
 
-from jaxsync._src.runtime.history import History
+from jaxsync._src.interface.history import History
 
 _AXES = ("time", "updates")
 _COMPARED_METRICS = ("accuracy", "loss")

@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from jaxsync._src.runtime.history import History
+from jaxsync._src.interface.history import History
 
 
 def divergence(

@@ -26,8 +26,8 @@ import numpy as np
 import optax
 
 from jaxsync._src.core import validation
-from jaxsync._src.runtime.history import History
-from jaxsync._src.runtime.interface import Runtime
+from jaxsync._src.interface.history import History
+from jaxsync._src.interface.runtime import Runtime
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.train import plots, run_directory
 from jaxsync._src.train.checkpoints import RunCheckpoints

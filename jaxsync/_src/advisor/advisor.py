@@ -44,7 +44,7 @@ import optax
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.runtime.history import History
+from jaxsync._src.interface.history import History
 from jaxsync._src.sim.simulator import Simulator
 from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EvalSchedule

@@ -192,7 +192,9 @@ def decode_payload(
   itemsize = np.dtype(numpy_dtype(dtype)).itemsize
   nbytes = sum(_nbytes(frame) for frame in frames)
   if header.count != count or nbytes != count * itemsize:
-    raise MessageError("shape", f"payload of {header.count} elements ({nbytes} bytes); expected {count} elements")
+    raise MessageError(
+      "shape", f"payload of {header.count} elements ({nbytes} bytes); expected {count} elements"
+    )
   views = [np.frombuffer(_buffer(frame), dtype=numpy_dtype(dtype)) for frame in frames]
   return views[0] if len(views) == 1 else np.concatenate(views)
 

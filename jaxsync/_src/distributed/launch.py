@@ -21,7 +21,7 @@ import sys
 import threading
 import time
 
-from jaxsync._src.dist import cluster
+from jaxsync._src.distributed import cluster
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -30,7 +30,7 @@ import pytest
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import cluster
+from jaxsync._src.distributed import cluster
 from jaxsync._src.train.checkpoints import RunCheckpoints
 
 import helpers

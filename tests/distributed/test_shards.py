@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from jaxsync._src.dist import shards
+from jaxsync._src.distributed.server import shards
 
 _DECISIONS = textwrap.dedent(
   """
@@ -27,8 +27,8 @@ _DECISIONS = textwrap.dedent(
   import jax, jax.numpy as jnp, numpy as np
   from jax.flatten_util import ravel_pytree
   from jaxsync import strategies
-  from jaxsync._src.dist import shards
-  from jaxsync._src.steps import server_step
+  from jaxsync._src.distributed.server import shards
+  from jaxsync._src.distributed.server import server_step
   from jaxsync._src.steps.records import EvalSchedule
 
   name, options, num_events = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])

@@ -19,7 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 import jax
 import optax
 
-from jaxsync._src.runtime.history import History, RunTotals, assemble_history
+from jaxsync._src.interface.history import History, RunTotals, assemble_history
 from jaxsync._src.steps.records import EvalSchedule, EventRecord
 
 CLOCKS = ("simulated", "wall")

@@ -43,7 +43,7 @@ import numpy as np
 import zmq
 
 from jaxsync._src.core import validation
-from jaxsync._src.dist import wire
+from jaxsync._src.distributed import wire
 from jaxsync._src.strategies.strategy import Communication, Strategy
 
 log = logging.getLogger("jaxsync.node")

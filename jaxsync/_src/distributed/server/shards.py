@@ -252,5 +252,3 @@ def key_address(shard: int) -> str:
 def key_commands(shard: int) -> str:
   """The key of shard ``shard``'s (``>= 1``) command address, which the leader connects to."""
   return f"jaxsync/server/commands/{shard}"
-
-

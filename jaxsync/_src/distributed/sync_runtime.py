@@ -36,9 +36,9 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.dist.cluster import RunFaultError
-from jaxsync._src.runtime.history import RunTotals
-from jaxsync._src.runtime.interface import RuntimeBase
+from jaxsync._src.distributed.cluster import RunFaultError
+from jaxsync._src.interface.history import RunTotals
+from jaxsync._src.interface.runtime import RuntimeBase
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import stack_workers
 from jaxsync._src.strategies.strategy import Communication, Engine, Strategy, WorkerProtocol
@@ -282,7 +282,9 @@ class SyncRuntime(RuntimeBase):
   def _global(self, state: SyncState) -> SyncState:
     """Process-local arrays -> arrays on the mesh (replicated; local models sharded by worker)."""
     per_worker = ("worker_params", "worker_state")
-    return SyncState(**{name: self._on_mesh(x, per_worker=name in per_worker) for name, x in state._asdict().items()})
+    return SyncState(
+      **{name: self._on_mesh(x, per_worker=name in per_worker) for name, x in state._asdict().items()}
+    )
 
   def _on_mesh(self, tree, *, per_worker: bool = False):
     """Process-local arrays (the same on every process) -> replicated on the mesh, or sliced by worker."""

@@ -40,10 +40,11 @@ from jax.flatten_util import ravel_pytree
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.dist import local_devices, shards, wire
-from jaxsync._src.dist.cluster import RunFaultError
+from jaxsync._src.distributed import local_devices, wire
+from jaxsync._src.distributed.cluster import RunFaultError
+from jaxsync._src.distributed.server import server_step, shards
 from jaxsync._src.rules import contracts
-from jaxsync._src.steps import arrival, server_step
+from jaxsync._src.steps import arrival
 from jaxsync._src.strategies.strategy import Strategy
 
 log = logging.getLogger("jaxsync.worker")

@@ -9,7 +9,7 @@ import pytest
 from jaxsync._src.app import commands
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app.config import ConfigError
-from jaxsync._src.dist import cluster
+from jaxsync._src.distributed import cluster
 from jaxsync._src.strategies import registry as strategies
 
 
@@ -65,7 +65,7 @@ def test_only_launch_run_directories_are_relaunched_locally(tmp_path):
 
 
 def test_launch_drops_only_the_routine_library_notes():
-  from jaxsync._src.dist import launch
+  from jaxsync._src.distributed import launch
 
   assert launch.is_noise(
     "W1123 14:57:49.796136   13016 coordination_service.cc:185] [290] Using experimental recoverable task feature."

@@ -11,7 +11,8 @@ import pytest
 from jax.flatten_util import ravel_pytree
 
 import jaxsync
-from jaxsync._src.steps import arrival, server_step
+from jaxsync._src.distributed.server import server_step
+from jaxsync._src.steps import arrival
 from jaxsync._src.steps.records import EvalSchedule
 
 from sim_cases import loss_fn, problem

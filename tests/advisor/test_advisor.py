@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import jaxsync
-from jaxsync._src.sim import advisor
+from jaxsync._src.advisor import advisor
 
 
 def curve(times, accuracy, *, loss=None, clock="simulated") -> jaxsync.sim.History:

@@ -15,7 +15,8 @@ import numpy as np
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import param_server, sync_runtime
+from jaxsync._src.distributed import sync_runtime
+from jaxsync._src.distributed.server import param_server
 
 
 def _experiment(*overrides):

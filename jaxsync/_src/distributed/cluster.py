@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 import jax
 
-from jaxsync._src.dist import wire
+from jaxsync._src.distributed import wire
 
 ENV_COORDINATOR = "JAXSYNC_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXSYNC_NUM_PROCESSES"

@@ -2,7 +2,7 @@
 
 The server runs in this process's main thread; each node's aggregator and
 each worker's real loop run in threads, as they run in the worker processes
-of ``jaxsync launch`` (tests/dist/test_multiprocess.py runs those).
+of ``jaxsync launch`` (tests/distributed/test_multiprocess.py runs those).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ import zmq
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import node_aggregator, param_server, ps_worker, wire
+from jaxsync._src.distributed import node_aggregator, ps_worker, wire
+from jaxsync._src.distributed.server import param_server
 
 
 def _experiment(*overrides):
@@ -69,9 +70,7 @@ def _serve(exp, server, num_events):
 
 def test_one_node_pulls_every_third_gradient_and_equals_the_simulated_run_bit_for_bit():
   """The gradients stay on the node; the server's rule sees zeros, then the pulled sum: the same mean."""
-  exp = _experiment(
-    "cluster.num_workers=1", "strategy.options={learning_rate: 0.05, pull_threshold: 3}"
-  )
+  exp = _experiment("cluster.num_workers=1", "strategy.options={learning_rate: 0.05, pull_threshold: 3}")
   sim = exp.simulator()
   sim_state, sim_records = sim.advance(sim.init(exp.model.params, 0), 40)
   server = param_server.ParameterServer(exp.strategy, eval_fn=sim.schedule.eval_fn, eval_every=20)
@@ -95,7 +94,9 @@ def test_two_nodes_waiting_for_each_pull_of_k_gradients_equal_bsp():
   """docs/algorithms.md §15's check: wait_for_pull with T = K is bsp at the same momentum, for any node size."""
   options = "{learning_rate: 0.05, momentum: 0.5, local_workers: 1, pull_threshold: 2, wait_for_pull: true}"
   exp = _experiment("cluster.num_workers=2", f"strategy.options={options}")
-  bsp = _experiment("cluster.num_workers=2", "strategy.name=bsp", "strategy.options={learning_rate: 0.05, momentum: 0.5}")
+  bsp = _experiment(
+    "cluster.num_workers=2", "strategy.name=bsp", "strategy.options={learning_rate: 0.05, momentum: 0.5}"
+  )
   sim = bsp.simulator()
   sim_state, _ = sim.advance(sim.init(bsp.model.params, 0), 10)  # 10 rounds of both workers
   server = param_server.ParameterServer(exp.strategy, idle_timeout=60)

@@ -27,7 +27,6 @@ checkpoints, resume, summary and plots. Not thread-safe: one host loop owns it.
 from __future__ import annotations
 
 import collections
-import functools
 import logging
 import secrets
 import time
@@ -41,13 +40,13 @@ import zmq
 from jax.flatten_util import ravel_pytree
 
 from jaxsync._src.core import validation
-from jaxsync._src.dist import node_aggregator, shards, wire
-from jaxsync._src.dist.cluster import RunFaultError, heartbeat_timeout
-from jaxsync._src.runtime.history import RunTotals
-from jaxsync._src.runtime.interface import RuntimeBase
-from jaxsync._src.steps import server_step
+from jaxsync._src.distributed import node_aggregator, wire
+from jaxsync._src.distributed.cluster import RunFaultError, heartbeat_timeout
+from jaxsync._src.distributed.server import server_step, shards
+from jaxsync._src.distributed.server.server_step import ServerState, ServerStep
+from jaxsync._src.interface.history import RunTotals
+from jaxsync._src.interface.runtime import RuntimeBase
 from jaxsync._src.steps.records import EvalSchedule, EventRecord
-from jaxsync._src.steps.server_step import ServerState, ServerStep
 from jaxsync._src.strategies.strategy import Engine, Strategy
 
 log = logging.getLogger("jaxsync.server")
@@ -138,7 +137,7 @@ class ParameterServer(RuntimeBase):
     shard: this process's shard (0 leads).
 
   Example:
-    See ``tests/dist/test_multiprocess.py``; ``jaxsync launch -n 3 configs/quickstart.yaml
+    See ``tests/distributed/test_multiprocess.py``; ``jaxsync launch -n 3 configs/quickstart.yaml
     --set cluster.num_workers=2`` runs one, ``jaxsync launch -n 4 ... --set cluster.servers=2``
     a sharded one.
   """
@@ -185,7 +184,7 @@ class ParameterServer(RuntimeBase):
     self._client = client
     if liveness is None and client is not None:
       # get_live_nodes is a barrier over the processes it names: the workers' heartbeats are one-sided.
-      from jaxsync._src.dist.cluster import HeartbeatMonitor
+      from jaxsync._src.distributed.cluster import HeartbeatMonitor
 
       monitor = HeartbeatMonitor(client)
       first = self.num_shards
@@ -318,7 +317,11 @@ class ParameterServer(RuntimeBase):
 
       # The parameters are an argument of their own, so that they can be donated or kept apart.
       donated = {"state": (1, 2), "all but params": (2,), "nothing": ()}[donate]
-      split = jit(lambda arrays, params, rest, *a: run(arrays, rest._replace(params=params), *a), out, donate_argnums=donated)
+      split = jit(
+        lambda arrays, params, rest, *a: run(arrays, rest._replace(params=params), *a),
+        out,
+        donate_argnums=donated,
+      )
 
       def arguments(state, *args):
         return (self._eval_arrays, state.params, state._replace(params=None), *args)

@@ -18,7 +18,8 @@ import pytest
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import param_server, ps_worker, wire
+from jaxsync._src.distributed import ps_worker, wire
+from jaxsync._src.distributed.server import param_server
 
 
 def _experiment(*overrides):
@@ -248,7 +249,9 @@ def test_a_payload_sent_in_several_frames_is_received_end_to_end_into_the_inbox_
 
   half = np.arange(4, dtype=ml_dtypes.bfloat16)
   frames16 = wire.encode(wire.Header(kind=wire.Kind.PUSH, token=token, worker=0), [half[:1], half[1:]])
-  got16 = wire.decode_payload(wire.decode_header(frames16[0], token=token), frames16[1:], dtype="bfloat16", count=4)
+  got16 = wire.decode_payload(
+    wire.decode_header(frames16[0], token=token), frames16[1:], dtype="bfloat16", count=4
+  )
   np.testing.assert_array_equal(got16, half)
   context = zmq.Context.instance()
   sender, receiver = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
@@ -258,21 +261,27 @@ def test_a_payload_sent_in_several_frames_is_received_end_to_end_into_the_inbox_
     sender.send_multipart(frames, copy=False)
     received = inbox.receive(receiver)
     assert len(received) == 2  # the header, then one view of the whole payload
-    payload = wire.decode_payload(wire.decode_header(received[0], token=token), received[1:], dtype="float32", count=7)
+    payload = wire.decode_payload(
+      wire.decode_header(received[0], token=token), received[1:], dtype="float32", count=7
+    )
     np.testing.assert_array_equal(payload, np.arange(7, dtype=np.float32))
     assert np.shares_memory(payload, inbox.view(np.float32, 7))  # laid end to end in the inbox itself
     # Frames past the inbox's 7 elements: refused for their length, never written past the buffer.
     sender.send_multipart([frames[0], *frames[1:], b"\0" * 8], copy=False)
     too_long = inbox.receive(receiver)
     with pytest.raises(wire.MessageError, match=r"shape: payload of 7 elements \(36 bytes\)"):
-      wire.decode_payload(wire.decode_header(too_long[0], token=token), too_long[1:], dtype="float32", count=7)
+      wire.decode_payload(
+        wire.decode_header(too_long[0], token=token), too_long[1:], dtype="float32", count=7
+      )
   finally:
     sender.close(linger=0)
     receiver.close(linger=0)
 
 
 @pytest.mark.parametrize("name, look_ahead", [("asp", False), ("smega2", True)])
-def test_the_reply_is_the_parameters_own_buffers_and_the_next_step_does_not_overwrite_one_in_flight(name, look_ahead):
+def test_the_reply_is_the_parameters_own_buffers_and_the_next_step_does_not_overwrite_one_in_flight(
+  name, look_ahead
+):
   """The server sends its parameters' leaves as they are (no raveled copy): so the step must not update
   them in place while ZeroMQ may still be sending them. SMEGA²'s look-ahead reply is a raveled array of its own."""
   exp = _experiment("model.name=mlp", f"strategy.name={name}", "strategy.options={}")
@@ -285,6 +294,7 @@ def test_the_reply_is_the_parameters_own_buffers_and_the_next_step_does_not_over
     sent = server._host_reply(state, reply)
     if look_ahead:
       from jax.flatten_util import ravel_pytree
+
       from jaxsync._src.rules import contracts
 
       expected = ravel_pytree(contracts.reply_params(state.params, state.rule_state))[0]
@@ -462,7 +472,7 @@ _TWO_DEVICE_WORKER = textwrap.dedent(
   import jax
   from jaxsync._src.app import config as config_lib
   from jaxsync._src.app import experiment
-  from jaxsync._src.dist import local_devices, ps_worker
+  from jaxsync._src.distributed import local_devices, ps_worker
   overrides, address, token = json.loads(sys.argv[1]), sys.argv[2], bytes.fromhex(sys.argv[3])
   exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
   sim = exp.simulator()
@@ -515,7 +525,7 @@ def test_a_worker_with_two_devices_computes_its_batch_across_both_and_equals_the
 
 
 def test_a_batch_that_does_not_split_over_the_local_devices_is_refused():
-  from jaxsync._src.dist import local_devices
+  from jaxsync._src.distributed import local_devices
 
   assert local_devices.check_batch(32, 4) == 32
   with pytest.raises(

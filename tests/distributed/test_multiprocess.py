@@ -19,12 +19,12 @@ import numpy as np
 import psutil
 import pytest
 
-import helpers
-
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.dist import param_server, sync_runtime
+from jaxsync._src.distributed.server import param_server
 from jaxsync._src.train.checkpoints import RunCheckpoints
+
+import helpers
 
 # Seconds each: `-m 'not heavy'` leaves them out of a quick pass.
 pytestmark = pytest.mark.heavy
@@ -86,7 +86,9 @@ def _read_until(p: subprocess.Popen, pattern: str, timeout: float) -> str:
     text = data.decode(errors="replace")
     if any(re.search(pattern, line) for line in text.splitlines()):
       return text  # the rest of the output comes through communicate()
-  raise AssertionError(f"no line matching {pattern!r} within {timeout} s; output:\n{data.decode(errors='replace')[-3000:]}")
+  raise AssertionError(
+    f"no line matching {pattern!r} within {timeout} s; output:\n{data.decode(errors='replace')[-3000:]}"
+  )
 
 
 def _wait_for_rows(run_dir, kind: str, count: int, timeout: float) -> None:
@@ -369,7 +371,7 @@ def test_a_server_sharded_over_two_processes_equals_the_simulator_for_one_worker
   # The checkpoint holds the rule's state of the raveled parameters (the shards' own form).
   from jax.flatten_util import ravel_pytree
 
-  from jaxsync._src.steps import server_step
+  from jaxsync._src.distributed.server import server_step
 
   flat = ravel_pytree(exp.model.params)[0]
   like = server_step.init(exp.strategy, flat, exp.simulator().schedule)._replace(params=exp.model.params)

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxsync._src.dist import param_server, wire
-from jaxsync._src.steps import server_step
+from jaxsync._src.distributed import wire
+from jaxsync._src.distributed.server import param_server, server_step
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
