@@ -32,9 +32,15 @@ unchanged, counted in ``state.nonfinite_count``); wrap a plain optax rule in
 ``optax.apply_if_finite`` for the same behaviour. Checking costs one read of the
 gradient; a caller that already checked it (the runtimes do, on the worker)
 passes the extra arg ``grads_finite`` and the rule trusts it.
+
+``import jaxsync`` loads JAX, optax and these rules only; the submodules
+:mod:`jaxsync.datasets`, :mod:`jaxsync.dist`, :mod:`jaxsync.models`,
+:mod:`jaxsync.sim` and :mod:`jaxsync.strategies` (with flax, ZeroMQ, grain...)
+are imported on first use, e.g. ``jaxsync.sim.Simulator``.
 """
 
-from jaxsync import datasets, dist, models, sim, strategies  # noqa: E402  (submodules, after the rules they use)
+import typing as _typing
+
 from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
 from jaxsync._src.rules.barzilai_borwein import (
   BBStepSizeState,
@@ -56,7 +62,11 @@ from jaxsync._src.rules.release import OnReleaseState, on_release
 from jaxsync._src.rules.smega2 import Smega2State, smega2
 from jaxsync._src.rules.staleness import ScaleByStalenessState, scale_by_staleness
 
+if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr__ imports them on first use
+  from jaxsync import datasets, dist, models, sim, strategies
+
 __version__ = "0.1.0"
+_SUBMODULES = ("datasets", "dist", "models", "sim", "strategies")
 
 __all__ = (
   "AdaptiveKState",
@@ -86,3 +96,16 @@ __all__ = (
   "smega2",
   "strategies",
 )
+
+
+def __getattr__(name: str):
+  """Imports the submodule ``name`` on its first use (PEP 562): ``import jaxsync`` stays light."""
+  if name in _SUBMODULES:
+    import importlib
+
+    return importlib.import_module(f"{__name__}.{name}")
+  raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+  return sorted({*globals(), *__all__})

@@ -23,15 +23,18 @@ import pathlib
 import sys
 import traceback
 
-from jaxsync._src.app import commands
-from jaxsync._src.app.config import ConfigError
-from jaxsync._src.distributed.cluster import RunFaultError
+# Only what the parser needs: a command imports the runtime when it runs (`jaxsync --help` does not).
 from jaxsync._src.train import progress, run_directory
-from jaxsync._src.train.checkpoints import CheckpointError
-from jaxsync._src.train.run_directory import RunDirectoryError
-from jaxsync._src.train.training import EmptyRunError
 
-USER_ERRORS = (ConfigError, RunDirectoryError, CheckpointError, EmptyRunError)
+
+def _user_errors() -> tuple[type[Exception], ...]:
+  """The errors of a bad config, data path, run directory or checkpoint: one line, exit code 2."""
+  from jaxsync._src.app.config import ConfigError
+  from jaxsync._src.train.checkpoints import CheckpointError
+  from jaxsync._src.train.run_directory import RunDirectoryError
+  from jaxsync._src.train.training import EmptyRunError
+
+  return (ConfigError, RunDirectoryError, CheckpointError, EmptyRunError)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -203,6 +206,7 @@ def _in_a_launched_or_cluster_run(args: argparse.Namespace) -> bool:
 
 
 def _dispatch(args: argparse.Namespace) -> int:
+  from jaxsync._src.app import commands
   from jaxsync._src.app import config as config_lib
 
   if args.command == "strategies":
@@ -272,6 +276,8 @@ def _dispatch(args: argparse.Namespace) -> int:
 
 
 def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
+  from jaxsync._src.app import commands
+
   names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None
 
   def say(line: str) -> None:
@@ -298,7 +304,10 @@ def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
   """Runs the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
-  args = _parser().parse_args(argv)
+  args = _parser().parse_args(argv)  # --help, --version and a bad command line exit here
+  from jaxsync._src.distributed.cluster import RunFaultError
+
+  user_errors = _user_errors()
   show = getattr(args, "traceback", False) or os.environ.get("JAXSYNC_TRACEBACK")
   try:
     code = _dispatch(args)
@@ -318,7 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     # Skip the exit handlers: jax.distributed's shutdown aborts the process when
     # the coordinator is already gone, burying this line under a C++ stack trace.
     os._exit(3)
-  except USER_ERRORS as err:  # configs, data paths, run directories, checkpoints: one line, exit 2
+  except user_errors as err:  # configs, data paths, run directories, checkpoints: one line, exit 2
     if show:
       traceback.print_exc()
     print(f"jaxsync: error: {err}", file=sys.stderr)

@@ -1,11 +1,18 @@
 """jaxsync.datasets: classification data read offline (digits, CIFAR-10/100 from local files, synthetic).
 
+``load(name, ...)`` returns a :class:`Dataset`; :data:`DATASETS` is the
+registry of names, and :func:`register` adds a loader of one's own::
+
+  @jaxsync.datasets.register("my_images")
+  def my_images(data_dir, seed):
+    ...  # returns a jaxsync.datasets.Dataset
+
 Per-worker grain pipelines (:func:`worker_dataset`, :func:`worker_iterator`) read the
 batches of a :class:`jaxsync.sim.WorkerData` on the host, for a runtime with one
 process per worker.
 """
 
-from jaxsync._src.data.datasets import DATASETS, Dataset, load
+from jaxsync._src.data.datasets import DATASETS, Dataset, load, register
 from jaxsync._src.data.grain_data import worker_dataset, worker_iterator
 
-__all__ = ["DATASETS", "Dataset", "load", "worker_dataset", "worker_iterator"]
+__all__ = ["DATASETS", "Dataset", "load", "register", "worker_dataset", "worker_iterator"]

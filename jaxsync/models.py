@@ -4,7 +4,13 @@
 its initial parameters, a pure ``apply(params, images)``, its parameter count
 and its forward FLOPs per image; :func:`classification_loss` and
 :func:`classification_metrics` turn it into the ``loss_fn`` and ``eval_fn``
-that :mod:`jaxsync.sim` takes.
+that :mod:`jaxsync.sim` takes. :data:`MODELS` is the registry of names
+(``mlp``, ``cnn``, ``lenet``, ``resnet20``, ``mobilenet``); :func:`register`
+adds a model of one's own::
+
+  @jaxsync.models.register("wide_mlp")
+  def wide_mlp(input_shape, num_classes, rngs, *, width=512):
+    ...  # returns an nnx.Module: images [batch, H, W, C] -> logits [batch, num_classes]
 """
 
 from jaxsync._src.models.networks import (
@@ -14,6 +20,7 @@ from jaxsync._src.models.networks import (
   classification_loss,
   classification_metrics,
   make,
+  register,
   zeros_batch,
 )
 
@@ -24,5 +31,6 @@ __all__ = [
   "classification_loss",
   "classification_metrics",
   "make",
+  "register",
   "zeros_batch",
 ]

@@ -55,3 +55,14 @@ def pytest_unconfigure(config):
   if path:
     shutil.rmtree(path, ignore_errors=True)
     del os.environ["JAX_COMPILATION_CACHE_DIR"], os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"]
+
+
+@pytest.fixture
+def scratch_registries(monkeypatch):
+  """The model and dataset registries, as copies: what a test (or an example) registers is gone after it."""
+  from jaxsync._src.data.datasets import DATASETS
+  from jaxsync._src.models.networks import MODELS
+
+  for registry in (MODELS, DATASETS):
+    monkeypatch.setattr(registry, "_builders", dict(registry._builders))
+  return MODELS, DATASETS

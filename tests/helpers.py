@@ -1,11 +1,25 @@
-"""Small utilities shared by the tests: arrival traces, jitted updates, quadratic losses."""
+"""Small utilities shared by the tests: arrival traces, jitted updates, quadratic losses, configs."""
 
 from __future__ import annotations
+
+import pathlib
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+
+# The shipped configs, found from the repository root: the suite passes when run from any directory.
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+QUICKSTART = ROOT / "configs" / "quickstart.yaml"
+
+
+def quickstart_experiment(*overrides: str):
+  """``configs/quickstart.yaml`` with the dotted ``overrides`` (as ``--set`` takes them), built."""
+  from jaxsync._src.app import config as config_lib
+  from jaxsync._src.app import experiment
+
+  return experiment.build(config_lib.load(QUICKSTART, list(overrides)))
 
 
 def asgd_trace(worker_choices, num_workers):

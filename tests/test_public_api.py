@@ -72,7 +72,7 @@ def test_reconstructed_formulas_say_so(name):
 
 
 @pytest.mark.parametrize("module", MODULES)
-def test_docstring_examples_run(module):
+def test_docstring_examples_run(module, scratch_registries):
   result = doctest.testmod(
     importlib.import_module(module), optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
   )

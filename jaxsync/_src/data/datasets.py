@@ -7,18 +7,20 @@ import dataclasses
 import functools
 import gzip
 import importlib.util
+import inspect
 import os
 import pathlib
 import pickle
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.registry import Registry
 from jaxsync._src.data import idx
 
 _WHAT = "datasets"
-DATASETS = ("digits", "fashion_mnist", "mnist", "cifar10", "cifar100", "synthetic")
 # Debian's dataset-fashion-mnist package (apt-get install dataset-fashion-mnist) puts the four files here;
 # the environment variable of the same name points elsewhere.
 FASHION_MNIST_DIR = pathlib.Path("/usr/share/datasets/fashion-mnist")
@@ -92,6 +94,39 @@ class _Examples:
     return {key: value[index] for key, value in self.arrays.items()}
 
 
+DATASETS: Registry[Callable[..., Dataset]] = Registry(_WHAT)
+
+
+def register(name: str) -> Callable[[Callable[..., Dataset]], Callable[..., Dataset]]:
+  """Registers a dataset loader under ``name``: :func:`load` (and a config's ``data.name``) then takes it.
+
+  :func:`load` calls the loader with those of its own keyword arguments
+  (``data_dir``, ``seed``, ``num_examples``, ``num_classes``, ``input_shape``)
+  that the loader's signature names (all of them for ``**kwargs``); it
+  returns a :class:`Dataset`. The built-in datasets are registered so.
+
+  Args:
+    name: the dataset's name, not registered yet (a ``ValueError`` otherwise).
+
+  Returns:
+    A decorator that registers the loader and returns it unchanged.
+
+  Example:
+    >>> import numpy as np
+    >>> import jaxsync
+    >>> @jaxsync.datasets.register("stripes_example")
+    ... def stripes(seed):
+    ...   images = np.random.default_rng(seed).normal(size=(100, 4, 4, 1)).astype(np.float32)
+    ...   labels = (images[:, 0, 0, 0] > 0).astype(np.int32)
+    ...   split = lambda lo, hi: {"image": images[lo:hi], "label": labels[lo:hi]}
+    ...   return jaxsync.datasets.Dataset("stripes_example", split(0, 80), split(80, 100), 2)
+    >>> data = jaxsync.datasets.load("stripes_example", seed=1)
+    >>> data.input_shape, len(data.train["label"])
+    ((4, 4, 1), 80)
+  """
+  return DATASETS.register(name)
+
+
 def _split(images, labels, test_fraction: float, seed: int):
   order = np.random.default_rng(seed).permutation(len(images))
   images, labels = images[order], labels[order]
@@ -117,6 +152,7 @@ def _digits_table() -> np.ndarray:
     return np.loadtxt(f, delimiter=",")
 
 
+@register("digits")
 def _digits(seed: int) -> Dataset:
   table = _digits_table()
   images = (table[:, :-1].reshape(-1, 8, 8) / 16.0).astype(np.float32)[..., None]
@@ -250,7 +286,30 @@ def _read_mnist_format(name: str, files: tuple[tuple[str, str, int, int], ...]) 
   return Dataset(name, train, test, 10)
 
 
+@register("fashion_mnist")
+def _fashion_mnist(data_dir: Any) -> Dataset:
+  return _mnist_format("fashion_mnist", data_dir)
+
+
+@register("mnist")
+def _mnist(data_dir: Any) -> Dataset:
+  return _mnist_format("mnist", data_dir)
+
+
+@register("cifar10")
+def _cifar10(data_dir: Any) -> Dataset:
+  return _cifar("cifar10", data_dir)
+
+
+@register("cifar100")
+def _cifar100(data_dir: Any) -> Dataset:
+  return _cifar("cifar100", data_dir)
+
+
+@register("synthetic")
 def _synthetic(seed: int, num_examples: int, num_classes: int, input_shape) -> Dataset:
+  num_examples = validation.check_int(_WHAT, "num_examples", num_examples, low=10)
+  num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
   rng = np.random.default_rng(seed)
   shape = tuple(input_shape)
   centers = rng.normal(size=(num_classes, *shape)).astype(np.float32)
@@ -291,7 +350,7 @@ def load(
     random class centres, for scale.
 
   Args:
-    name: one of :data:`DATASETS`.
+    name: one of :data:`DATASETS`: a built-in, or a dataset added with :func:`register`.
     data_dir: the CIFAR or (Fashion-)MNIST directory.
     seed: the split (and synthetic data) seed.
     num_examples, num_classes, input_shape: the synthetic set's size.
@@ -312,14 +371,18 @@ def load(
     LeCun, Bottou, Bengio, Haffner, "Gradient-based learning applied to
     document recognition", Proc. IEEE 1998 (MNIST).
   """
-  validation.check_choice(_WHAT, "name", name, DATASETS)
+  loader = DATASETS.lookup(name)
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
-  if name == "digits":
-    return _digits(seed)
-  if name in ("fashion_mnist", "mnist"):
-    return _mnist_format(name, data_dir)
-  if name == "synthetic":
-    num_examples = validation.check_int(_WHAT, "num_examples", num_examples, low=10)
-    num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
-    return _synthetic(seed, num_examples, num_classes, input_shape)
-  return _cifar(name, data_dir)
+  given = dict(
+    data_dir=data_dir, seed=seed, num_examples=num_examples, num_classes=num_classes, input_shape=input_shape
+  )
+  parameters = inspect.signature(loader).parameters
+  if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):
+    given = {k: v for k, v in given.items() if k in parameters}
+  dataset = loader(**given)
+  if not isinstance(dataset, Dataset):
+    raise ValueError(
+      f"{_WHAT}: the loader of name={name!r} returned a {type(dataset).__name__}; expected a "
+      "jaxsync.datasets.Dataset."
+    )
+  return dataset

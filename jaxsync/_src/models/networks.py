@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -14,6 +15,7 @@ import optax
 from flax import nnx
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.registry import Registry
 from jaxsync._src.models.layers import BatchStatNorm, ShiftConv
 
 _WHAT = "models"
@@ -145,23 +147,74 @@ class SmallMobileNet(nnx.Module):
     return self.head(jnp.mean(x, axis=(1, 2)))
 
 
-def _build(
-  name: str, shape: tuple[int, int, int], num_classes: int, rngs: nnx.Rngs, options: dict
-) -> nnx.Module:
-  height, width, channels = shape
-  if name == "mlp":
-    hidden = tuple(options.pop("hidden", (128,)))
-    return Mlp(height * width * channels, num_classes, hidden, rngs)
-  if name == "cnn":
-    return SmallCnn(channels, height, width, num_classes, rngs)
-  if name == "lenet":
-    return LeNet(channels, height, width, num_classes, rngs)
-  if name == "resnet20":
-    return ResNet20(channels, num_classes, rngs)
-  return SmallMobileNet(channels, num_classes, rngs)
+MODELS: Registry[Callable[..., nnx.Module]] = Registry(_WHAT)
 
 
-MODELS = ("mlp", "cnn", "lenet", "resnet20", "mobilenet")
+def register(name: str) -> Callable[[Callable[..., nnx.Module]], Callable[..., nnx.Module]]:
+  """Registers a model builder under ``name``: :func:`make` (and a config's ``model.name``) then takes it.
+
+  The builder is called as ``builder(input_shape, num_classes, rngs, **options)``
+  with ``input_shape = (height, width, channels)`` and an ``nnx.Rngs``, and
+  returns an ``nnx.Module`` mapping images ``[batch, height, width, channels]``
+  to logits ``[batch, num_classes]``; its keyword-only parameters are the
+  options :func:`make` accepts for it. The built-in models are registered so.
+
+  Args:
+    name: the model's name, not registered yet (a ``ValueError`` otherwise).
+
+  Returns:
+    A decorator that registers the builder and returns it unchanged.
+
+  Example:
+    >>> import jaxsync
+    >>> from flax import nnx
+    >>> @jaxsync.models.register("linear_example")
+    ... def linear(input_shape, num_classes, rngs, *, bias=True):
+    ...   height, width, channels = input_shape
+    ...   dense = nnx.Linear(height * width * channels, num_classes, use_bias=bias, rngs=rngs)
+    ...   return nnx.Sequential(lambda x: x.reshape(x.shape[0], -1), dense)
+    >>> jaxsync.models.make("linear_example", input_shape=(8, 8, 1), num_classes=10, bias=False).num_params
+    640
+  """
+  return MODELS.register(name)
+
+
+@register("mlp")
+def _mlp(input_shape, num_classes: int, rngs: nnx.Rngs, *, hidden=(128,)) -> nnx.Module:
+  height, width, channels = input_shape
+  return Mlp(height * width * channels, num_classes, tuple(hidden), rngs)
+
+
+@register("cnn")
+def _cnn(input_shape, num_classes: int, rngs: nnx.Rngs) -> nnx.Module:
+  height, width, channels = input_shape
+  return SmallCnn(channels, height, width, num_classes, rngs)
+
+
+@register("lenet")
+def _lenet(input_shape, num_classes: int, rngs: nnx.Rngs) -> nnx.Module:
+  height, width, channels = input_shape
+  return LeNet(channels, height, width, num_classes, rngs)
+
+
+@register("resnet20")
+def _resnet20(input_shape, num_classes: int, rngs: nnx.Rngs) -> nnx.Module:
+  return ResNet20(input_shape[2], num_classes, rngs)
+
+
+@register("mobilenet")
+def _mobilenet(input_shape, num_classes: int, rngs: nnx.Rngs) -> nnx.Module:
+  return SmallMobileNet(input_shape[2], num_classes, rngs)
+
+
+def _options(builder: Callable[..., nnx.Module]) -> tuple[str, ...] | None:
+  """The options ``builder`` takes (its keyword-only parameters); None if it takes any (``**options``)."""
+  parameters = inspect.signature(builder).parameters.values()
+  if any(p.kind == p.VAR_KEYWORD for p in parameters):
+    return None
+  return tuple(p.name for p in parameters if p.kind == p.KEYWORD_ONLY)
+
+
 # Forward FLOPs per image by (name, input shape, classes, options): XLA's cost analysis needs a compile.
 _FLOPS: dict[tuple, float] = {}
 
@@ -198,14 +251,14 @@ class Model:
 def make(
   name: str, *, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0, **options: Any
 ) -> Model:
-  """Builds model ``name`` (``mlp``, ``cnn``, ``resnet20``, ``mobilenet``) for images of ``input_shape``.
+  """Builds the model registered as ``name`` (``mlp``, ``cnn``, ...) for images of ``input_shape``.
 
   Args:
-    name: one of :data:`MODELS`.
+    name: one of :data:`MODELS`: a built-in, or a model added with :func:`register`.
     input_shape: ``(height, width, channels)`` of one image.
     num_classes: output classes, ``>= 2``.
     seed: the initialization seed.
-    **options: ``hidden`` (a tuple of layer widths) for ``mlp``.
+    **options: the builder's keyword-only options: ``hidden`` (a tuple of layer widths) for ``mlp``.
 
   Returns:
     A :class:`Model`.
@@ -220,7 +273,7 @@ def make(
     He, Zhang, Ren, Sun, "Deep Residual Learning for Image Recognition", CVPR
     2016 (ResNet-20, §4.2); Howard et al., "MobileNets", arXiv:1704.04861, 2017.
   """
-  validation.check_choice(_WHAT, "name", name, MODELS)
+  builder = MODELS.lookup(name)
   shape = tuple(input_shape)
   if len(shape) != 3 or not all(isinstance(d, int) and d >= 1 for d in shape):
     raise validation.invalid(
@@ -228,18 +281,23 @@ def make(
     )
   num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
-  options = dict(options)
-  build_options = dict(options)
-  module = _build(name, shape, num_classes, nnx.Rngs(seed), options)
-  if options:
-    raise ValueError(f"{_WHAT}: unknown option(s) {sorted(options)} for name={name!r}; 'mlp' takes 'hidden'.")
+  accepted = _options(builder)
+  unknown = [] if accepted is None else sorted(set(options) - set(accepted))
+  if unknown:
+    takes = ", ".join(repr(o) for o in accepted) or "no options"
+    raise ValueError(f"{_WHAT}: unknown option(s) {unknown} for name={name!r}; {name!r} takes {takes}.")
+  module = builder(shape, num_classes, nnx.Rngs(seed), **options)
+  if not isinstance(module, nnx.Module):
+    raise ValueError(
+      f"{_WHAT}: the builder of name={name!r} returned a {type(module).__name__}; expected an nnx.Module."
+    )
   graphdef, state = nnx.split(module)
   params = nnx.to_pure_dict(state)
 
   def apply(p, images):
     return nnx.merge(graphdef, p)(images)
 
-  key = (name, shape, num_classes, repr(sorted(build_options.items())))
+  key = (name, shape, num_classes, repr(sorted(options.items())))
   if key not in _FLOPS:  # the same network at any seed: compiled once per process
     one = jnp.zeros((1, *shape), jnp.float32)
     cost = jax.jit(apply).lower(params, one).compile().cost_analysis()

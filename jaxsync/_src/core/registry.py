@@ -1,0 +1,72 @@
+"""Named builders of one kind (models, datasets), added with a decorator and looked up with a checked name."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import TypeVar
+
+from jaxsync._src.core import validation
+
+T = TypeVar("T", bound=Callable)
+
+
+class Registry(Mapping[str, T]):
+  """A read-only mapping from name to builder, in registration order; :meth:`register` adds one.
+
+  Iterating it gives the names (``name in registry``, ``", ".join(registry)``),
+  so a check of a config's name against it sees the builders a user registered.
+
+  Args:
+    what: the kind of builder, the prefix of every error message (``"models"``).
+
+  Example:
+    >>> from jaxsync._src.core.registry import Registry
+    >>> shapes = Registry("shapes")
+    >>> @shapes.register("square")
+    ... def square(side):
+    ...   return side * side
+    >>> list(shapes), shapes.lookup("square")(3)
+    (['square'], 9)
+  """
+
+  def __init__(self, what: str):
+    self._what = what
+    self._builders: dict[str, T] = {}
+
+  def register(self, name: str) -> Callable[[T], T]:
+    """A decorator that registers its function under ``name`` and returns it unchanged.
+
+    Args:
+      name: a non-empty name, not registered yet.
+
+    Returns:
+      The decorator.
+    """
+    if not isinstance(name, str) or not name:
+      raise validation.invalid(self._what, "name", name, "a non-empty string")
+    if name in self._builders:
+      raise validation.invalid(
+        self._what, "name", name, f"a name not registered yet (registered: {', '.join(self._builders)})"
+      )
+
+    def add(builder: T) -> T:
+      self._builders[name] = builder
+      return builder
+
+    return add
+
+  def lookup(self, name: str) -> T:
+    """The builder registered under ``name``; a ``ValueError`` listing the registered names if none is."""
+    return self._builders[validation.check_choice(self._what, "name", name, tuple(self._builders))]
+
+  def __getitem__(self, name: str) -> T:
+    return self._builders[name]
+
+  def __iter__(self) -> Iterator[str]:
+    return iter(self._builders)
+
+  def __len__(self) -> int:
+    return len(self._builders)
+
+  def __repr__(self) -> str:
+    return f"<{self._what} registry: {', '.join(self._builders)}>"

@@ -1,0 +1,96 @@
+"""``import jaxsync`` loads JAX, optax and the rules (as ``import optax`` loads JAX); the rest on first use.
+
+One fresh interpreter (this process has imported everything already) records ``sys.modules`` after
+``import jaxsync``, after ``jaxsync --help``, and after the submodules are first used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+import jaxsync
+
+SUBMODULES = ("datasets", "dist", "models", "sim", "strategies")
+HEAVY = ("zmq", "flax", "rich", "yaml", "grain", "orbax", "matplotlib", "sklearn", "tensorboardX")
+# The layers a transform needs: the rules, and the argument checks they share.
+RULES = ("jaxsync._src.core", "jaxsync._src.rules")
+
+_SCRIPT = f"""
+import contextlib, io, json, sys
+
+def loaded():
+  return sorted(sys.modules)
+
+stages = {{}}
+import jaxsync
+stages["import jaxsync"] = loaded()
+from jaxsync.cli import main
+with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
+  main(["--help"])
+stages["jaxsync --help"] = loaded()
+names = {{name: len(getattr(jaxsync, name).__all__) for name in {SUBMODULES!r}}}
+stages["submodules used"] = loaded()
+print(json.dumps({{"stages": stages, "names": names}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def fresh():
+  out = subprocess.run([sys.executable, "-c", _SCRIPT], capture_output=True, text=True, check=True).stdout
+  return json.loads(out.splitlines()[-1])
+
+
+def _packages(modules: list[str]) -> set[str]:
+  return {m.split(".")[0] for m in modules}
+
+
+def test_import_jaxsync_loads_jax_optax_and_the_rules_only(fresh):
+  modules = fresh["stages"]["import jaxsync"]
+  assert {"jax", "optax"} <= _packages(modules)
+  assert not _packages(modules) & set(HEAVY), sorted(_packages(modules) & set(HEAVY))
+  ours = [m for m in modules if m.startswith("jaxsync.")]
+  assert all(m == "jaxsync._src" or m.startswith(RULES) for m in ours), ours
+
+
+def test_jaxsync_help_imports_no_runtime(fresh):
+  modules = fresh["stages"]["jaxsync --help"]
+  assert not _packages(modules) & set(HEAVY), sorted(_packages(modules) & set(HEAVY))
+  assert not [
+    m for m in modules if m.startswith(("jaxsync._src.app", "jaxsync._src.sim", "jaxsync._src.distributed"))
+  ]
+
+
+def test_the_submodules_load_on_first_use_and_work(fresh):
+  assert not {f"jaxsync.{name}" for name in SUBMODULES} & set(fresh["stages"]["jaxsync --help"])
+  assert {f"jaxsync.{name}" for name in SUBMODULES} <= set(fresh["stages"]["submodules used"])
+  assert all(fresh["names"].values()), fresh["names"]
+
+
+def test_the_package_lists_and_imports_its_submodules():
+  assert set(SUBMODULES) <= set(jaxsync.__all__) and set(SUBMODULES) <= set(dir(jaxsync))
+  from jaxsync import sim
+
+  assert sim is jaxsync.sim and jaxsync.sim.Simulator
+  with pytest.raises(AttributeError, match="module 'jaxsync' has no attribute 'simulator'"):
+    jaxsync.simulator  # noqa: B018
+
+
+@pytest.mark.heavy
+def test_the_import_time_benchmark_writes_its_table(tmp_path, monkeypatch):
+  monkeypatch.syspath_prepend(pathlib.Path(__file__).resolve().parents[1] / "benchmarks")
+  import_time = importlib.import_module("import_time")
+  assert import_time.main(["--runs", "1", "--results-dir", str(tmp_path)]) == 0
+  rows = [line for line in (tmp_path / "import_time.md").read_text().splitlines() if line.startswith("| `")]
+  assert [row.split("`")[1] for row in rows] == [
+    "python -c pass",
+    "import optax",
+    "import jaxsync (working tree)",
+    "jaxsync --help (working tree)",
+  ]
+  assert rows[2].endswith("| jax, optax, numpy |"), rows[2]
