@@ -102,7 +102,7 @@ def test_easgd_one_worker_zero_elastic_force_equals_sgd():
     jaxsync.sim.TimeModel(num_workers=1),
   )
   state, _ = sim.advance(sim.init(params), steps)
-  worker = jax.tree.map(lambda x: x[0], state.worker_params)
+  worker = jax.tree.map(lambda x: x[0], state.workers.params)
   expected = sgd_reference(params, [data.batch(0, t) for t in range(steps)], optax.sgd(LR))
   assert_trees_close(worker, expected, rtol=1e-5, atol=1e-6)
 

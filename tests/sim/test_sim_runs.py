@@ -181,7 +181,7 @@ def test_ea_wild_groups_all_reduce_inside_and_exchange_once_per_group_step():
   sim = jaxsync.sim.Simulator(strategy, loss, data, time)
   state, _ = sim.advance(sim.init(params), steps)
   # One group of all workers and no elastic force: the group's model is SGD on the mean gradient.
-  group_model = jax.tree.map(lambda x: x[0], state.worker_params)
+  group_model = jax.tree.map(lambda x: x[0], state.workers.params)
   bsp, _, _ = simulate("allreduce", k, events=steps, options={"learning_rate": lr, "momentum": 0.0})
   assert_trees_close(group_model, bsp, rtol=1e-5, atol=1e-6)
   _, history = sim.run(params, steps)
@@ -211,7 +211,7 @@ def test_a_state_advanced_by_a_fresh_simulator_continues_exactly(gradient_batch)
   state_b, _ = resumed.advance(jax.tree.map(jnp.asarray, saved), 30)
   state_a, _ = first.advance(state, 30)
   _trees_equal(state_a.params, state_b.params)
-  np.testing.assert_array_equal(state_a.finish, state_b.finish)
+  np.testing.assert_array_equal(state_a.workers.finish, state_b.workers.finish)
 
 
 def _corrupt(data, worker):
@@ -406,7 +406,7 @@ def test_a_batched_state_holds_the_pulled_snapshots_and_b_gradients():
       x.size // params["w"].size for x in jax.tree.leaves(state) if x.shape[-2:] == params["w"].shape
     )
     assert copies == 1 + (K + 1) + (batch if batch > 1 else 0), (batch, copies)
-    assert state.gradients == () if batch == 1 else state.gradients.grads["w"].shape == (batch, 6, 3)
+    assert state.cache == () if batch == 1 else state.cache.gradients.grads["w"].shape == (batch, 6, 3)
 
 
 @pytest.mark.parametrize("batch, message", [(0, ">= 1"), (K + 1, "from 1 to the 8 workers"), (2.5, ">= 1")])

@@ -57,6 +57,13 @@ def _event_by_event(strategy, events):
   return states
 
 
+def _counters(state):
+  """(server version, each worker's steps, the workers' own models) of an EventState or a RoundState."""
+  if isinstance(state, jaxsync.sim.EventState):
+    return state.server.version, state.workers.steps, state.workers.params
+  return state.version, state.steps, state.worker_params
+
+
 def _moved(a, b) -> bool:
   return any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
@@ -74,27 +81,28 @@ def test_the_schedule_counts_the_strategys_own_clock_and_weight_decay_is_applied
   elastic = strategy.protocol == "elastic"
   moved_while_running, moved_after = False, False
   for before, after in zip(states, states[1:]):
+    (version, steps, models), (_, steps_after, models_after) = _counters(before), _counters(after)
     if clock == "server_updates":
       # The rate of the update from server version v is rate(v): updates from version >= STOP move nothing.
       moved = _moved(before.params, after.params)
-      late = int(before.version) >= STOP
+      late = int(version) >= STOP
     elif elastic:
       # A worker's own model moves by its own rate, counted on its own steps.
-      worker = int(np.argmax(after.steps - before.steps))
-      moved = _moved(before.worker_params, after.worker_params)
-      late = int(before.steps[worker]) >= STOP
+      worker = int(np.argmax(steps_after - steps))
+      moved = _moved(models, models_after)
+      late = int(steps[worker]) >= STOP
     elif strategy.protocol == "local":
       moved = _moved(before.params, after.params)
-      late = int(before.steps.min()) >= STOP  # every worker's local steps of this round are past STOP
+      late = int(steps.min()) >= STOP  # every worker's local steps of this round are past STOP
     else:  # BB: each worker scales its own gradient by its rate, counted on its own steps
-      worker = int(np.argmax(after.steps - before.steps))
+      worker = int(np.argmax(steps_after - steps))
       moved = _moved(before.params, after.params)
-      late = int(before.steps[worker]) >= STOP
+      late = int(steps[worker]) >= STOP
     moved_while_running |= moved and not late
     moved_after |= moved and late
   assert moved_while_running, f"{name}: nothing moved before the rate went to 0"
   assert not moved_after, f"{name}: the parameters moved after {STOP} steps of its {clock} clock"
-  decayed = states[-1].worker_params["d"] if elastic else states[-1].params["d"]
+  decayed = _counters(states[-1])[2]["d"] if elastic else states[-1].params["d"]
   assert np.all(np.abs(decayed) < 2.0 - 1e-4), f"{name}: weight decay did not shrink d: {decayed}"
 
 

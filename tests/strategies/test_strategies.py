@@ -107,7 +107,7 @@ def test_loop_free_gamma_jitter_has_the_gamma_distribution(shape):
   import jax
   import scipy.stats
 
-  from jaxsync._src.sim.time_model import unit_gamma
+  from jaxsync._src.sim.jitter import unit_gamma
 
   seed = jax.numpy.asarray([12345, 678], jax.numpy.uint32)
   workers, steps = np.divmod(np.arange(20_000), 100)  # draws across workers and steps

@@ -217,6 +217,34 @@ class ClusterConfig:
       f"one of {', '.join(SERVER_PRESETS)}, bytes per second > 0, or null",
     )
 
+  def time_model_options(self, *, flops_per_sample: float, batch_size: int) -> dict[str, Any]:
+    """The keyword arguments of ``jaxsync.sim.TimeModel`` for this cluster.
+
+    Args:
+      flops_per_sample: the model's forward FLOPs per sample, ``F``.
+      batch_size: each worker's batch, ``b``.
+
+    Returns:
+      ``TimeModel``'s arguments; ``compute_time: null`` becomes the model's
+      ``3 F b / device_flops`` (``jaxsync.sim.compute_time_from_flops``).
+    """
+    from jaxsync._src.sim.time_model import compute_time_from_flops
+
+    compute_time = self.compute_time or compute_time_from_flops(
+      flops_per_sample, batch_size, self.device_flops
+    )
+    return dict(
+      num_workers=self.num_workers,
+      compute_time=compute_time,
+      jitter_shape=self.jitter_shape,
+      slow_fraction=self.slow_fraction,
+      slowdown=self.slowdown,
+      link=self.link,
+      apply_time=self.apply_time,
+      message_bytes=self.message_bytes,
+      server_bandwidth=self.server_bandwidth,
+    )
+
 
 @dataclasses.dataclass(frozen=True)
 class RunConfig:

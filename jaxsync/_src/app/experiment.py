@@ -23,8 +23,8 @@ from jaxsync._src.data import datasets
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.interface.history import History
 from jaxsync._src.models import networks as models
-from jaxsync._src.sim.simulator import Simulator
-from jaxsync._src.sim.time_model import TimeModel, compute_time_from_flops
+from jaxsync._src.sim.simulator import Simulator, check_gradient_batch
+from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EvalSchedule
 from jaxsync._src.strategies import registry as strategies
 from jaxsync._src.strategies import schedules
@@ -119,8 +119,12 @@ class Experiment:
 
 
 def build(config: Config) -> Experiment:
-  """Builds the data, model, strategy, time model and simulator of ``config``; raises ConfigError."""
-  data_cfg, cluster = config.data, config.cluster
+  """Builds the data, model, strategy and time model of ``config`` and checks its run; raises ConfigError.
+
+  The strategy is made once: with a schedule, its blueprint gives the clock the
+  schedule counts on (:func:`learning_rate`), without building a rule.
+  """
+  data_cfg, cluster, run = config.data, config.cluster, config.run
   with _section("data"):
     dataset = datasets.load(
       data_cfg.name, data_dir=data_cfg.data_dir, seed=config.seed, num_examples=data_cfg.num_examples
@@ -134,36 +138,27 @@ def build(config: Config) -> Experiment:
       seed=config.seed,
       **hidden,
     )
-  with _section(f"strategy {config.strategy.name!r}"):
-    strategy = strategies.make(config.strategy.name, cluster.num_workers, **config.strategy.options)
+  name, options = config.strategy.name, config.strategy.options
   if config.strategy.schedule != ScheduleConfig():
+    with _section(f"strategy {name!r}"):
+      blueprint = strategies.blueprint(name, cluster.num_workers, **options)
     with _section("strategy.schedule"):
-      rate = learning_rate(config, strategy, num_examples=len(dataset.train["label"]))
-      options = {**config.strategy.options, "learning_rate": rate}
-      strategy = strategies.make(config.strategy.name, cluster.num_workers, **options)
+      rate = learning_rate(config, blueprint, num_examples=len(dataset.train["label"]))
+    options = {**options, "learning_rate": rate}
+  with _section(f"strategy {name!r}"):
+    strategy = strategies.make(name, cluster.num_workers, **options)
   with _section("data.batch_size"):
     data = WorkerData(
       dataset.train, num_workers=cluster.num_workers, batch_size=data_cfg.batch_size, seed=config.seed
     )
   with _section("cluster"):
-    compute_time = cluster.compute_time or compute_time_from_flops(
-      model.flops_per_sample, data_cfg.batch_size, cluster.device_flops
-    )
     time_model = TimeModel(
-      num_workers=cluster.num_workers,
-      compute_time=compute_time,
-      jitter_shape=cluster.jitter_shape,
-      slow_fraction=cluster.slow_fraction,
-      slowdown=cluster.slowdown,
-      link=cluster.link,
-      apply_time=cluster.apply_time,
-      message_bytes=cluster.message_bytes,
-      server_bandwidth=cluster.server_bandwidth,
+      **cluster.time_model_options(flops_per_sample=model.flops_per_sample, batch_size=data_cfg.batch_size)
     )
-  run = config.run
-  with _section("run"):
-    EvalSchedule.make(lambda params: {}, run.eval_every, run.eval_every_time)  # the schedule's checks
-  experiment = Experiment(
+  with _section("run"):  # the simulator's checks, without building one
+    EvalSchedule.make(lambda params: {}, run.eval_every, run.eval_every_time)
+    check_gradient_batch(strategy, run.gradient_batch)
+  return Experiment(
     config=config,
     dataset=dataset,
     model=model,
@@ -176,12 +171,12 @@ def build(config: Config) -> Experiment:
     eval_every_time=run.eval_every_time,
     num_events=math.ceil(run.gradients / strategy.gradients_per_event),
   )
-  experiment.simulator()  # its checks (run.gradient_batch against the workers); building it is cheap
-  return experiment
 
 
-def learning_rate(config: Config, strategy: strategies.Strategy, *, num_examples: int):
+def learning_rate(config: Config, strategy: strategies.Blueprint, *, num_examples: int):
   """The schedule of ``config.strategy.schedule`` for ``strategy``, on its rate clock; raises ValueError.
+
+  ``strategy`` is a :class:`Blueprint` (``strategies.blueprint``) or a built strategy.
 
   Lengths in ``unit: epochs`` become steps of the strategy's clock
   (:func:`schedules.steps_per_epoch`); a cosine without a ``length`` lasts

@@ -10,16 +10,20 @@ and ``vmap``s their local steps.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.interface.history import RunTotals
 from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import EvalSchedule, EventRecord, stack_workers
-from jaxsync._src.strategies.strategy import Communication, Strategy, WorkerProtocol
+from jaxsync._src.strategies.strategy import Strategy, WorkerProtocol
 
 
 class RoundState(NamedTuple):
@@ -58,232 +62,206 @@ class RoundState(NamedTuple):
   key: jax.Array
 
 
-def init(
-  strategy: Strategy,
-  params: Any,
-  time_model: TimeModel,
-  schedule: EvalSchedule,
-  key: jax.Array,
-  gradient_batch: int | None = None,
-) -> RoundState:
-  """The state at time 0: every worker holds ``params`` (a round batches all its gradients itself)."""
-  del time_model, gradient_batch
-  num_workers = strategy.num_workers
-  local = strategy.protocol == WorkerProtocol.LOCAL
+@dataclasses.dataclass(frozen=True)
+class RoundEngine:
+  """The synchronous engine: one round per step, every worker's gradient in one batched computation.
 
-  return RoundState(
-    clock=jnp.zeros([], jnp.float32),
-    idle=jnp.zeros([num_workers], jnp.float32),
-    steps=jnp.zeros([num_workers], jnp.int32),
-    used=jnp.zeros([num_workers], jnp.int32),
-    params=params,
-    rule_state=strategy.server_rule.init(params),
-    version=jnp.zeros([], jnp.int32),
-    worker_params=stack_workers(params, num_workers) if local else (),
-    worker_state=stack_workers(strategy.worker_rule.init(params), num_workers) if local else (),
-    inter_messages=jnp.zeros([], jnp.int32),
-    intra_messages=jnp.zeros([], jnp.int32),
-    next_eval=schedule.first_due(),
-    event=jnp.zeros([], jnp.int32),
-    key=key,
-  )
+  A :class:`jaxsync._src.sim.engine.Engine` over :class:`RoundState`; a round
+  keeps no gradients between steps, so it has nothing to prepare and a
+  checkpoint holds the whole state.
 
-
-def communication_time(strategy: Strategy, time_model: TimeModel, pushes: int) -> float:
-  """Seconds of one round's exchange and update (the formulas of :class:`TimeModel`).
-
-  Through a parameter server the server sums the ``pushes`` and applies the
-  update; after an all-reduce every worker applies it, in parallel.
+  Attributes:
+    strategy: a synchronous strategy.
+    loss_fn: ``(params, batch) -> scalar``.
+    time_model: the cluster's clock, with ``message_bytes`` set.
   """
-  num_workers = strategy.num_workers
-  comm = strategy.communication
-  traffic = strategy.server_traffic
-  update = time_model.memory_time(traffic.release)
-  if comm == Communication.RING:
-    return time_model.ring_allreduce_time(num_workers) + update
-  if comm == Communication.HIERARCHICAL:
-    return time_model.hierarchical_allreduce_time(num_workers, strategy.group_size) + update
-  summing = time_model.memory_time(pushes * traffic.arrival)
-  return time_model.parameter_server_round_time(num_workers, pushes) + summing + update
 
+  strategy: Strategy
+  loss_fn: Callable[[Any, Any], jax.Array]
+  time_model: TimeModel
 
-def messages_per_round(strategy: Strategy, pushes: int) -> tuple[int, int]:
-  """Full-size messages a round moves: (between machines, inside groups).
+  def init(self, params: Any, schedule: EvalSchedule, key: jax.Array) -> RoundState:
+    """The state at time 0: every worker holds ``params``."""
+    strategy = self.strategy
+    num_workers = strategy.num_workers
+    local = strategy.protocol == WorkerProtocol.LOCAL
+    return RoundState(
+      clock=jnp.zeros([], jnp.float32),
+      idle=jnp.zeros([num_workers], jnp.float32),
+      steps=jnp.zeros([num_workers], jnp.int32),
+      used=jnp.zeros([num_workers], jnp.int32),
+      params=params,
+      rule_state=strategy.server_rule.init(params),
+      version=jnp.zeros([], jnp.int32),
+      worker_params=stack_workers(params, num_workers) if local else (),
+      worker_state=stack_workers(strategy.worker_rule.init(params), num_workers) if local else (),
+      inter_messages=jnp.zeros([], jnp.int32),
+      intra_messages=jnp.zeros([], jnp.int32),
+      next_eval=schedule.first_due(),
+      event=jnp.zeros([], jnp.int32),
+      key=key,
+    )
 
-  A ring all-reduce over ``P`` moves ``2(P-1)/P`` of a message per member,
-  ``2(P-1)`` in all; the hierarchical form runs that ring over the ``P/G``
-  leaders and a reduce plus a broadcast inside each group.
-  """
-  num_workers = strategy.num_workers
-  if strategy.communication == Communication.PARAMETER_SERVER:
-    return pushes + num_workers, 0
-  if strategy.communication == Communication.HIERARCHICAL:
-    g = strategy.group_size
-    return 2 * (num_workers // g - 1), 2 * (g - 1) * (num_workers // g)
-  return 2 * (num_workers - 1), 0
+  def saved_state(self, s: RoundState) -> RoundState:
+    """``s`` itself: a round keeps nothing that could be computed again."""
+    return s
 
+  def restored_state(self, saved: RoundState) -> RoundState:
+    """``saved`` itself."""
+    return saved
 
-def next_event_time(s: RoundState) -> jax.Array:
-  """When the next round starts."""
-  return s.clock
+  def totals(self, s: RoundState) -> RunTotals:
+    """Per-worker gradients, applied gradients and idle seconds, and the bytes moved, of ``s``."""
+    message = float(self.time_model.message_bytes)
+    return RunTotals(
+      worker_steps=np.asarray(s.steps),
+      worker_used=np.asarray(s.used),
+      worker_idle=np.asarray(s.idle),
+      bytes_moved=float(s.inter_messages) * message,
+      bytes_moved_intra=float(s.intra_messages) * message,
+    )
 
+  def next_event_time(self, s: RoundState) -> jax.Array:
+    """When the next round starts."""
+    return s.clock
 
-def ready(s: RoundState) -> jax.Array:
-  """Always: a round computes its gradients in its own step (the asynchronous engine's counterpart)."""
-  del s
-  return jnp.asarray(True)
+  def ready(self, s: RoundState) -> jax.Array:
+    """Always: a round computes its gradients in its own step."""
+    del s
+    return jnp.asarray(True)
 
+  def prepare(self, data: WorkerData, s: RoundState) -> RoundState:
+    """``s`` itself: nothing to compute ahead."""
+    del data
+    return s
 
-def prepare(strategy: Strategy, loss_fn, data: WorkerData, s: RoundState) -> RoundState:
-  """Nothing to compute ahead (the asynchronous engine's counterpart)."""
-  del strategy, loss_fn, data
-  return s
+  def step(
+    self, data: WorkerData, schedule: EvalSchedule, metric_names: tuple[str, ...], s: RoundState
+  ) -> tuple[RoundState, EventRecord]:
+    """One round: every worker computes, the server aggregates, everyone gets the result."""
+    strategy, time_model, loss_fn = self.strategy, self.time_model, self.loss_fn
+    if strategy.protocol == WorkerProtocol.LOCAL:
+      return self._local_round(data, schedule, metric_names, s)
+    num_workers = strategy.num_workers
+    workers = jnp.arange(num_workers, dtype=jnp.int32)
+    keep = strategy.gradients_per_round
+    durations = time_model.sample_compute(s.key, workers, s.steps)
+    if keep < num_workers:
+      # Fastest-k (docs/algorithms.md §9): the k earliest finishers are kept, the rest cancelled.
+      rank = jnp.argsort(jnp.argsort(durations, stable=True), stable=True)
+      kept = rank < keep
+      round_compute = jnp.sort(durations)[keep - 1]
+    else:
+      kept = jnp.ones([num_workers], jnp.bool_)
+      round_compute = jnp.max(durations)
+    weights = kept.astype(jnp.float32) / keep
+    # A cancelled worker's gradient must not touch the round even when it is
+    # NaN (0 * NaN = NaN): it is computed on the fastest worker's batch instead.
+    fastest = jnp.argmin(durations).astype(jnp.int32)
+    source = jnp.where(kept, workers, fastest)
+    batches = jax.vmap(data.batch)(source, s.steps[source])
 
+    def weighted_loss(p):
+      losses = jax.vmap(loss_fn, in_axes=(None, 0))(p, batches)
+      return jnp.sum(weights * losses)
 
-def drop_gradients(s: RoundState) -> RoundState:
-  """``s`` itself: a round keeps no gradients between rounds (the asynchronous engine's counterpart)."""
-  return s
+    loss, grads = jax.value_and_grad(weighted_loss)(s.params)
+    update = sync_round.apply_aggregate(
+      strategy, s.params, s.rule_state, grads, version=s.version, num_workers=num_workers
+    )
+    end = s.clock + round_compute + time_model.round_time(strategy, keep)
+    busy = jnp.minimum(durations, round_compute)  # dropped workers are cancelled at the cut
+    return self._finish_round(
+      schedule,
+      metric_names,
+      s,
+      update,
+      end=end,
+      busy=busy,
+      started=1,
+      kept=kept & update.finite,
+      loss=loss,
+      keep=keep,
+      worker_params=s.worker_params,
+      worker_state=s.worker_state,
+    )
 
+  def _local_round(self, data, schedule, metric_names, s: RoundState):
+    """``local_steps`` local steps on each of the ``K`` models (vmapped), then the outer step."""
+    strategy, time_model = self.strategy, self.time_model
+    num_workers = strategy.num_workers
+    workers = jnp.arange(num_workers, dtype=jnp.int32)
 
-def empty_gradients(s: RoundState, gradient_batch: int) -> RoundState:
-  """``s`` itself (the asynchronous engine's counterpart)."""
-  del gradient_batch
-  return s
+    def one_worker(worker, x, state, step):
+      return sync_round.local_steps(strategy, self.loss_fn, lambda t: data.batch(worker, t), x, state, step)
 
+    xs, states, losses = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, s.steps)
+    offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
+    busy = jnp.sum(
+      jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets), axis=0
+    )
+    mean_model = jax.tree.map(lambda x: jnp.mean(x, axis=0), xs)
+    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
+    end = s.clock + jnp.max(busy) + time_model.round_time(strategy, num_workers)
+    return self._finish_round(
+      schedule,
+      metric_names,
+      s,
+      update,
+      end=end,
+      busy=busy,
+      started=strategy.local_steps,
+      kept=jnp.full([num_workers], update.finite),
+      loss=jnp.mean(jnp.mean(losses, axis=0)),  # over the workers, then over the local steps
+      keep=num_workers,
+      worker_params=stack_workers(update.params, num_workers),
+      worker_state=states,
+    )
 
-def step(
-  strategy: Strategy,
-  loss_fn,
-  data: WorkerData,
-  time_model: TimeModel,
-  schedule: EvalSchedule,
-  metric_names: tuple[str, ...],
-  s: RoundState,
-) -> tuple[RoundState, EventRecord]:
-  """One round: every worker computes, the server aggregates, everyone gets the result."""
-  if strategy.protocol == WorkerProtocol.LOCAL:
-    return _local_round(strategy, loss_fn, data, time_model, schedule, metric_names, s)
-  num_workers = strategy.num_workers
-  workers = jnp.arange(num_workers, dtype=jnp.int32)
-  keep = strategy.gradients_per_round
-  durations = time_model.sample_compute(s.key, workers, s.steps)
-  if keep < num_workers:
-    # Fastest-k (docs/algorithms.md §9): the k earliest finishers are kept, the rest cancelled.
-    rank = jnp.argsort(jnp.argsort(durations, stable=True), stable=True)
-    kept = rank < keep
-    round_compute = jnp.sort(durations)[keep - 1]
-  else:
-    kept = jnp.ones([num_workers], jnp.bool_)
-    round_compute = jnp.max(durations)
-  weights = kept.astype(jnp.float32) / keep
-  # A cancelled worker's gradient must not touch the round even when it is
-  # NaN (0 * NaN = NaN): it is computed on the fastest worker's batch instead.
-  fastest = jnp.argmin(durations).astype(jnp.int32)
-  source = jnp.where(kept, workers, fastest)
-  batches = jax.vmap(data.batch)(source, s.steps[source])
-
-  def weighted_loss(p):
-    losses = jax.vmap(loss_fn, in_axes=(None, 0))(p, batches)
-    return jnp.sum(weights * losses)
-
-  loss, grads = jax.value_and_grad(weighted_loss)(s.params)
-  update = sync_round.apply_aggregate(
-    strategy, s.params, s.rule_state, grads, version=s.version, num_workers=num_workers
-  )
-  end = s.clock + round_compute + communication_time(strategy, time_model, keep)
-  busy = jnp.minimum(durations, round_compute)  # dropped workers are cancelled at the cut
-  return _finish_round(
-    strategy,
+  def _finish_round(
+    self,
     schedule,
     metric_names,
-    s,
-    update,
-    end=end,
-    busy=busy,
-    started=1,
-    kept=kept & update.finite,
-    loss=loss,
-    keep=keep,
-    worker_params=s.worker_params,
-    worker_state=s.worker_state,
-  )
-
-
-def _local_round(strategy, loss_fn, data, time_model, schedule, metric_names, s: RoundState):
-  """``local_steps`` local steps on each of the ``K`` models (vmapped), then the outer step."""
-  num_workers = strategy.num_workers
-  workers = jnp.arange(num_workers, dtype=jnp.int32)
-
-  def one_worker(worker, x, state, step):
-    return sync_round.local_steps(strategy, loss_fn, lambda t: data.batch(worker, t), x, state, step)
-
-  xs, states, losses = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, s.steps)
-  offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
-  busy = jnp.sum(jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets), axis=0)
-  mean_model = jax.tree.map(lambda x: jnp.mean(x, axis=0), xs)
-  update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
-  end = s.clock + jnp.max(busy) + communication_time(strategy, time_model, num_workers)
-  return _finish_round(
-    strategy,
-    schedule,
-    metric_names,
-    s,
-    update,
-    end=end,
-    busy=busy,
-    started=strategy.local_steps,
-    kept=jnp.full([num_workers], update.finite),
-    loss=jnp.mean(jnp.mean(losses, axis=0)),  # over the workers, then over the local steps
-    keep=num_workers,
-    worker_params=stack_workers(update.params, num_workers),
-    worker_state=states,
-  )
-
-
-def _finish_round(
-  strategy,
-  schedule,
-  metric_names,
-  s: RoundState,
-  update: sync_round.RoundUpdate,
-  *,
-  end,
-  busy,
-  started,
-  kept,
-  loss,
-  keep,
-  worker_params,
-  worker_state,
-) -> tuple[RoundState, EventRecord]:
-  version = s.version + update.finite.astype(jnp.int32)
-  inter, intra = messages_per_round(strategy, keep)
-  evaluated, metrics, next_eval = schedule.maybe_evaluate(
-    s.next_eval, update.params, version, end, metric_names
-  )
-  new = RoundState(
-    clock=end,
-    idle=s.idle + (end - s.clock - busy),
-    steps=s.steps + started,
-    used=s.used + kept.astype(jnp.int32) * started,
-    params=update.params,
-    rule_state=update.rule_state,
-    version=version,
-    worker_params=worker_params,
-    worker_state=worker_state,
-    inter_messages=s.inter_messages + inter,
-    intra_messages=s.intra_messages + intra,
-    next_eval=next_eval,
-    event=s.event + 1,
-    key=s.key,
-  )
-  record = sync_round.round_record(
-    time=end,
-    version=version,
-    finite=update.finite,
-    k=keep,
-    loss=loss,
-    evaluated=evaluated,
-    metrics=metrics,
-  )
-  return new, record
+    s: RoundState,
+    update: sync_round.RoundUpdate,
+    *,
+    end,
+    busy,
+    started,
+    kept,
+    loss,
+    keep,
+    worker_params,
+    worker_state,
+  ) -> tuple[RoundState, EventRecord]:
+    version = s.version + update.finite.astype(jnp.int32)
+    inter, intra = self.time_model.round_messages(self.strategy, keep)
+    evaluated, metrics, next_eval = schedule.maybe_evaluate(
+      s.next_eval, update.params, version, end, metric_names
+    )
+    new = RoundState(
+      clock=end,
+      idle=s.idle + (end - s.clock - busy),
+      steps=s.steps + started,
+      used=s.used + kept.astype(jnp.int32) * started,
+      params=update.params,
+      rule_state=update.rule_state,
+      version=version,
+      worker_params=worker_params,
+      worker_state=worker_state,
+      inter_messages=s.inter_messages + inter,
+      intra_messages=s.intra_messages + intra,
+      next_eval=next_eval,
+      event=s.event + 1,
+      key=s.key,
+    )
+    record = sync_round.round_record(
+      time=end,
+      version=version,
+      finite=update.finite,
+      k=keep,
+      loss=loss,
+      evaluated=evaluated,
+      metrics=metrics,
+    )
+    return new, record

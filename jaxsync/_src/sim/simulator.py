@@ -14,13 +14,39 @@ from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.interface.history import History, RunTotals
 from jaxsync._src.interface.runtime import RuntimeBase
-from jaxsync._src.sim import events as sim_events
-from jaxsync._src.sim import rounds as sim_rounds
+from jaxsync._src.sim.engine import Engine
+from jaxsync._src.sim.events import EventEngine
+from jaxsync._src.sim.rounds import RoundEngine
 from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.strategies.strategy import Strategy
 
 _WHAT = "simulator"
+
+
+def check_gradient_batch(strategy: Strategy, gradient_batch: int | None) -> int:
+  """``B``, the gradients the simulator computes ahead at a time for ``strategy``; raises ValueError.
+
+  Args:
+    strategy: the strategy to simulate.
+    gradient_batch: ``1`` to the strategy's computing units (its workers, or
+      EA-wild groups), or ``None``: one per unit on a GPU or TPU, ``1`` on a CPU.
+
+  Returns:
+    ``gradient_batch`` checked, or its default.
+  """
+  units = strategy.num_units
+  if gradient_batch is None:
+    # Batching pays where one gradient leaves the device idle (a GPU, a TPU); on a CPU one
+    # gradient of a convolutional model already fills the cores and a vmap of per-worker
+    # weights is slower per gradient (benchmarks/simulator_throughput.py).
+    return 1 if jax.default_backend() == "cpu" else units
+  batch = validation.check_int(_WHAT, "gradient_batch", gradient_batch)
+  if batch > units:
+    raise validation.invalid(
+      _WHAT, "gradient_batch", gradient_batch, f"an integer from 1 to the {units} workers that compute"
+    )
+  return batch
 
 
 class Simulator(RuntimeBase):
@@ -99,25 +125,21 @@ class Simulator(RuntimeBase):
     self.loss_fn = loss_fn
     self.data = data
     self.time_model = time_model
-    units = strategy.num_units
-    # Batching pays where one gradient leaves the device idle (a GPU, a TPU); on a CPU one
-    # gradient of a convolutional model already fills the cores and a vmap of per-worker
-    # weights is slower per gradient (benchmarks/simulator_throughput.py).
-    self.gradient_batch = 1 if jax.default_backend() == "cpu" else units
-    if gradient_batch is not None:
-      self.gradient_batch = validation.check_int(_WHAT, "gradient_batch", gradient_batch)
-      if self.gradient_batch > units:
-        raise validation.invalid(
-          _WHAT, "gradient_batch", gradient_batch, f"an integer from 1 to the {units} workers that compute"
-        )
-    self._engine = sim_rounds if strategy.engine == "sync" else sim_events
+    self.gradient_batch = check_gradient_batch(strategy, gradient_batch)
+    # Its time model gets the parameters' message size in _prepare; saving and restoring need none.
+    self._engine = self._make_engine(time_model)
     self._advance = jax.jit(self._advance_impl, static_argnames="num_events", donate_argnums=0)
     # Made once: a jax.jit of the bound method per init() call traced and compiled it every time.
     self._init = jax.jit(self._init_impl)
 
+  def _make_engine(self, time_model: TimeModel) -> Engine:
+    if self.strategy.engine == "sync":
+      return RoundEngine(self.strategy, self.loss_fn, time_model)
+    return EventEngine(self.strategy, self.loss_fn, time_model, self.gradient_batch)
+
   def _prepare(self, params: optax.Params) -> None:
     super()._prepare(params)
-    self._time_model = self.time_model.with_message_bytes(params)
+    self._engine = self._make_engine(self.time_model.with_message_bytes(params))
 
   def init(self, params: optax.Params, seed: int = 0):
     """The simulation state at time 0 with every worker holding ``params``."""
@@ -129,9 +151,7 @@ class Simulator(RuntimeBase):
     return self._init(params, jax.random.key_data(jax.random.key(seed)))
 
   def _init_impl(self, params, seed):
-    state = self._engine.init(
-      self.strategy, params, self._time_model, self.schedule, seed, self.gradient_batch
-    )
+    state = self._engine.init(params, self.schedule, seed)
     # advance() donates the state: every leaf a buffer of its own (init shares zeros between
     # fields, and the caller keeps its params), strongly typed as advance() returns it (a
     # weak-typed leaf, e.g. from jnp.full(n, 2.0), would compile advance twice).
@@ -139,16 +159,14 @@ class Simulator(RuntimeBase):
 
   def _step(self, state, data, eval_arrays):
     schedule = self.schedule.with_eval_arrays(eval_arrays)
-    return self._engine.step(
-      self.strategy, self.loss_fn, data, self._time_model, schedule, self.metric_names, state
-    )
+    return self._engine.step(data, schedule, self.metric_names, state)
 
   def _advance_impl(self, state, max_time, data, eval_arrays, num_events: int):
     # While loops, not a scan, so that a run can stop at a simulated time; the
     # records go into preallocated buffers, one row per event run. The data and the
     # held-out arrays are arguments, not constants of the program. The inner loop runs
     # events while their gradients are ready (always, for rounds); the outer one
-    # then computes the next batch of gradients ahead (sim.events.prepare).
+    # then computes the next batch of gradients ahead (EventEngine.prepare).
     shapes = jax.eval_shape(self._step, state, data, eval_arrays)[1]
     buffers = jax.tree.map(lambda x: jnp.zeros((num_events, *x.shape), x.dtype), shapes)
 
@@ -166,7 +184,7 @@ class Simulator(RuntimeBase):
       start = i
       i, s, rec = jax.lax.while_loop(lambda c: running(c) & self._engine.ready(c[1]), event, (i, s, rec))
       idle = jnp.where(i > start, 0, idle + 1)
-      return i, self._engine.prepare(self.strategy, self.loss_fn, data, s), rec, idle
+      return i, self._engine.prepare(data, s), rec, idle
 
     def batching(carry):
       # Two batches in a row that ran no event (only a first one, on an empty cache, may)
@@ -208,22 +226,15 @@ class Simulator(RuntimeBase):
     So a checkpoint does not depend on ``gradient_batch``: a run saved on a
     CPU (``B = 1``) resumes on a GPU (``B = K``) and the other way round.
     """
-    return self._engine.drop_gradients(state)
+    return self._engine.saved_state(state)
 
   def restored_state(self, saved):
     """A state :meth:`advance` takes from :meth:`saved_state`'s (room for ``gradient_batch`` gradients)."""
-    return self._engine.empty_gradients(saved, self.gradient_batch)
+    return self._engine.restored_state(saved)
 
   def totals(self, state) -> RunTotals:
     """Per-worker gradients, applied gradients and idle seconds, and the bytes moved, of ``state``."""
-    message = float(self._time_model.message_bytes)
-    return RunTotals(
-      worker_steps=np.asarray(state.steps),
-      worker_used=np.asarray(state.used),
-      worker_idle=np.asarray(state.idle),
-      bytes_moved=float(state.inter_messages) * message,
-      bytes_moved_intra=float(state.intra_messages) * message,
-    ).per_worker(self.strategy.workers_per_unit)
+    return self._engine.totals(state)
 
   def run(
     self,

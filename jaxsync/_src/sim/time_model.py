@@ -1,17 +1,26 @@
-"""The simulator's clock: compute times, links, and the cost of every exchange."""
+"""The simulator's clock: compute times, links, the server's interface, and the cost of every exchange.
+
+Every cost of the simulated cluster is computed here; the engines ask for
+them: the round engine for a round's exchange (:meth:`TimeModel.round_time`,
+:meth:`TimeModel.round_messages`), the event engine for a unit's compute time
+(:meth:`TimeModel.unit_compute_times`) and an arrival's exchange through the
+server's queues (:meth:`TimeModel.exchange`, on a :class:`NetworkState`).
+"""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxsync._src.core import validation
+from jaxsync._src.sim.jitter import unit_gamma
+from jaxsync._src.strategies.strategy import Communication, Strategy, WorkerProtocol
 
 _WHAT = "TimeModel"
 
@@ -98,63 +107,35 @@ def message_bytes(params: Any) -> int:
   return int(sum(np.dtype(x.dtype).itemsize * math.prod(x.shape) for x in jax.tree.leaves(params)))
 
 
-_GAMMA_CANDIDATES = 4
+class NetworkState(NamedTuple):
+  """The server's network interface between two arrivals, and the traffic so far (the event engine's).
 
-
-def _mix32(x: jax.Array) -> jax.Array:
-  """Wellons' lowbias32 integer hash: a bijection of uint32 with good avalanche."""
-  x = x ^ (x >> 16)
-  x = x * jnp.uint32(0x7FEB352D)
-  x = x ^ (x >> 15)
-  x = x * jnp.uint32(0x846CA68B)
-  return x ^ (x >> 16)
-
-
-def _uniforms(seed: jax.Array, worker: jax.Array, step: jax.Array, count: int) -> jax.Array:
-  """``count`` uniforms in (0, 1) from a counter-based hash of (seed, worker, step).
-
-  Cheaper than threefry inside a compiled event loop (a few fused integer ops
-  instead of several hash rounds per draw); these numbers only jitter
-  simulated compute times, they are not used for anything statistical.
+  Attributes:
+    nic_in: when the server's receive side is next free.
+    nic_out: when the server's send side is next free.
+    node_count: gradients summed at each node since the server last pulled
+      them (InHAD; one node per worker elsewhere).
+    inter_messages: full-size messages over the inter-machine link.
+    intra_messages: full-size messages inside a node or an EA-wild group.
   """
-  h = _mix32(seed[0] ^ _mix32(worker.astype(jnp.uint32) + seed[1] * jnp.uint32(0x9E3779B9)))
-  h = _mix32(h ^ _mix32(step.astype(jnp.uint32) * jnp.uint32(0x85EBCA6B) + jnp.uint32(1)))
-  bits = _mix32(h + jnp.arange(1, count + 1, dtype=jnp.uint32) * jnp.uint32(0x27D4EB2D))
-  return ((bits >> 8).astype(jnp.float32) + 0.5) * (1.0 / (1 << 24))
+
+  nic_in: jax.Array
+  nic_out: jax.Array
+  node_count: jax.Array
+  inter_messages: jax.Array
+  intra_messages: jax.Array
 
 
-def unit_gamma(seed: jax.Array, worker: jax.Array, step: jax.Array, shape: float) -> jax.Array:
-  r"""One draw of ``Gamma(shape, 1/shape)`` (mean 1), loop-free, from (seed, worker, step).
+class Exchange(NamedTuple):
+  """When one arrival's exchange is done (:meth:`TimeModel.exchange`).
 
-  Marsaglia and Tsang's method (ACM TOMS 2000) with ``d = a - 1/3``,
-  ``c = 1/sqrt(9d)``: for ``z ~ N(0, 1)``, ``u ~ U(0, 1)`` and
-  ``v = (1 + c z)^3``, accept ``d v`` when ``v > 0`` and
-  ``log u < z^2/2 + d - d v + d log v``. ``jax.random.gamma`` loops until
-  acceptance (a ``while_loop`` inside every simulated event); here four
-  candidates are drawn at once (normals by Box-Muller) and the first accepted
-  one is kept. The acceptance rate is above 0.95 for ``a >= 1`` (0.99 and up
-  for the usual shapes), so all four fail with probability below ``7e-6``,
-  and then the last candidate is used. Shapes below 1 use
-  ``Gamma(a) = Gamma(a + 1) U^{1/a}``. ``seed`` is a ``uint32[2]``.
+  Attributes:
+    server_time: when the server is done with the arrival (the event's time).
+    receive_time: when a worker that gets a reply has it.
   """
-  boost = shape < 1.0
-  a = shape + 1.0 if boost else shape
-  d = a - 1.0 / 3.0
-  c = 1.0 / math.sqrt(9.0 * d)
-  n = _GAMMA_CANDIDATES
-  u = _uniforms(seed, worker, step, 2 * n + 1)
-  radius = jnp.sqrt(-2.0 * jnp.log(u[: n // 2]))
-  angle = 2.0 * math.pi * u[n // 2 : n]
-  z = jnp.concatenate([radius * jnp.cos(angle), radius * jnp.sin(angle)])
-  accept_u = u[n : 2 * n]
-  v = (1.0 + c * z) ** 3
-  safe_v = jnp.where(v > 0, v, 1.0)
-  accept = (v > 0) & (jnp.log(accept_u) < 0.5 * z * z + d - d * safe_v + d * jnp.log(safe_v))
-  first = jnp.argmax(accept)
-  draw = jnp.where(accept.any(), d * safe_v[first], d * safe_v[-1])
-  if boost:
-    draw = draw * u[2 * n] ** (1.0 / shape)
-  return draw / shape
+
+  server_time: jax.Array
+  receive_time: jax.Array
 
 
 @dataclasses.dataclass(frozen=True)
@@ -206,6 +187,13 @@ class TimeModel:
 
   where ``T_ps`` is a synchronous round through a parameter server: ``k``
   pushes (``P``, or fastest-k's ``k``) and ``P`` replies through its interface.
+  An EA-wild group of ``G`` steps as fast as its slowest member plus
+  ``T_ring(G)`` over ``intra_link``.
+
+  **Node-local aggregation** (InHAD): a push goes over ``intra_link`` to its
+  node, which sums it; on a pull the server receives the sums of the active
+  nodes through its interface, applies them, and sends the update to every
+  node, which hands it down over ``intra_link``.
 
   Attributes:
     num_workers: ``K >= 1``.
@@ -348,3 +336,157 @@ class TimeModel:
     """``2 l + (k + P) n/B + t_apply``: ``k`` pushes (default ``P``) and ``P`` replies through one server."""
     pushes = participants if pushes is None else pushes
     return 2 * self.link.latency + (pushes + participants) * self.transfer_time() + self.apply_time
+
+  # What the engines ask.
+
+  def unit_compute_times(
+    self, strategy: Strategy, seed: jax.Array, units: jax.Array, steps: jax.Array
+  ) -> jax.Array:
+    """Compute times of the next steps of ``units`` (:attr:`Strategy.num_units`).
+
+    A unit is one worker, or an EA-wild group of ``G``, which takes its slowest
+    member plus a ring all-reduce over ``intra_link`` (docs/algorithms.md §13).
+    """
+    g = strategy.workers_per_unit
+    if g == 1:
+      return self.sample_compute(seed, units, steps)
+    members = (units[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1)
+    times = self.sample_compute(seed, members, jnp.repeat(steps, g)).reshape(-1, g)
+    return jnp.max(times, axis=1) + self.ring_allreduce_time(g, over=self.intra_link)
+
+  def round_time(self, strategy: Strategy, pushes: int) -> float:
+    """Seconds of one synchronous round's exchange and update, after its compute.
+
+    Through a parameter server: ``T_ps`` plus the server's summing of the
+    ``pushes`` (``a`` each) and its update (``r``); after an all-reduce
+    (``T_ring`` or ``T_hier``) every worker applies the update (``r``), in parallel.
+    """
+    traffic = strategy.server_traffic
+    update = self.memory_time(traffic.release)
+    if strategy.communication == Communication.RING:
+      return self.ring_allreduce_time(strategy.num_workers) + update
+    if strategy.communication == Communication.HIERARCHICAL:
+      return self.hierarchical_allreduce_time(strategy.num_workers, strategy.group_size) + update
+    summing = self.memory_time(pushes * traffic.arrival)
+    return self.parameter_server_round_time(strategy.num_workers, pushes) + summing + update
+
+  def round_messages(self, strategy: Strategy, pushes: int) -> tuple[int, int]:
+    """Full-size messages one synchronous round moves: (between machines, inside groups).
+
+    A ring all-reduce over ``P`` moves ``2(P-1)/P`` of a message per member,
+    ``2(P-1)`` in all; the hierarchical form runs that ring over the ``P/G``
+    leaders and a reduce plus a broadcast inside each group.
+    """
+    num_workers = strategy.num_workers
+    if strategy.communication == Communication.PARAMETER_SERVER:
+      return pushes + num_workers, 0
+    if strategy.communication == Communication.HIERARCHICAL:
+      g = strategy.group_size
+      return 2 * (num_workers // g - 1), 2 * (g - 1) * (num_workers // g)
+    return 2 * (num_workers - 1), 0
+
+  def idle_network(self, strategy: Strategy) -> NetworkState:
+    """The server's interface at time 0: free both ways, no node sums, nothing sent."""
+    nodes = strategy.num_workers // strategy.node_size
+    zero = jnp.zeros([], jnp.float32)
+    return NetworkState(
+      nic_in=zero,
+      nic_out=zero,
+      node_count=jnp.zeros([nodes], jnp.int32),
+      inter_messages=jnp.zeros([], jnp.int32),
+      intra_messages=jnp.zeros([], jnp.int32),
+    )
+
+  def exchange(
+    self,
+    strategy: Strategy,
+    network: NetworkState,
+    *,
+    time: jax.Array,
+    unit: jax.Array,
+    accepted: jax.Array,
+    communicates: jax.Array,
+    released: jax.Array,
+    replies: jax.Array,
+  ) -> tuple[Exchange, NetworkState]:
+    r"""One arrival's exchange through the server's queues (the formulas of the class docstring).
+
+    Through a parameter server, a push waits for the receive side, the server
+    applies it, and the replies wait for the send side:
+
+    .. math::
+
+      t_{in} = \max(q_{in}, t + l) + \frac{n}{B}, \quad
+      t_{server} = t_{in} + t_{apply} + \frac{(a + r\,[\text{released}])\, n}{M}, \quad
+      q_{out}' = \max(q_{out}, t_{server}) + \text{replies} \cdot \frac{n}{B}
+
+    and a reply lands at ``q_out' + l``; a locked server's receive side is
+    free again at ``t_server`` (``q_in' = t_server``), a lock-free one's at ``t_in``.
+
+    Args:
+      strategy: its communication, server traffic and node or group layout.
+      network: the queues and counters before the arrival.
+      time: when the arriving unit finished computing, ``t``.
+      unit: the arriving unit.
+      accepted: its gradient was finite (a node sums only those).
+      communicates: it went over the network (an elastic worker's local step
+        between exchanges does not).
+      released: the server released an update.
+      replies: how many units get the parameters.
+
+    Returns:
+      The exchange's times, and the network after it.
+    """
+    node_count = network.node_count.at[unit // strategy.node_size].add(accepted.astype(jnp.int32))
+    comm = strategy.communication
+    traffic = strategy.server_traffic
+    accumulate = self.memory_time(traffic.arrival)  # the arrival into a buffer, if the rule buffers
+    update = self.memory_time(traffic.release)  # the update it releases
+    apply = self.apply_time + jnp.where(released, update, 0.0)
+    n_over, latency = self.transfer_time(), self.link.latency
+    if comm == Communication.SHARED_MEMORY:
+      # Hogwild!: no network and no lock; the worker applies its own update to the shared parameters.
+      done = time + jnp.where(released, update, 0.0)
+      exchange, after = Exchange(done, done), network
+    elif comm == Communication.NODE_LOCAL:
+      intra = self.intra_link.latency + self.intra_link.transfer(self._bytes())
+      at_node = time + intra + accumulate  # summed into the node's buffer
+      # On a pull (docs/algorithms.md §15) the server collects every active node's sum, applies,
+      # and broadcasts to all nodes; the nodes hand the new parameters down.
+      nodes = strategy.num_workers // strategy.node_size
+      active = jnp.sum(node_count > 0).astype(jnp.float32)
+      pull_start = jnp.maximum(network.nic_in, at_node + latency)
+      nic_in = jnp.where(released, pull_start + active * n_over + apply, network.nic_in)
+      out_start = jnp.maximum(network.nic_out, nic_in)
+      nic_out = jnp.where(released, out_start + nodes * n_over, network.nic_out)
+      exchange = Exchange(
+        server_time=jnp.where(released, nic_in, at_node),
+        receive_time=jnp.where(released, nic_out + latency + intra, at_node + intra),
+      )
+      after = network._replace(
+        nic_in=nic_in,
+        nic_out=nic_out,
+        inter_messages=network.inter_messages + jnp.where(released, active.astype(jnp.int32) + nodes, 0),
+        intra_messages=network.intra_messages + 1 + replies,
+      )
+    else:
+      # A parameter server: pushes queue on its receive side, replies on its send side.
+      locked = not (strategy.protocol == WorkerProtocol.ELASTIC and strategy.lock_free)
+      in_done = jnp.maximum(network.nic_in, time + latency) + n_over
+      server_time = in_done + apply + accumulate
+      nic_out = jnp.maximum(network.nic_out, server_time) + replies.astype(jnp.float32) * n_over
+      exchange = Exchange(
+        server_time=jnp.where(communicates, server_time, time),
+        receive_time=jnp.where(communicates, nic_out + latency, time),
+      )
+      after = network._replace(
+        nic_in=jnp.where(communicates, server_time if locked else in_done, network.nic_in),
+        nic_out=jnp.where(communicates, nic_out, network.nic_out),
+        inter_messages=jnp.where(communicates, network.inter_messages + 1 + replies, network.inter_messages),
+      )
+    intra_messages = after.intra_messages
+    if strategy.workers_per_unit > 1:
+      intra_messages = intra_messages + 2 * (strategy.workers_per_unit - 1)  # the group's all-reduce
+    return exchange, after._replace(
+      node_count=jnp.where(released, 0, node_count), intra_messages=intra_messages
+    )

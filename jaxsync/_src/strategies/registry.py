@@ -2,7 +2,11 @@
 
 ``make(name, num_workers, **options)`` builds a :class:`Strategy` from the
 factory registered under ``name``; its keyword-only arguments are the
-strategy's options, with the papers' defaults (``describe(name)`` lists them).
+strategy's options, with the papers' defaults (``describe(name)`` lists them),
+and it returns the strategy's :class:`Blueprint` with its rules as a function
+of the learning rate. So ``blueprint(name, num_workers, **options)`` reads a
+strategy's clock and costs without building a rule: a learning-rate schedule
+on that clock is made first, and the strategy once, with it.
 
 Every strategy takes the papers' training protocol:
 
@@ -23,9 +27,10 @@ Every strategy takes the papers' training protocol:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import optax
 
@@ -38,6 +43,7 @@ from jaxsync._src.rules.release import on_release
 from jaxsync._src.rules.smega2 import smega2 as smega2_rule
 from jaxsync._src.rules.staleness import scale_by_staleness
 from jaxsync._src.strategies.strategy import (
+  Blueprint,
   Communication,
   Dispatch,
   Engine,
@@ -67,14 +73,14 @@ def _sgd_traffic(momentum: float) -> float:
   return _MOMENTUM if momentum else _SGD
 
 
-def _server_optimizer(name: str, choice: str, learning_rate, momentum: float = 0.0):
-  """The optimizer a server applies per update: SGD (with momentum), Adam or RMSProp; and its traffic."""
+def _server_optimizer(name: str, choice: str) -> tuple[Callable[[Any], Any], float]:
+  """The optimizer a server applies per update (SGD, Adam or RMSProp) as a function of the rate; its traffic."""
   choice = validation.check_choice(name, "server_optimizer", choice, SERVER_OPTIMIZERS)
   if choice == "adam":
-    return reject_nonfinite(optax.adam(learning_rate)), _ADAM
+    return lambda learning_rate: reject_nonfinite(optax.adam(learning_rate)), _ADAM
   if choice == "rmsprop":
-    return reject_nonfinite(optax.rmsprop(learning_rate)), _MOMENTUM
-  return _sgd(learning_rate, momentum), _sgd_traffic(momentum)
+    return lambda learning_rate: reject_nonfinite(optax.rmsprop(learning_rate)), _MOMENTUM
+  return _sgd, _SGD
 
 
 def _decayed(rule, weight_decay: float):
@@ -87,10 +93,6 @@ def _decayed(rule, weight_decay: float):
 
 def _check_momentum(name: str, momentum: float) -> float:
   return validation.check_real(name, "momentum", momentum, low=0.0, high=1.0, high_open=True)
-
-
-def _check_lr(name: str, learning_rate):
-  return validation.check_learning_rate(name, learning_rate)
 
 
 def _check_decay(name: str, weight_decay: float) -> float:
@@ -115,13 +117,32 @@ def _moving_rate(name: str, moving_rate: float | None, num_workers: int) -> floa
 # The registry.
 # ---------------------------------------------------------------------------
 
-_REGISTRY: dict[str, Callable[..., Strategy]] = {}
+_Rules = tuple[optax.GradientTransformationExtraArgs, optax.GradientTransformationExtraArgs | None]
 
 
-def _register(*names: str):
+class _Recipe(NamedTuple):
+  """What a factory returns: the strategy less its rules, and ``learning_rate -> (server rule, worker rule)``."""
+
+  blueprint: Blueprint
+  rules: Callable[[Any], _Rules]
+
+
+class _Entry(NamedTuple):
+  """A registered factory (its keyword-only arguments are the options) and its default learning rate."""
+
+  factory: Callable[..., _Recipe]
+  learning_rate: float
+
+
+_REGISTRY: dict[str, _Entry] = {}
+
+
+def _register(*names: str, learning_rate: float):
+  """Registers a factory under ``names``; every strategy takes ``learning_rate``, this is its default."""
+
   def add(factory):
     for name in names:
-      _REGISTRY[name] = factory
+      _REGISTRY[name] = _Entry(factory, learning_rate)
     return factory
 
   return add
@@ -143,18 +164,61 @@ class StrategyInfo:
 
 def describe(name: str) -> StrategyInfo:
   """The summary line and the options (with their defaults) of strategy ``name``."""
-  factory = _lookup(name)
-  doc = inspect.getdoc(factory) or ""
-  options = {
-    p.name: p.default for p in inspect.signature(factory).parameters.values() if p.kind == p.KEYWORD_ONLY
-  }
+  entry = _lookup(name)
+  doc = inspect.getdoc(entry.factory) or ""
+  options = {"learning_rate": entry.learning_rate}
+  for p in inspect.signature(entry.factory).parameters.values():
+    if p.kind == p.KEYWORD_ONLY:
+      options[p.name] = p.default
   return StrategyInfo(name=name, summary=doc.splitlines()[0] if doc else "", options=options)
 
 
-def _lookup(name: str) -> Callable[..., Strategy]:
+def _lookup(name: str) -> _Entry:
   if name not in _REGISTRY:
     raise ValueError(f"strategy name={name!r} is unknown; expected one of: {', '.join(names())}.")
   return _REGISTRY[name]
+
+
+def _recipe(
+  name: str, num_workers: int, options: Mapping[str, Any]
+) -> tuple[Blueprint, Callable[[], _Rules]]:
+  """Strategy ``name``'s options checked and through its factory: its blueprint, and its rules to build."""
+  entry = _lookup(name)
+  num_workers = validation.check_int(f"strategy {name!r}", "num_workers", num_workers)
+  valid = describe(name).options
+  unknown = sorted(set(options) - set(valid))
+  if unknown:
+    raise ValueError(
+      f"strategy {name!r}: unknown option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(valid))}."
+    )
+  resolved = {**valid, **options}
+  learning_rate = validation.check_learning_rate(name, resolved["learning_rate"])
+  rest = {k: v for k, v in resolved.items() if k != "learning_rate"}
+  design, rules = entry.factory(num_workers, **rest)
+  return dataclasses.replace(design, name=name, options=resolved), functools.partial(rules, learning_rate)
+
+
+def blueprint(name: str, num_workers: int, **options: Any) -> Blueprint:
+  """Strategy ``name`` less its rules: its clock, costs and topology, with its options checked.
+
+  What a learning-rate schedule on the strategy's clock needs, without
+  building a rule (the options only the rules read are checked by :func:`make`).
+
+  Args:
+    name: a registry name, see :func:`names`.
+    num_workers: ``K >= 1``.
+    **options: the strategy's options, as for :func:`make`.
+
+  Returns:
+    A :class:`Blueprint`.
+
+  Example:
+    >>> import jaxsync
+    >>> b = jaxsync.strategies.blueprint("adaptive_k", 8, bb_step_size=True)
+    >>> str(b.rate_clock), b.gradients_per_update
+    ('worker_steps', None)
+  """
+  return _recipe(name, num_workers, options)[0]
 
 
 def make(name: str, num_workers: int, **options: Any) -> Strategy:
@@ -183,17 +247,10 @@ def make(name: str, num_workers: int, **options: Any) -> Strategy:
     >>> str(jaxsync.strategies.make("smega2", 8, learning_rate=warm, weight_decay=1e-4).rate_clock)
     'server_updates'
   """
-  factory = _lookup(name)
-  num_workers = validation.check_int(f"strategy {name!r}", "num_workers", num_workers)
-  valid = describe(name).options
-  unknown = sorted(set(options) - set(valid))
-  if unknown:
-    raise ValueError(
-      f"strategy {name!r}: unknown option(s) {', '.join(unknown)}; valid options: {', '.join(sorted(valid))}."
-    )
-  resolved = {**valid, **options}
-  strategy = factory(num_workers, **resolved)
-  return dataclasses.replace(strategy, name=name, options=resolved)
+  design, rules = _recipe(name, num_workers, options)
+  server_rule, worker_rule = rules()
+  fields = {f.name: getattr(design, f.name) for f in dataclasses.fields(Blueprint)}
+  return Strategy(**fields, server_rule=server_rule, worker_rule=worker_rule)
 
 
 # ---------------------------------------------------------------------------
@@ -201,16 +258,15 @@ def make(name: str, num_workers: int, **options: Any) -> Strategy:
 # ---------------------------------------------------------------------------
 
 
-@_register("bsp")
+@_register("bsp", learning_rate=0.01)
 def _bsp(
   num_workers,
   *,
-  learning_rate=0.01,
   momentum=0.9,
   communication="parameter_server",
   group_size=None,
   weight_decay=0.0,
-) -> Strategy:
+) -> _Recipe:
   """Bulk-synchronous SGD with momentum: a barrier, the mean of K gradients (the papers' synchronous baseline)."""
   name = "bsp"
   communication = validation.check_choice(
@@ -223,13 +279,12 @@ def _bsp(
   elif group_size is not None:
     raise validation.invalid(name, "group_size", group_size, "None unless communication='hierarchical'")
   momentum = _check_momentum(name, momentum)
-  return Strategy(
+  decay = _check_decay(name, weight_decay)
+  blueprint = Blueprint(
     name=name,
     num_workers=num_workers,
     engine=Engine.SYNC,
     protocol=WorkerProtocol.GRADIENT,
-    server_rule=_decayed(_sgd(_check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay)),
-    worker_rule=None,
     communication=communication,
     gradients_per_round=num_workers,
     group_size=group_size or 1,
@@ -237,28 +292,20 @@ def _bsp(
     # A parameter server sums the K pushes; a ring does it in the network.
     server_traffic=ServerTraffic(_ACCUMULATE, _sgd_traffic(momentum)),
   )
+  return _Recipe(blueprint, lambda lr: (_decayed(_sgd(lr, momentum), decay), None))
 
 
-@_register("allreduce")
-def _allreduce(num_workers, *, learning_rate=0.01, momentum=0.9, weight_decay=0.0) -> Strategy:
+@_register("allreduce", learning_rate=0.01)
+def _allreduce(num_workers, *, momentum=0.9, weight_decay=0.0) -> _Recipe:
   """BSP over a ring all-reduce instead of a parameter server (Horovod-style; Wongpanich et al., HPCAsia 2020)."""
-  return _bsp(
-    num_workers,
-    learning_rate=learning_rate,
-    momentum=momentum,
-    communication="ring",
-    weight_decay=weight_decay,
-  )
+  return _bsp(num_workers, momentum=momentum, communication="ring", weight_decay=weight_decay)
 
 
-@_register("hierarchical_allreduce")
-def _hierarchical_allreduce(
-  num_workers, *, learning_rate=0.01, momentum=0.9, group_size=None, weight_decay=0.0
-) -> Strategy:
+@_register("hierarchical_allreduce", learning_rate=0.01)
+def _hierarchical_allreduce(num_workers, *, momentum=0.9, group_size=None, weight_decay=0.0) -> _Recipe:
   """BSP over a two-level all-reduce: groups of ``group_size`` (default 4), then leaders (HPCAsia 2020)."""
   return _bsp(
     num_workers,
-    learning_rate=learning_rate,
     momentum=momentum,
     communication="hierarchical",
     group_size=group_size,
@@ -266,10 +313,8 @@ def _hierarchical_allreduce(
   )
 
 
-@_register("fastest_k", "drop_worker")
-def _fastest_k(
-  num_workers, *, learning_rate=0.01, momentum=0.9, k=None, drop_rate=0.5, weight_decay=0.0
-) -> Strategy:
+@_register("fastest_k", "drop_worker", learning_rate=0.01)
+def _fastest_k(num_workers, *, momentum=0.9, k=None, drop_rate=0.5, weight_decay=0.0) -> _Recipe:
   """Synchronous rounds that aggregate the k fastest gradients and drop the rest (Dutta et al., AISTATS 2018)."""
   name = "fastest_k"
   rate = validation.check_real(name, "drop_rate", drop_rate, low=0.0, high=1.0, high_open=True)
@@ -278,21 +323,22 @@ def _fastest_k(
   k = validation.check_int(name, "k", k)
   if k > num_workers:
     raise validation.invalid(name, "k", k, f"an integer in [1, num_workers={num_workers}]")
-  strategy = _bsp(num_workers, learning_rate=learning_rate, momentum=momentum, weight_decay=weight_decay)
-  return dataclasses.replace(strategy, gradients_per_round=k, gradients_per_update=float(k))
+  bsp = _bsp(num_workers, momentum=momentum, weight_decay=weight_decay)
+  return bsp._replace(
+    blueprint=dataclasses.replace(bsp.blueprint, gradients_per_round=k, gradients_per_update=float(k))
+  )
 
 
-@_register("local_sgd")
+@_register("local_sgd", learning_rate=0.01)
 def _local_sgd(
   num_workers,
   *,
-  learning_rate=0.01,
   momentum=0.0,
   period=8,
   outer_learning_rate=1.0,
   outer_momentum=0.0,
   weight_decay=0.0,
-) -> Strategy:
+) -> _Recipe:
   """Local SGD: ``period`` local steps per worker, then the models are averaged (DiLoCo's outer step).
 
   The server rule is the outer optimizer on the pseudo-gradient
@@ -304,19 +350,22 @@ def _local_sgd(
   period = validation.check_int(name, "period", period)
   outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
   outer_m = validation.check_real(name, "outer_momentum", outer_momentum, low=0.0, high=1.0, high_open=True)
-  worker = _sgd(_check_lr(name, learning_rate), _check_momentum(name, momentum))
-  return Strategy(
+  momentum = _check_momentum(name, momentum)
+  decay = _check_decay(name, weight_decay)
+  blueprint = Blueprint(
     name=name,
     num_workers=num_workers,
     engine=Engine.SYNC,
     protocol=WorkerProtocol.LOCAL,
-    server_rule=_sgd(outer_lr, outer_m, nesterov=outer_m > 0),
-    worker_rule=_decayed(worker, _check_decay(name, weight_decay)),
     communication=Communication.RING,
     local_steps=period,
     rate_clock=RateClock.WORKER_STEPS,
     gradients_per_update=float(num_workers * period),
     server_traffic=ServerTraffic(0.0, _sgd_traffic(outer_m)),
+  )
+  return _Recipe(
+    blueprint,
+    lambda lr: (_sgd(outer_lr, outer_m, nesterov=outer_m > 0), _decayed(_sgd(lr, momentum), decay)),
   )
 
 
@@ -325,22 +374,12 @@ def _local_sgd(
 # ---------------------------------------------------------------------------
 
 
-def _async(
-  name, num_workers, server_rule, worker_rule=None, *, protocol=WorkerProtocol.GRADIENT, **fields
-) -> Strategy:
-  return Strategy(
-    name=name,
-    num_workers=num_workers,
-    engine=Engine.ASYNC,
-    protocol=protocol,
-    server_rule=server_rule,
-    worker_rule=worker_rule,
-    **fields,
-  )
+def _async(name, num_workers, *, protocol=WorkerProtocol.GRADIENT, **fields) -> Blueprint:
+  return Blueprint(name=name, num_workers=num_workers, engine=Engine.ASYNC, protocol=protocol, **fields)
 
 
-@_register("asp")
-def _asp(num_workers, *, learning_rate=0.01, weight_decay=0.0, server_optimizer="sgd") -> Strategy:
+@_register("asp", learning_rate=0.01)
+def _asp(num_workers, *, weight_decay=0.0, server_optimizer="sgd") -> _Recipe:
   """Asynchronous SGD through a parameter server: apply each arrival, reply at once (Dean et al., NeurIPS 2012).
 
   ``server_optimizer`` is what the server applies per arrival: ``"sgd"``, or
@@ -348,101 +387,100 @@ def _asp(num_workers, *, learning_rate=0.01, weight_decay=0.0, server_optimizer=
   adaptive-k paper (JPDC 2022, §3.6) names as the server's bottleneck.
   """
   name = "asp"
-  rule, traffic = _server_optimizer(name, server_optimizer, _check_lr(name, learning_rate))
-  return _async(
-    name,
-    num_workers,
-    _decayed(rule, _check_decay(name, weight_decay)),
-    server_traffic=ServerTraffic(0.0, traffic),
-  )
+  optimizer, traffic = _server_optimizer(name, server_optimizer)
+  decay = _check_decay(name, weight_decay)
+  blueprint = _async(name, num_workers, server_traffic=ServerTraffic(0.0, traffic))
+  return _Recipe(blueprint, lambda lr: (_decayed(optimizer(lr), decay), None))
 
 
-@_register("hogwild")
-def _hogwild(num_workers, *, learning_rate=0.01, weight_decay=0.0) -> Strategy:
+@_register("hogwild", learning_rate=0.01)
+def _hogwild(num_workers, *, weight_decay=0.0) -> _Recipe:
   """Hogwild: ASGD on shared memory, lock-free, no network cost (Niu et al. 2011)."""
   name = "hogwild"
-  rule = _decayed(_sgd(_check_lr(name, learning_rate)), _check_decay(name, weight_decay))
-  return _async(name, num_workers, rule, communication=Communication.SHARED_MEMORY)
+  decay = _check_decay(name, weight_decay)
+  blueprint = _async(name, num_workers, communication=Communication.SHARED_MEMORY)
+  return _Recipe(blueprint, lambda lr: (_decayed(_sgd(lr), decay), None))
 
 
-@_register("naive_asgdm")
-def _naive_asgdm(num_workers, *, learning_rate=0.1, momentum=0.9, weight_decay=0.0) -> Strategy:
+@_register("naive_asgdm", learning_rate=0.1)
+def _naive_asgdm(num_workers, *, momentum=0.9, weight_decay=0.0) -> _Recipe:
   """ASGD with server momentum applied straight to stale gradients (the OrMo paper's baseline, NeurIPS 2024)."""
   name = "naive_asgdm"
   momentum = _check_momentum(name, momentum)
-  rule = _decayed(_sgd(_check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay))
-  return _async(name, num_workers, rule, server_traffic=ServerTraffic(0.0, _sgd_traffic(momentum)))
+  decay = _check_decay(name, weight_decay)
+  blueprint = _async(name, num_workers, server_traffic=ServerTraffic(0.0, _sgd_traffic(momentum)))
+  return _Recipe(blueprint, lambda lr: (_decayed(_sgd(lr, momentum), decay), None))
 
 
-@_register("shifted_momentum")
-def _shifted_momentum(num_workers, *, learning_rate=0.1, momentum=0.9, weight_decay=0.0) -> Strategy:
+@_register("shifted_momentum", learning_rate=0.1)
+def _shifted_momentum(num_workers, *, momentum=0.9, weight_decay=0.0) -> _Recipe:
   """Shifted momentum: each worker keeps a local momentum and sends it (Giladi et al., ICLR 2020)."""
   name = "shifted_momentum"
-  worker = reject_nonfinite(optax.trace(decay=_check_momentum(name, momentum)))
-  rule = _decayed(_sgd(_check_lr(name, learning_rate)), _check_decay(name, weight_decay))
-  return _async(name, num_workers, rule, worker)
+  momentum = _check_momentum(name, momentum)
+  decay = _check_decay(name, weight_decay)
+  return _Recipe(
+    _async(name, num_workers),
+    lambda lr: (_decayed(_sgd(lr), decay), reject_nonfinite(optax.trace(decay=momentum))),
+  )
 
 
-@_register("smega2")
-def _smega2(
-  num_workers, *, learning_rate=0.1, momentum=0.9, dampening=0.0, look_ahead="advanced", weight_decay=0.0
-) -> Strategy:
+@_register("smega2", learning_rate=0.1)
+def _smega2(num_workers, *, momentum=0.9, dampening=0.0, look_ahead="advanced", weight_decay=0.0) -> _Recipe:
   """SMEGA²: one shared momentum updated per cycle of K arrivals, look-ahead replies (Cohen et al., ICPP 2022)."""
-  rule = smega2_rule(
-    learning_rate, momentum, num_workers=num_workers, dampening=dampening, look_ahead=look_ahead
-  )
+  decay = _check_decay("smega2", weight_decay)
   # The update (gradient, cycle sum, momentum, parameters: 7 arrays) and the look-ahead reply (4).
-  return _async(
-    "smega2",
-    num_workers,
-    _decayed(rule, _check_decay("smega2", weight_decay)),
-    server_traffic=ServerTraffic(0.0, 11.0),
+  blueprint = _async("smega2", num_workers, server_traffic=ServerTraffic(0.0, 11.0))
+  return _Recipe(
+    blueprint,
+    lambda lr: (
+      _decayed(
+        smega2_rule(lr, momentum, num_workers=num_workers, dampening=dampening, look_ahead=look_ahead), decay
+      ),
+      None,
+    ),
   )
 
 
-@_register("ormo")
-def _ormo(num_workers, *, learning_rate=0.1, momentum=0.9, weight_decay=0.0) -> Strategy:
+@_register("ormo", learning_rate=0.1)
+def _ormo(num_workers, *, momentum=0.9, weight_decay=0.0) -> _Recipe:
   """OrMo: ordered momentum, stale gradients placed by their iteration group (Shi et al., NeurIPS 2024)."""
-  rule = ordered_momentum(learning_rate, momentum, num_workers=num_workers)
-  return _async(
-    "ormo",
-    num_workers,
-    _decayed(rule, _check_decay("ormo", weight_decay)),
-    server_traffic=ServerTraffic(0.0, _MOMENTUM),
+  decay = _check_decay("ormo", weight_decay)
+  blueprint = _async("ormo", num_workers, server_traffic=ServerTraffic(0.0, _MOMENTUM))
+  return _Recipe(
+    blueprint, lambda lr: (_decayed(ordered_momentum(lr, momentum, num_workers=num_workers), decay), None)
   )
 
 
-@_register("ormo_da")
-def _ormo_da(
-  num_workers, *, learning_rate=0.1, momentum=0.9, delay_measure="iterations", weight_decay=0.0
-) -> Strategy:
+@_register("ormo_da", learning_rate=0.1)
+def _ormo_da(num_workers, *, momentum=0.9, delay_measure="iterations", weight_decay=0.0) -> _Recipe:
   """OrMo-DA: OrMo with a delay-adaptive learning rate (Shi et al., NeurIPS 2024)."""
-  rule = ordered_momentum(
-    learning_rate, momentum, num_workers=num_workers, delay_adaptive=True, delay_measure=delay_measure
-  )
-  return _async(
-    "ormo_da",
-    num_workers,
-    _decayed(rule, _check_decay("ormo_da", weight_decay)),
-    server_traffic=ServerTraffic(0.0, _MOMENTUM),
-  )
+  decay = _check_decay("ormo_da", weight_decay)
+  blueprint = _async("ormo_da", num_workers, server_traffic=ServerTraffic(0.0, _MOMENTUM))
+
+  def rules(lr):
+    rule = ordered_momentum(
+      lr, momentum, num_workers=num_workers, delay_adaptive=True, delay_measure=delay_measure
+    )
+    return _decayed(rule, decay), None
+
+  return _Recipe(blueprint, rules)
 
 
-@_register("ssp")
-def _ssp(num_workers, *, learning_rate=0.01, momentum=0.0, staleness_bound=3, weight_decay=0.0) -> Strategy:
+@_register("ssp", learning_rate=0.01)
+def _ssp(num_workers, *, momentum=0.0, staleness_bound=3, weight_decay=0.0) -> _Recipe:
   """Stale synchronous parallel: no worker runs more than ``staleness_bound`` clocks ahead (Ho et al., NeurIPS 2013)."""
   name = "ssp"
   bound = validation.check_int(name, "staleness_bound", staleness_bound, low=0)
   momentum = _check_momentum(name, momentum)
-  rule = _decayed(_sgd(_check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay))
-  return _async(
+  decay = _check_decay(name, weight_decay)
+  blueprint = _async(
     name,
     num_workers,
-    rule,
     dispatch=Dispatch.SSP,
     staleness_bound=bound,
     server_traffic=ServerTraffic(0.0, _sgd_traffic(momentum)),
   )
+  return _Recipe(blueprint, lambda lr: (_decayed(_sgd(lr, momentum), decay), None))
 
 
 def _buffered_sgd(per_update: int, learning_rate, momentum: float):
@@ -453,51 +491,51 @@ def _buffered_sgd(per_update: int, learning_rate, momentum: float):
   )
 
 
-@_register("k_async")
-def _k_async(num_workers, *, learning_rate=0.01, momentum=0.0, k=None, weight_decay=0.0) -> Strategy:
+@_register("k_async", learning_rate=0.01)
+def _k_async(num_workers, *, momentum=0.0, k=None, weight_decay=0.0) -> _Recipe:
   """K-async SGD: update on any k arrivals (stale or not), reply to those k (Dutta et al., AISTATS 2018)."""
   name = "k_async"
   k = validation.check_int(name, "k", max(1, num_workers // 2) if k is None else k)
   if k > num_workers:
     raise validation.invalid(name, "k", k, f"an integer in [1, num_workers={num_workers}]")
   momentum = _check_momentum(name, momentum)
-  rule = _decayed(
-    _buffered_sgd(k, _check_lr(name, learning_rate), momentum), _check_decay(name, weight_decay)
-  )
-  return _async(
+  decay = _check_decay(name, weight_decay)
+  blueprint = _async(
     name,
     num_workers,
-    rule,
     dispatch=Dispatch.ON_RELEASE,
     gradients_per_update=float(k),
     server_traffic=ServerTraffic(_ACCUMULATE, _sgd_traffic(momentum)),
   )
+  return _Recipe(blueprint, lambda lr: (_decayed(_buffered_sgd(k, lr, momentum), decay), None))
 
 
-@_register("staleness_aware_asp")
+@_register("staleness_aware_asp", learning_rate=0.01)
 def _staleness_aware_asp(
-  num_workers, *, learning_rate=0.01, mode="linear", penalty=None, gradients_per_update=1, weight_decay=0.0
-) -> Strategy:
+  num_workers, *, mode="linear", penalty=None, gradients_per_update=1, weight_decay=0.0
+) -> _Recipe:
   """ASGD with a learning rate divided by staleness (or its exponential penalty), n-softsync (Zhang et al., IJCAI 2016)."""
   name = "staleness_aware_asp"
+  # Made here, not with the rate: it checks mode, penalty and gradients_per_update.
   buffer = scale_by_staleness(mode, penalty=penalty, gradients_per_update=gradients_per_update)
-  # on_release: the rate (and its schedule) steps once per update, not per buffered arrival.
-  rule = on_release(buffer, optax.scale_by_learning_rate(_check_lr(name, learning_rate)))
+  decay = _check_decay(name, weight_decay)
   per_update = int(gradients_per_update)
-  return _async(
+  blueprint = _async(
     name,
     num_workers,
-    _decayed(rule, _check_decay(name, weight_decay)),
     gradients_per_update=float(per_update),
     server_traffic=ServerTraffic(_ACCUMULATE if per_update > 1 else 0.0, _SGD),
   )
+  # on_release: the rate (and its schedule) steps once per update, not per buffered arrival.
+  return _Recipe(
+    blueprint, lambda lr: (_decayed(on_release(buffer, optax.scale_by_learning_rate(lr)), decay), None)
+  )
 
 
-@_register("adaptive_k")
+@_register("adaptive_k", learning_rate=0.01)
 def _adaptive_k(
   num_workers,
   *,
-  learning_rate=0.01,
   momentum=0.9,
   theta=1.0,
   confidence=0.95,
@@ -509,7 +547,7 @@ def _adaptive_k(
   armijo=False,
   weight_decay=0.0,
   server_optimizer="sgd",
-) -> Strategy:
+) -> _Recipe:
   """Adaptive-k release, progressive momentum, optional per-worker BB step sizes (Zhang, Ji, Wang, JPDC 2022).
 
   ``bb_max_scale`` (jaxsync's safeguard, not the paper's) bounds each worker's BB
@@ -520,7 +558,6 @@ def _adaptive_k(
   server-side optimizers of the paper's §3.6); it needs ``bb_step_size=False``.
   """
   name = "adaptive_k"
-  lr = _check_lr(name, learning_rate)
   decay = _check_decay(name, weight_decay)
   max_scale = barzilai_borwein.check_max_scale(name, "bb_max_scale", bb_max_scale)
   use_bb = validation.check_bool(name, "bb_step_size", bb_step_size)
@@ -539,6 +576,7 @@ def _adaptive_k(
     max_k = validation.check_int(name, "max_k", max_k)
     if max_k > num_workers:
       raise validation.invalid(name, "max_k", max_k, f"None or an integer in [1, num_workers={num_workers}]")
+  # Made here, not with the rate: it checks momentum, theta, confidence and ci_endpoint.
   server = adaptive_k_rule(
     momentum=momentum, theta=theta, confidence=confidence, ci_endpoint=ci_endpoint, max_k=max_k or num_workers
   )
@@ -548,46 +586,47 @@ def _adaptive_k(
   if use_bb:
     # Workers send alpha_i g_i (docs/algorithms.md §11c); the server applies rate 1 (§11b). The decay is
     # the worker's, at the parameters it pulled, so that its own rate scales it.
-    bb = barzilai_borwein.bb_step_size(
-      lr, smoothing=bb_smoothing, max_scale=max_scale, armijo=use_armijo, server_momentum=momentum
-    )
-    return _async(
+    def bb_rules(lr):
+      bb = barzilai_borwein.bb_step_size(
+        lr, smoothing=bb_smoothing, max_scale=max_scale, armijo=use_armijo, server_momentum=momentum
+      )
+      return optax.chain(server, optax.scale(-1.0)), _decayed(bb, decay)
+
+    blueprint = _async(
       name,
       num_workers,
-      optax.chain(server, optax.scale(-1.0)),
-      _decayed(bb, decay),
       dispatch=Dispatch.ON_RELEASE_FRESH,
       rate_clock=RateClock.WORKER_STEPS,
       gradients_per_update=None,
       server_traffic=traffic,
     )
+    return _Recipe(blueprint, bb_rules)
   if optimizer == "sgd":
-    inner, extra = optax.scale_by_learning_rate(lr), 0.0
+    inner, extra = optax.scale_by_learning_rate, 0.0
   else:
-    inner, update_traffic = _server_optimizer(name, optimizer, lr)
+    inner, update_traffic = _server_optimizer(name, optimizer)
     extra = update_traffic - _SGD  # the optimizer's own buffers, on top of the momentum's update
-  # on_release: the rate (and its schedule) steps once per release, not per buffered arrival.
-  return _async(
+  blueprint = _async(
     name,
     num_workers,
-    _decayed(on_release(server, inner), decay),
     dispatch=Dispatch.ON_RELEASE_FRESH,
     gradients_per_update=None,
     server_traffic=ServerTraffic(traffic.arrival, traffic.release + extra),
   )
+  # on_release: the rate (and its schedule) steps once per release, not per buffered arrival.
+  return _Recipe(blueprint, lambda lr: (_decayed(on_release(server, inner(lr)), decay), None))
 
 
-@_register("inhad")
+@_register("inhad", learning_rate=0.01)
 def _inhad(
   num_workers,
   *,
-  learning_rate=0.01,
   momentum=0.0,
   local_workers=None,
   pull_threshold=None,
   wait_for_pull=False,
   weight_decay=0.0,
-) -> Strategy:
+) -> _Recipe:
   """InHAD: node-local gradient sums, pulled by the server when their counts reach a threshold (J. Supercomputing 2021).
 
   ``local_workers`` per node (default ``min(4, K)``, dividing ``K``); the
@@ -608,11 +647,10 @@ def _inhad(
       name, "pull_threshold", threshold, f"at most num_workers={num_workers} with wait_for_pull=True"
     )
   momentum = _check_momentum(name, momentum)
-  rule = _buffered_sgd(threshold, _check_lr(name, learning_rate), momentum)
-  return _async(
+  decay = _check_decay(name, weight_decay)
+  blueprint = _async(
     name,
     num_workers,
-    _decayed(rule, _check_decay(name, weight_decay)),
     dispatch=Dispatch.ON_RELEASE if lockstep else Dispatch.IMMEDIATE,
     communication=Communication.NODE_LOCAL,
     node_size=local,
@@ -620,6 +658,7 @@ def _inhad(
     # Arrivals are summed at their node; the server's cost is the pull's update.
     server_traffic=ServerTraffic(_ACCUMULATE, _sgd_traffic(momentum)),
   )
+  return _Recipe(blueprint, lambda lr: (_decayed(_buffered_sgd(threshold, lr, momentum), decay), None))
 
 
 # ---------------------------------------------------------------------------
@@ -627,48 +666,40 @@ def _inhad(
 # ---------------------------------------------------------------------------
 
 
-def _elastic(name, num_workers, worker, center, traffic: float) -> Strategy:
-  return _async(
+def _elastic(name, num_workers, worker: Callable[[Any], Any], center, traffic: float) -> _Recipe:
+  """An elastic strategy: ``worker`` is its worker rule as a function of the learning rate."""
+  blueprint = _async(
     name,
     num_workers,
-    center,
-    worker,
     protocol=WorkerProtocol.ELASTIC,
     rate_clock=RateClock.WORKER_STEPS,
     gradients_per_update=None,
     # The centre's update on an exchange: the worker's model read, the centre read and written.
     server_traffic=ServerTraffic(0.0, traffic),
   )
+  return _Recipe(blueprint, lambda lr: (center, worker(lr)))
 
 
-@_register("easgd")
-def _easgd(num_workers, *, learning_rate=0.1, moving_rate=None, period=10, weight_decay=0.0) -> Strategy:
+@_register("easgd", learning_rate=0.1)
+def _easgd(num_workers, *, moving_rate=None, period=10, weight_decay=0.0) -> _Recipe:
   """Asynchronous EASGD: local SGD, an elastic exchange with a locked centre every ``period`` steps (Zhang et al., NeurIPS 2015)."""
   alpha = _moving_rate("easgd", moving_rate, num_workers)
-  worker = easgd_worker(
-    _check_lr("easgd", learning_rate), moving_rate=alpha, period=period, weight_decay=weight_decay
-  )
+  worker = functools.partial(easgd_worker, moving_rate=alpha, period=period, weight_decay=weight_decay)
   return _elastic("easgd", num_workers, worker, easgd_center(alpha), _SGD)
 
 
-@_register("eamsgd")
-def _eamsgd(
-  num_workers, *, learning_rate=0.01, momentum=0.99, moving_rate=None, period=10, weight_decay=0.0
-) -> Strategy:
+@_register("eamsgd", learning_rate=0.01)
+def _eamsgd(num_workers, *, momentum=0.99, moving_rate=None, period=10, weight_decay=0.0) -> _Recipe:
   """EAMSGD: EASGD with local Nesterov momentum (Zhang, Choromanska, LeCun, NeurIPS 2015)."""
   alpha = _moving_rate("eamsgd", moving_rate, num_workers)
-  worker = easgd_worker(
-    _check_lr("eamsgd", learning_rate),
-    moving_rate=alpha,
-    period=period,
-    momentum=momentum,
-    weight_decay=weight_decay,
+  worker = functools.partial(
+    easgd_worker, moving_rate=alpha, period=period, momentum=momentum, weight_decay=weight_decay
   )
   return _elastic("eamsgd", num_workers, worker, easgd_center(alpha), _SGD)
 
 
-@_register("ea_wild")
-def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None, group_size=1, weight_decay=0.0) -> Strategy:
+@_register("ea_wild", learning_rate=0.1)
+def _ea_wild(num_workers, *, moving_rate=None, group_size=1, weight_decay=0.0) -> _Recipe:
   """EA-wild: an elastic exchange every step against a lock-free, possibly stale read of the centre (HPCAsia 2020).
 
   With ``group_size`` G > 1 the workers form K/G groups: inside a group the
@@ -679,9 +710,7 @@ def _ea_wild(num_workers, *, learning_rate=0.1, moving_rate=None, group_size=1, 
   """
   groups = _check_divides("ea_wild", "group_size", group_size, num_workers)
   alpha = _moving_rate("ea_wild", moving_rate, num_workers // groups)
-  worker = easgd_worker(
-    _check_lr("ea_wild", learning_rate), moving_rate=alpha, period=1, weight_decay=weight_decay
-  )
+  worker = functools.partial(easgd_worker, moving_rate=alpha, period=1, weight_decay=weight_decay)
   # The lock-free increment also reads the centre the worker read.
-  strategy = _elastic("ea_wild", num_workers, worker, ea_wild_center(alpha), 4.0)
-  return dataclasses.replace(strategy, lock_free=True, group_size=groups)
+  recipe = _elastic("ea_wild", num_workers, worker, ea_wild_center(alpha), 4.0)
+  return recipe._replace(blueprint=dataclasses.replace(recipe.blueprint, lock_free=True, group_size=groups))

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src.core import validation
-from jaxsync._src.strategies.strategy import RateClock, Strategy
+from jaxsync._src.strategies.strategy import Blueprint, RateClock
 
 KINDS = ("constant", "step", "cosine")
 _WHAT = "learning_rate_schedule"
@@ -103,7 +103,7 @@ def learning_rate_schedule(
   return schedule
 
 
-def steps_per_epoch(strategy: Strategy, *, num_examples: int, batch_size: int) -> float:
+def steps_per_epoch(strategy: Blueprint, *, num_examples: int, batch_size: int) -> float:
   """How many steps of ``strategy``'s rate clock one pass over ``num_examples`` takes.
 
   An epoch is ``num_examples / batch_size`` worker gradients: on the server

@@ -90,12 +90,18 @@ def _enum(what: str, name: str, value: Any, kind: type[enum.StrEnum]) -> enum.St
 
 
 @dataclasses.dataclass(frozen=True)
-class Strategy:
-  """One synchronization strategy: its rules, its dispatch policy, its topology, its costs.
+class Blueprint:
+  """A strategy less its rules: its protocol, dispatch policy, topology, clocks and costs.
+
+  What the registry knows of a strategy before it builds a rule
+  (``jaxsync.strategies.blueprint``): enough to make a learning-rate schedule
+  on the strategy's clock (``rate_clock``, ``gradients_per_update``) and to
+  price its exchanges (``server_traffic``), so that the strategy is then made
+  once, with that schedule.
 
   Attributes:
     name: the registry name.
-    num_workers: ``K``, the workers the rules were built for.
+    num_workers: ``K``, the workers the rules are built for.
     engine: :class:`Engine`: rounds behind a barrier (``"sync"``) or one
       arrival at a time (``"async"``).
     protocol: :class:`WorkerProtocol`, what a worker sends: ``"gradient"``
@@ -103,13 +109,6 @@ class Strategy:
       worker keeps its own model and exchanges it with an elastic centre) or
       ``"local"`` (workers take ``local_steps`` local steps, then the server
       averages their models).
-    server_rule: applied per arrival (async) or to the round's aggregate
-      (sync). Extra args it may read: ``version``, ``num_live_workers``,
-      ``grads_finite``, ``center_read``.
-    worker_rule: applied by the worker to its gradient before sending (or to
-      its own model, for ``"elastic"`` and ``"local"``); ``None`` sends the
-      raw gradient. Extra args it may read: ``noise_ratio``, ``value_fn``,
-      ``center``, ``grads_finite``.
     dispatch: :class:`Dispatch`, who gets parameters after an async arrival.
     communication: :class:`Communication`, the cost model of an exchange.
     staleness_bound: SSP's ``s`` (``dispatch="ssp"`` only).
@@ -129,15 +128,13 @@ class Strategy:
       varies (adaptive-k). Converts a schedule given in epochs to its clock.
     server_traffic: :class:`ServerTraffic`, the server's memory traffic, which
       the time model charges at its memory bandwidth.
-    options: the resolved options the strategy was made with.
+    options: the resolved options the strategy is made with.
   """
 
   name: str
   num_workers: int
   engine: Engine
   protocol: WorkerProtocol
-  server_rule: optax.GradientTransformationExtraArgs
-  worker_rule: optax.GradientTransformationExtraArgs | None
   dispatch: Dispatch = Dispatch.IMMEDIATE
   communication: Communication = Communication.PARAMETER_SERVER
   staleness_bound: int | None = None
@@ -187,6 +184,26 @@ class Strategy:
     if self.engine == Engine.ASYNC:
       return self.workers_per_unit
     return self.num_workers * self.local_steps
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Strategy(Blueprint):
+  """One synchronization strategy: its :class:`Blueprint` (protocol, dispatch, topology, costs) and its rules.
+
+  Attributes:
+    server_rule: applied per arrival (async) or to the round's aggregate
+      (sync). Extra args it may read: ``version``, ``num_live_workers``,
+      ``grads_finite``, ``center_read``.
+    worker_rule: applied by the worker to its gradient before sending (or to
+      its own model, for ``"elastic"`` and ``"local"``); ``None`` sends the
+      raw gradient. Extra args it may read: ``noise_ratio``, ``value_fn``,
+      ``center``, ``grads_finite``.
+
+  and every attribute of :class:`Blueprint`.
+  """
+
+  server_rule: optax.GradientTransformationExtraArgs
+  worker_rule: optax.GradientTransformationExtraArgs | None
 
 
 def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:
