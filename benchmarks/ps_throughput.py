@@ -203,8 +203,8 @@ def server_round_trips(size: int, rounds: int) -> tuple[list[float], list[float]
   steps = []
   for _ in range(rounds):
     began = time.perf_counter()
-    state, _, _, reply = server._arrive(state, *server._placeholder_args(payload))
-    server._host_reply(state, reply)  # the reply's frames: the new parameters' own buffers
+    (state, _, _, reply), _ = server._steps.arrival_step(state, *server._steps.placeholder_args(payload))
+    server._steps.host_reply(state, reply)  # the reply's frames: the new parameters' own buffers
     steps.append(time.perf_counter() - began)
   return json.loads(out)[1:], steps  # the first round trip compiled the server's step
 

@@ -12,6 +12,8 @@ from jaxsync._src.app.config import ConfigError
 from jaxsync._src.distributed import cluster
 from jaxsync._src.strategies import registry as strategies
 
+import helpers
+
 
 @pytest.mark.parametrize(
   "kwargs, words",
@@ -94,4 +96,4 @@ def test_a_sharded_server_adds_its_shards_to_the_process_count():
 @pytest.mark.parametrize("value, shown", [("0", "0"), ("1.5", "1.5"), ("two", "'two'")])
 def test_cluster_servers_takes_a_whole_number_of_processes(value, shown):
   with pytest.raises(ConfigError, match=f"cluster.servers={shown} is invalid"):
-    config_lib.load("configs/quickstart.yaml", [f"cluster.servers={value}"])
+    config_lib.load(helpers.QUICKSTART, [f"cluster.servers={value}"])

@@ -13,18 +13,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxsync._src.app import config as config_lib
-from jaxsync._src.app import experiment
 from jaxsync._src.distributed import sync_runtime
 from jaxsync._src.distributed.server import param_server
 
+import helpers
+
 
 def _experiment(*overrides):
-  cfg = config_lib.load(
-    "configs/quickstart.yaml",
-    ["cluster.num_workers=1", "model.name=mlp", "run.gradients=20", "run.eval_every=1", *overrides],
+  return helpers.quickstart_experiment(
+    "cluster.num_workers=1", "model.name=mlp", "run.gradients=20", "run.eval_every=1", *overrides
   )
-  return experiment.build(cfg)
 
 
 _MLIR = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "i1", "uint8": "ui8"}
@@ -47,14 +45,16 @@ def test_the_parameter_servers_step_takes_the_held_out_set_as_an_argument():
   exp = _experiment("strategy.name=asp", "strategy.options={learning_rate: 0.05}")
   server = param_server.ParameterServer(exp.strategy, **exp.evaluation())
   try:
-    state = server._to_device(server.init(exp.model.params))
+    state = server.init(exp.model.params)
+    steps = server._steps
+    state = steps.to_device(state)
     held_out = server.schedule.eval_arrays()
     assert held_out  # the experiment's eval_fn is a Partial over the test split
     _assert_arguments_not_constants(
-      server._arrive.lower(state, *server._placeholder_args()).as_text(), held_out
+      steps.arrival_step.lower(state, *steps.placeholder_args()).as_text(), held_out
     )
     # ... and evaluates on them: an arrival with eval_every=1 reports the held-out metrics of its parameters.
-    state, row, _, _ = server._arrive(state, *server._placeholder_args())
+    (state, row, _, _), _ = steps.arrival_step(state, *steps.placeholder_args())
     assert bool(row.evaluated)
     expected = server.evaluate(state.params)
     for name, value in expected.items():

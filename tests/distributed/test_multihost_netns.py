@@ -126,7 +126,7 @@ def _run(h: Hosts, overrides: list[str], out, logs) -> list[str]:
   env.update(PYTHONUNBUFFERED="1", JAXSYNC_HEARTBEAT_TIMEOUT="3", JAX_PLATFORMS="cpu")
   try:
     codes, texts = _netns.train(
-      h, "configs/quickstart.yaml", [*BASE, *overrides], out, logs, env=env, timeout=TIMEOUT
+      h, str(helpers.QUICKSTART), [*BASE, *overrides], out, logs, env=env, timeout=TIMEOUT
     )
   except TimeoutError as err:
     pytest.fail(str(err))
@@ -169,7 +169,7 @@ def test_bsp_across_two_hosts_equals_the_simulator(hosts, tmp_path):
   assert (summary["events"], summary["updates"], summary["gradients"]) == (60, 60, 120)
   assert json.loads((tmp_path / "bsp" / "launch.json").read_text()) == {"num_processes": 2, "how": "explicit"}
   # The simulated bsp run: the same parameters up to float rounding (one all-reduce against one batch).
-  cfg = config_lib.load("configs/quickstart.yaml", [*BASE, *overrides])
+  cfg = config_lib.load(helpers.QUICKSTART, [*BASE, *overrides])
   exp = experiment.build(cfg)
   sim = exp.simulator()
   sim_state, _ = sim.advance(sim.init(exp.model.params, cfg.seed), 60)

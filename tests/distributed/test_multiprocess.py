@@ -46,7 +46,7 @@ def _start(*args, out):
 
 def _launch(n, out, overrides, *, timeout=240):
   sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  p = _start("launch", "-n", str(n), "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  p = _start("launch", "-n", str(n), str(helpers.QUICKSTART), *sets, "--out", str(out), out=out)
   log, _ = p.communicate(timeout=timeout)
   return p.returncode, log
 
@@ -129,7 +129,7 @@ def _final_params(run_dir, state_like):
 
 
 def _simulated(overrides, num_events):
-  cfg = config_lib.load("configs/quickstart.yaml", [*BASE, *overrides])
+  cfg = config_lib.load(helpers.QUICKSTART, [*BASE, *overrides])
   exp = experiment.build(cfg)
   sim = exp.simulator()
   state, records = sim.advance(sim.init(exp.model.params, cfg.seed), num_events)
@@ -164,7 +164,7 @@ def test_bsp_on_two_processes_equals_simulated_bsp_and_stays_identical_across_pr
 def _launch_and_kill(n: int, overrides, out, *, after: str, victim: int):
   """``jaxsync launch -n N``; SIGKILLs process ``victim`` 0.5 s after the log says ``after``; (launcher, log, kill time)."""
   sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  launcher = _start("launch", "-n", str(n), "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  launcher = _start("launch", "-n", str(n), str(helpers.QUICKSTART), *sets, "--out", str(out), out=out)
   try:
     head = _read_until(launcher, after, 120)
     time.sleep(0.5)  # let it push for a while
@@ -230,7 +230,7 @@ def test_sync_run_that_loses_a_process_stops_in_bounded_time_naming_it(tmp_path)
   out = tmp_path / "bsp"
   overrides = ["strategy.name=bsp", "cluster.num_workers=2", "run.gradients=200000", "run.chunk=50"]
   sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  launcher = _start("launch", "-n", "2", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  launcher = _start("launch", "-n", "2", str(helpers.QUICKSTART), *sets, "--out", str(out), out=out)
   try:
     _wait_for_rows(out, "train", 2, 180)  # the processes' collectives are connected and rounds run
     _process(launcher, 1).send_signal(signal.SIGKILL)
@@ -258,7 +258,7 @@ def test_killed_server_resumes_from_its_checkpoint_and_one_worker_still_equals_t
     "run.checkpoint_every=100",
   ]
   sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  launcher = _start("launch", "-n", "2", "configs/quickstart.yaml", *sets, "--out", str(out), out=out)
+  launcher = _start("launch", "-n", "2", str(helpers.QUICKSTART), *sets, "--out", str(out), out=out)
   try:
     deadline = time.monotonic() + 150
     while not (out / "checkpoints" / "200").exists() and time.monotonic() < deadline:
@@ -324,7 +324,7 @@ def test_elastic_fastest_k_and_ea_wild_group_runs_reach_the_simulated_accuracy_b
   code, log = _launch(processes, tmp_path / strategy, overrides)
   assert code == 0, log[-3000:]
   summary = _summary(tmp_path / strategy)
-  num_events = experiment.build(config_lib.load("configs/quickstart.yaml", [*BASE, *overrides])).num_events
+  num_events = experiment.build(config_lib.load(helpers.QUICKSTART, [*BASE, *overrides])).num_events
   exp, sim_state, _ = _simulated(overrides, num_events)
   simulated = exp.simulator().evaluate(sim_state.params)["accuracy"]
   assert summary["events"] == num_events

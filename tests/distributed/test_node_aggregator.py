@@ -7,6 +7,7 @@ of ``jaxsync launch`` (tests/distributed/test_multiprocess.py runs those).
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 
@@ -15,18 +16,17 @@ import numpy as np
 import pytest
 import zmq
 
-from jaxsync._src.app import config as config_lib
-from jaxsync._src.app import experiment
 from jaxsync._src.distributed import node_aggregator, ps_worker, wire
 from jaxsync._src.distributed.server import param_server
+from jaxsync._src.distributed.server.counters import HostCounters
+
+import helpers
 
 
 def _experiment(*overrides):
-  cfg = config_lib.load(
-    "configs/quickstart.yaml",
-    ["model.name=mlp", "strategy.name=inhad", "run.gradients=40", "run.eval_every=20", *overrides],
+  return helpers.quickstart_experiment(
+    "model.name=mlp", "strategy.name=inhad", "run.gradients=40", "run.eval_every=20", *overrides
   )
-  return experiment.build(cfg)
 
 
 def _start_nodes(exp, server):
@@ -55,11 +55,21 @@ def _start_workers(exp, server, nodes):
   return threads, done
 
 
+def _assert_the_host_counters_are_the_device_states(server):
+  """What the server checks reports against, kept on the host, equals its device state's counters."""
+  device = HostCounters.of(server._state)
+  for field in dataclasses.fields(HostCounters):
+    np.testing.assert_array_equal(
+      getattr(server._steps.counters, field.name), getattr(device, field.name), err_msg=field.name
+    )
+
+
 def _serve(exp, server, num_events):
   state = server.init(exp.model.params)
   nodes = _start_nodes(exp, server)
   threads, done = _start_workers(exp, server, nodes)
   state, records = server.advance(state, num_events)
+  _assert_the_host_counters_are_the_device_states(server)
   server.stop(timeout=30)
   for thread in threads:
     thread.join(timeout=30)
@@ -171,6 +181,7 @@ def test_a_node_sums_only_what_the_server_counts_and_a_worker_cannot_bypass_its_
   state = serve_until_answered(state, [rogue])
   assert rogue.poll(3000) and wire.decode_header(rogue.recv_multipart()[0], token=token).reason == "worker"
   assert server.rejected_messages["worker"] == 1
+  _assert_the_host_counters_are_the_device_states(server)
   server.stop(timeout=1)
   node.stop(grace=1.0)
   assert [reply(w)[0].kind for w in range(2)] == [wire.Kind.STOP, wire.Kind.STOP]  # the node told both

@@ -7,6 +7,7 @@ server but the socket.
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 import textwrap
@@ -16,30 +17,28 @@ import jax
 import numpy as np
 import pytest
 
-from jaxsync._src.app import config as config_lib
-from jaxsync._src.app import experiment
 from jaxsync._src.distributed import ps_worker, wire
 from jaxsync._src.distributed.server import param_server
+from jaxsync._src.distributed.server.counters import HostCounters
+from jaxsync._src.distributed.server.server_step import ServerState
+
+import helpers
 
 
 def _experiment(*overrides):
-  cfg = config_lib.load(
-    "configs/quickstart.yaml",
-    [
-      "cluster.num_workers=1",
-      "model.name=mlp",
-      "strategy.name=asp",
-      "strategy.options={learning_rate: 0.05}",
-      "run.gradients=40",
-      "run.eval_every=20",
-      *overrides,
-    ],
+  return helpers.quickstart_experiment(
+    "cluster.num_workers=1",
+    "model.name=mlp",
+    "strategy.name=asp",
+    "strategy.options={learning_rate: 0.05}",
+    "run.gradients=40",
+    "run.eval_every=20",
+    *overrides,
   )
-  return experiment.build(cfg)
 
 
-def _start_worker(exp, server, *, reply_timeout: float = 60):
-  """Worker 0's real loop in a thread, talking to ``server`` over its socket; returns (thread, results)."""
+def _start_worker(exp, server, *, reply_timeout: float = 60, worker: int = 0):
+  """A worker's real loop in a thread, talking to ``server`` over its socket; returns (thread, results)."""
   sim, done = exp.simulator(), {}
 
   def work():
@@ -49,7 +48,7 @@ def _start_worker(exp, server, *, reply_timeout: float = 60):
         sim.loss_fn,
         sim.data,
         exp.model.params,
-        worker=0,
+        worker=worker,
         address=server.address,
         token=server.token,
         reply_timeout=reply_timeout,
@@ -61,8 +60,35 @@ def _start_worker(exp, server, *, reply_timeout: float = 60):
   return thread, done
 
 
+def _assert_the_counters_are_the_states(counters, state):
+  """The counters the server checks messages against and writes into replies, kept on the host, equal
+  those of its state on the device (read off it here, as the server itself never does while it serves)."""
+  device = HostCounters.of(state)
+  for field in dataclasses.fields(HostCounters):
+    np.testing.assert_array_equal(
+      getattr(counters, field.name), getattr(device, field.name), err_msg=field.name
+    )
+
+
+def _check_the_counters_after_every_change(server):
+  """Compares the host's counters with the device state after each state change the server makes."""
+  steps = server._steps
+
+  def checking(change):
+    def checked(state, *args, **kwargs):
+      out = change(state, *args, **kwargs)
+      _assert_the_counters_are_the_states(steps.counters, out if isinstance(out, ServerState) else out[0])
+      return out
+
+    return checked
+
+  for name in ("arrive", "local_step", "join", "drop", "release", "close_round", "late"):
+    setattr(steps, name, checking(getattr(steps, name)))
+
+
 def _serve_with_worker(exp, server, num_events):
   state = server.init(exp.model.params)
+  _check_the_counters_after_every_change(server)
   thread, done = _start_worker(exp, server)
   state, records = server.advance(state, num_events)
   server.stop(timeout=30)
@@ -108,6 +134,32 @@ def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options)
   assert records.staleness.max() == 0
   np.testing.assert_array_equal(records.evaluated, np.asarray(sim_records.evaluated))
   assert int(state.steps[0]) == 40
+
+
+@pytest.mark.parametrize(
+  "name, options",
+  [
+    ("k_async", "{k: 2}"),  # a waiting set and its releases
+    ("ssp", "{staleness_bound: 0}"),  # workers held back by the slowest clock
+    ("adaptive_k", "{}"),  # the noise ratio in the replies
+    ("easgd", "{period: 2}"),  # elastic local steps and exchanges
+    ("fastest_k", "{k: 2}"),  # rounds, and the late gradients of a closed one
+  ],
+)
+def test_the_host_counters_are_the_device_states_after_every_state_change(name, options):
+  """A push is checked against counters the host keeps, never read off the device: they must stay exact."""
+  exp = _experiment(f"strategy.name={name}", f"strategy.options={options}", "cluster.num_workers=3")
+  server = param_server.ParameterServer(exp.strategy, idle_timeout=60)
+  state = server.init(exp.model.params)
+  _check_the_counters_after_every_change(server)
+  workers = [_start_worker(exp, server, worker=w) for w in range(3)]
+  try:
+    state, _ = server.advance(state, 12)
+  finally:
+    server.stop(timeout=30)
+  for thread, _ in workers:
+    thread.join(timeout=30)
+  assert int(state.event) >= 12
 
 
 _ATTACKER = textwrap.dedent(
@@ -156,6 +208,7 @@ def test_bad_messages_from_another_process_are_rejected_counted_and_never_applie
   exp = _experiment()
   server = param_server.ParameterServer(exp.strategy, idle_timeout=30)
   state = server.init(exp.model.params)
+  _check_the_counters_after_every_change(server)
   before = jax.tree.map(np.asarray, state.params)
   peer = subprocess.Popen(
     [
@@ -287,11 +340,13 @@ def test_the_reply_is_the_parameters_own_buffers_and_the_next_step_does_not_over
   exp = _experiment("model.name=mlp", f"strategy.name={name}", "strategy.options={}")
   server = param_server.ParameterServer(exp.strategy)
   try:
-    state = server._to_device(server.init(exp.model.params))
+    state = server.init(exp.model.params)
+    steps = server._steps
+    state = steps.to_device(state)
     gradient = wire.aligned_zeros(server.count, np.float32)
     gradient[:] = 0.5
-    state, _, _, reply = server._arrive(state, *server._placeholder_args(gradient))
-    sent = server._host_reply(state, reply)
+    (state, _, _, reply), _ = steps.arrival_step(state, *steps.placeholder_args(gradient))
+    sent = steps.host_reply(state, reply)
     if look_ahead:
       from jax.flatten_util import ravel_pytree
 
@@ -305,7 +360,7 @@ def test_the_reply_is_the_parameters_own_buffers_and_the_next_step_does_not_over
     assert len(sent) == len(leaves) > 1
     assert all(np.shares_memory(frame, np.asarray(leaf)) for frame, leaf in zip(sent, leaves))
     kept = [frame.copy() for frame in sent]
-    state, _, _, _ = server._arrive(state, *server._placeholder_args(gradient))
+    (state, _, _, _), _ = steps.arrival_step(state, *steps.placeholder_args(gradient))
     moved = jax.tree.leaves(state.params)
     for frame, copy, leaf in zip(sent, kept, moved):
       np.testing.assert_array_equal(frame, copy)  # the reply in flight is intact ...
@@ -334,6 +389,7 @@ def test_a_lost_worker_is_dropped_and_a_stuck_run_ends_with_a_clear_error():
   live = {0}
   server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=1.0)
   state = server.init(exp.model.params)
+  _check_the_counters_after_every_change(server)
   live.clear()  # worker 0 stops beating before it ever pushes
   with pytest.raises(param_server.WorkerLostError, match="every worker process is lost"):
     server.advance(state, 1)
@@ -354,6 +410,7 @@ def test_a_worker_back_after_it_was_declared_lost_has_its_stale_gradient_dropped
   live = {0, 1}
   server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=30)
   state = server.init(exp.model.params)
+  _check_the_counters_after_every_change(server)
   client = zmq.Context.instance().socket(zmq.DEALER)
   client.setsockopt(zmq.LINGER, 0)
   client.connect(server.address)
@@ -403,6 +460,7 @@ def test_a_fastest_k_round_drops_a_late_gradient_and_closes_without_a_lost_worke
   live = {0, 1, 2}
   server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=30)
   state = server.init(exp.model.params)
+  _check_the_counters_after_every_change(server)
   sockets = []
   for worker in range(3):
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -454,6 +512,7 @@ def test_workers_waiting_on_a_release_only_a_lost_worker_could_complete_get_para
   live = {0, 1}
   server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=20)
   state = server.init(exp.model.params)
+  _check_the_counters_after_every_change(server)
   thread, done = _start_worker(exp, server, reply_timeout=30)
   state, records = server.advance(state, 1)  # worker 0's first gradient: buffered, it waits
   assert not records.released[0] and bool(state.waiting[0])
@@ -474,7 +533,7 @@ _TWO_DEVICE_WORKER = textwrap.dedent(
   from jaxsync._src.app import experiment
   from jaxsync._src.distributed import local_devices, ps_worker
   overrides, address, token = json.loads(sys.argv[1]), sys.argv[2], bytes.fromhex(sys.argv[3])
-  exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
+  exp = experiment.build(config_lib.load(sys.argv[4], overrides))  # the config's path
   sim = exp.simulator()
   done = ps_worker.run_worker(exp.strategy, sim.loss_fn, sim.data, exp.model.params, worker=0,
                               address=address, token=token, reply_timeout=120)
@@ -497,7 +556,7 @@ def test_a_worker_with_two_devices_computes_its_batch_across_both_and_equals_the
     "run.gradients=40",
     "run.eval_every=20",
   ]
-  exp = experiment.build(config_lib.load("configs/quickstart.yaml", overrides))
+  exp = helpers.quickstart_experiment(*overrides)
   sim = exp.simulator()
   sim_state, sim_records = sim.advance(sim.init(exp.model.params, 0), 40)
   server = param_server.ParameterServer(exp.strategy, idle_timeout=120)
@@ -505,7 +564,15 @@ def test_a_worker_with_two_devices_computes_its_batch_across_both_and_equals_the
   import json
 
   worker = subprocess.Popen(
-    [sys.executable, "-c", _TWO_DEVICE_WORKER, json.dumps(overrides), server.address, server.token.hex()],
+    [
+      sys.executable,
+      "-c",
+      _TWO_DEVICE_WORKER,
+      json.dumps(overrides),
+      server.address,
+      server.token.hex(),
+      str(helpers.QUICKSTART),
+    ],
     stdout=subprocess.PIPE,
     text=True,
   )

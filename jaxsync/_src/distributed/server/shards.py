@@ -17,10 +17,11 @@ one all-reduce of a scalar. Everything else (counters, the waiting set,
 versions, each decision) is replicated, so every shard decides what a single
 server would: the same release, the same ``k``, the same workers sent a reply.
 
-Shard 0 leads: it takes the workers' headers, checks them, orders the run's
-events and sends each shard the event to apply next (:class:`Command`, on a
-ZeroMQ PUSH socket per shard); every shard applies the same events in the same
-order to its slice, and replies to the workers with its slice.
+Shard 0 leads (:class:`Leader`): it takes the workers' headers, checks them,
+orders the run's events and sends each shard the event to apply next
+(:class:`Command`, on a ZeroMQ PUSH socket per shard) before it applies it;
+every other shard follows (:class:`Follower`): it applies the same events in
+the same order to its slice, and replies to the workers with its slice.
 
 The server's state on the host (what ``advance`` returns and a checkpoint
 holds) is the single server's except for the rule's state, which is that of
@@ -32,15 +33,24 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import logging
 import struct
+import time
 from typing import Any, NamedTuple
 
 import jax
 import numpy as np
+import zmq
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from jaxsync._src.core import validation
+from jaxsync._src.distributed import wire
+from jaxsync._src.distributed.cluster import heartbeat_timeout
+from jaxsync._src.distributed.server import checks
+from jaxsync._src.distributed.server.transport import Transport
+
+log = logging.getLogger("jaxsync.server")
 
 AXIS = "shard"
 _WHAT = "sharded parameter server"
@@ -252,3 +262,129 @@ def key_address(shard: int) -> str:
 def key_commands(shard: int) -> str:
   """The key of shard ``shard``'s (``>= 1``) command address, which the leader connects to."""
   return f"jaxsync/server/commands/{shard}"
+
+
+# -- the leader and its followers --------------------------------------------------------------
+
+
+class Leader:
+  """The leading shard's side of the command stream: a PUSH socket to each other shard.
+
+  Connects once every other shard has published its command address (:func:`key_commands`).
+  """
+
+  def __init__(self, client: Any, num_shards: int):
+    self._sockets = []
+    for shard in range(1, num_shards):
+      push = zmq.Context.instance().socket(zmq.PUSH)
+      push.setsockopt(zmq.LINGER, 1000)
+      push.connect(client.blocking_key_value_get(key_commands(shard), 300_000))
+      self._sockets.append(push)
+
+  def order(self, command: Command) -> None:
+    """Sends ``command`` to every other shard (before the leader applies it: they apply it in this order)."""
+    for socket in self._sockets:
+      socket.send_multipart(command.encode())
+
+  def close(self) -> None:
+    for socket in self._sockets:
+      socket.close(linger=1000)
+
+
+class Follower:
+  """A shard that follows the leader: its commands in order, each worker's slice kept until its command comes.
+
+  A worker pushes each shard its slice on a connection of its own, so a
+  follower may see a push's command before its slice, a slice before its
+  command, and a JOIN's reply before the worker's HELLO (kept until it comes).
+
+  Args:
+    shard: this process's shard (``>= 1``).
+    transport: this shard's data plane (the workers' slices and HELLOs come on it).
+    chunk: a slice's elements, padded (:attr:`ShardLayout.chunk`).
+    num_workers, dtype: the workers, and the parameters' dtype.
+    decode: ``frames -> (header, slice)``, checked (:func:`checks.decode`).
+  """
+
+  def __init__(self, shard: int, transport: Transport, chunk: int, num_workers: int, dtype, decode):
+    self.shard, self._transport, self._decode = shard, transport, decode
+    self._slots = {w: wire.aligned_zeros(chunk, dtype) for w in range(num_workers)}
+    self._slot_headers: dict[int, tuple[int, int]] = {}
+    self._unsent: dict[int, list] = {}  # replies to workers whose HELLO has not come yet
+    self._commands = zmq.Context.instance().socket(zmq.PULL)
+    self._commands.setsockopt(zmq.LINGER, 0)
+    self._poller = zmq.Poller()
+    self._poller.register(transport.socket, zmq.POLLIN)
+    self._poller.register(self._commands, zmq.POLLIN)
+
+  def open(self, client: Any) -> None:
+    """Binds the command socket and publishes its address for the leader (:func:`key_commands`)."""
+    client.key_value_set(key_commands(self.shard), self._transport.bind(self._commands), allow_overwrite=True)
+
+  def close(self) -> None:
+    self._commands.close(linger=1000)
+
+  def next_command(self, idle_timeout: float) -> tuple[Command | None, np.ndarray | None]:
+    """The leader's next command and, for an ARRIVE, this shard's slice of its message (padded).
+
+    Keeps the workers' slices and HELLOs that come meanwhile. ``(None, None)``
+    when no command came for ``idle_timeout`` seconds (the leader is lost).
+    """
+    quiet_since = time.perf_counter()
+    while True:
+      ready = dict(self._poller.poll(100))
+      if self._transport.socket in ready:
+        self._keep(self._transport.receive())
+      if self._commands in ready:
+        break
+      if time.perf_counter() - quiet_since > idle_timeout:
+        return None, None
+    command = Command.decode(self._commands.recv_multipart())
+    return command, self._slice_for(command) if command.op == Op.ARRIVE else None
+
+  def keep_unsent(self, worker: int, header: wire.Header, payload) -> None:
+    """A reply to a worker whose HELLO to this shard is on its way: sent when the HELLO comes."""
+    self._unsent[worker] = [header, None if payload is None else np.array(payload)]
+
+  def _keep(self, frames) -> None:
+    """A worker's message: HELLO registers it; a push's slice waits for its command."""
+    identity = frames[0].bytes
+    worker = self._transport.worker_of(identity)
+    try:
+      header, payload = self._decode(frames)
+      if header.kind == wire.Kind.HELLO:
+        self._transport.register(identity, header.worker)
+        waiting = self._unsent.pop(header.worker, None)
+        if waiting is not None:
+          self._transport.send(header.worker, *waiting)
+        return
+      checks.check_sender(header, worker)
+      checks.check_kind(header, wire.Kind.PUSH, f"shard {self.shard}")
+    except wire.MessageError as err:
+      self._transport.reject(identity, err.reason, str(err), worker)
+      return
+    self._slots[worker][: payload.size] = payload
+    self._slot_headers[worker] = (header.version, header.step)
+
+  def _slice_for(self, command: Command) -> np.ndarray:
+    """This shard's slice of the message the leader ordered applied: it came, or comes within the timeout.
+
+    A slice that never comes (its worker died between its pushes to the
+    shards) or was rejected here becomes NaN: the step's NaN/Inf check, global
+    over the shards, rejects the whole message on every shard alike.
+    """
+    worker, wanted = command.worker, (command.version, command.step)
+    deadline = time.perf_counter() + heartbeat_timeout()
+    while self._slot_headers.get(worker) != wanted and time.perf_counter() < deadline:
+      if self._transport.poll(100):
+        self._keep(self._transport.receive())
+    slot = self._slots[worker]
+    if self._slot_headers.pop(worker, None) != wanted:
+      log.warning(
+        "shard %d: worker %d's slice of version %d never came: the message is rejected",
+        self.shard,
+        worker,
+        command.version,
+      )
+      slot = np.full_like(slot, np.nan)
+    return slot
