@@ -1,0 +1,245 @@
+"""The docs' cross-references resolve: every cited section of docs/design.md exists, and every relative
+link in the README and docs/ points to a file (and heading) that exists.
+
+Code and docs cite the design notes by section name, in forms such as
+``design.md, "Errors"``, ``docs/design.md's "Layers"``, ``design.md ("Layers")``,
+or wrapped over lines of a docstring, a comment or a paragraph. A citation must
+name a heading of docs/design.md exactly (the heading's backticks may be left
+out), and one heading only. A renamed section fails here until its citations
+follow it.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import re
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+DESIGN = ROOT / "docs" / "design.md"
+
+# Where citations may be: the package, tests, benchmarks, examples, configs and every doc.
+SCANNED_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".sh"}
+SKIPPED_ANYWHERE = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
+SKIPPED_AT_ROOT = {"build", "dist", "runs"}  # build output and run directories (.gitignore's /build/, /dist/)
+
+# "design.md" (maybe in backticks) then "'s", "," or "(", then a quoted name. The gap may wrap onto a
+# comment's next line. A bare "design.md", naming no section, is not a citation.
+CITATION = re.compile(r"design\.md`?(?:'s|,|\s*\()[\s#]*[\"“]([^\"”]+)[\"”]")
+
+# Markdown files whose relative links must resolve.
+LINKED_DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("configs/**/*.md")])
+INLINE_LINK = re.compile(r"!?\[(?:[^\]\\\n]|\\.)*\]\(\s*(?:<([^>\n]*)>|([^)\s]+))(?:\s+\"[^\"\n]*\")?\s*\)")
+REFERENCE_LINK = re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t]*(?:<([^>\n]*)>|(\S+))", re.M)
+EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:, ...
+
+
+def scanned_files() -> list[pathlib.Path]:
+  """Every text file of the repository that may cite the notes (this test's own examples left out)."""
+  files = []
+  for folder, dirs, names in os.walk(ROOT):
+    here = pathlib.Path(folder)
+    dirs[:] = [
+      d
+      for d in dirs
+      if d not in SKIPPED_ANYWHERE
+      and not d.endswith(".egg-info")
+      and not (here == ROOT and d in SKIPPED_AT_ROOT)
+    ]
+    files += [here / n for n in names if pathlib.Path(n).suffix in SCANNED_SUFFIXES]
+  own = pathlib.Path(__file__).resolve()
+  return sorted(p for p in files if p.resolve() != own)
+
+
+def _prose(text: str) -> str:
+  """``text`` with its fenced code blocks blanked (line numbers kept)."""
+  lines, fenced = [], False
+  for line in text.splitlines():
+    if line.lstrip().startswith(("```", "~~~")):
+      fenced = not fenced
+      lines.append("")
+    else:
+      lines.append("" if fenced else line)
+  return "\n".join(lines)
+
+
+def _line(text: str, offset: int) -> int:
+  return text.count("\n", 0, offset) + 1
+
+
+def headings(markdown: str) -> list[str]:
+  """The text of every ATX heading (``## Name``) outside fenced code blocks."""
+  return [m.group(1).strip() for m in re.finditer(r"^#{1,6}[ \t]+(.+?)[ \t#]*$", _prose(markdown), re.M)]
+
+
+def citations(text: str) -> list[tuple[int, str]]:
+  """(line, section name) of every design.md section ``text`` cites; a name's line wraps read as spaces."""
+  found = []
+  for m in CITATION.finditer(text):
+    name = re.sub(r"\s*\n\s*#?\s*", " ", m.group(1))
+    found.append((_line(text, m.start()), " ".join(name.split())))
+  return found
+
+
+def repository_citations() -> list[tuple[str, int, str]]:
+  """(file, line, section name) of every citation of design.md in the repository."""
+  return [
+    (str(path.relative_to(ROOT)), line, name)
+    for path in scanned_files()
+    for line, name in citations(path.read_text(errors="replace"))
+  ]
+
+
+def _names(heading: str) -> set[str]:
+  return {heading, heading.replace("`", "")}
+
+
+def unresolved(cited: list[tuple[str, int, str]], design: str) -> list[str]:
+  """The citations that name no heading of ``design``, or several."""
+  all_headings = headings(design)
+  problems = []
+  for path, line, name in cited:
+    count = sum(name in _names(heading) for heading in all_headings)
+    if count != 1:
+      what = "no section" if count == 0 else f"{count} sections"
+      problems.append(f'{path}:{line}: design.md has {what} named "{name}"')
+  return problems
+
+
+def github_anchor(heading: str) -> str:
+  """The anchor GitHub gives a heading: lower case, punctuation dropped, spaces to hyphens."""
+  return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def anchors(markdown: str) -> set[str]:
+  """Every heading anchor of a Markdown file, a repeated one numbered as GitHub numbers it."""
+  seen: dict[str, int] = {}
+  for heading in headings(markdown):
+    anchor = github_anchor(heading)
+    seen[anchor] = seen.get(anchor, -1) + 1
+    if seen[anchor]:
+      seen[f"{anchor}-{seen[anchor]}"] = 0
+  return set(seen)
+
+
+def relative_links(markdown: str) -> list[tuple[int, str]]:
+  """(line, target) of every link that is not an external URL, outside code blocks and code spans."""
+  text = _prose(markdown)
+  text = re.sub(r"`[^`\n]*`", lambda m: " " * len(m.group(0)), text)
+  found = [(m.start(), m.group(1) or m.group(2)) for m in INLINE_LINK.finditer(text)]
+  found += [(m.start(), m.group(1) or m.group(2)) for m in REFERENCE_LINK.finditer(text)]
+  return [(_line(text, start), target) for start, target in sorted(found) if not EXTERNAL.match(target)]
+
+
+def broken_links(doc: pathlib.Path) -> list[str]:
+  broken = []
+  for line, target in relative_links(doc.read_text()):
+    path, _, anchor = target.partition("#")
+    file = (doc.parent / path).resolve() if path else doc
+    where = f"{doc.relative_to(ROOT)}:{line}: {target}"
+    if not file.is_relative_to(ROOT):
+      broken.append(f"{where} (outside the repository)")
+    elif not file.exists():
+      broken.append(f"{where} (no such file)")
+    elif anchor and file.suffix == ".md" and anchor not in anchors(file.read_text()):
+      broken.append(f"{where} (no heading with that anchor in {file.relative_to(ROOT)})")
+  return broken
+
+
+# -- citations of the design notes ---------------------------------------------------------------------
+
+
+def test_the_citation_pattern_reads_every_form():
+  text = (
+    'Two kinds (design.md, "Learning-rate placement"):\n'
+    'see docs/design.md\'s "Errors" and `docs/design.md`, "Where a push+pull\'s time went".\n'
+    '"""Gating (design.md,\n'
+    '    "Release signal")."""\n'
+    '# docs/design.md, "A long\n'
+    '# name" and design.md ("Layers")\n'
+    'design.md alone, and ROOT / "docs" / "design.md", "r" cite nothing.\n'
+  )
+  assert citations(text) == [
+    (1, "Learning-rate placement"),
+    (2, "Errors"),
+    (2, "Where a push+pull's time went"),
+    (3, "Release signal"),
+    (5, "A long name"),
+    (6, "Layers"),
+  ]
+
+
+def test_the_repository_cites_the_design_notes():
+  # The pattern must find what is known to be there, or the checks below would pass vacuously.
+  cited = {(path, name) for path, _, name in repository_citations()}
+  for known in [
+    ("jaxsync/__init__.py", "Learning-rate placement"),
+    ("jaxsync/_src/rules/release.py", "Release signal"),
+    ("jaxsync/_src/rules/guard.py", "Errors"),
+    ("tests/test_architecture.py", "Layers"),
+  ]:
+    assert known in cited, sorted(cited)
+
+
+def test_every_cited_section_of_the_design_notes_exists_once():
+  problems = unresolved(repository_citations(), DESIGN.read_text())
+  assert not problems, "\n".join(problems)
+
+
+def test_a_renamed_section_is_caught():
+  design = DESIGN.read_text()
+  renamed, n = re.subn(r"^(#+) Errors[ \t]*$", r"\1 Error handling", design, flags=re.M)
+  assert n == 1
+  cited = [("jaxsync/_src/rules/guard.py", 3, "Errors"), ("tests/test_architecture.py", 3, "Layers")]
+  assert unresolved(cited, design) == []
+  assert unresolved(cited, renamed) == ['jaxsync/_src/rules/guard.py:3: design.md has no section named "Errors"']
+  twice = design + "\n## Layers\n"
+  assert unresolved(cited, twice) == ['tests/test_architecture.py:3: design.md has 2 sections named "Layers"']
+
+
+# -- relative links ------------------------------------------------------------------------------------
+
+
+def test_the_link_pattern_reads_every_form():
+  text = (
+    'See [the notes](docs/algorithms.md) and ![a plot](<results/a b.png> "title"),\n'
+    "[web](https://example.com), [here](#a-heading), `[not](a-link.md)`\n"
+    "```\n"
+    "[not](in/code.md)\n"
+    "```\n"
+    "[ref]: configs/quickstart.yaml\n"
+  )
+  assert relative_links(text) == [
+    (1, "docs/algorithms.md"),
+    (1, "results/a b.png"),
+    (2, "#a-heading"),
+    (6, "configs/quickstart.yaml"),
+  ]
+
+
+def test_github_anchors():
+  assert github_anchor("Where a push+pull's time went") == "where-a-pushpulls-time-went"
+  assert github_anchor("Why the folder is `distributed` and the module `jaxsync.dist`") == (
+    "why-the-folder-is-distributed-and-the-module-jaxsyncdist"
+  )
+  assert anchors("# A\n## A\n```\n# not a heading\n```\n## b c\n") == {"a", "a-1", "b-c"}
+
+
+def test_a_broken_link_is_caught(tmp_path, monkeypatch):
+  monkeypatch.setitem(globals(), "ROOT", tmp_path)
+  (tmp_path / "there.md").write_text("# Here\n")
+  doc = tmp_path / "README.md"
+  doc.write_text("[ok](there.md#here) [gone](gone.md) [no heading](there.md#nowhere) [up](../x.md)\n")
+  assert broken_links(doc) == [
+    "README.md:1: gone.md (no such file)",
+    "README.md:1: there.md#nowhere (no heading with that anchor in there.md)",
+    "README.md:1: ../x.md (outside the repository)",
+  ]
+
+
+@pytest.mark.parametrize("doc", LINKED_DOCS, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_relative_link_points_to_a_file_that_exists(doc):
+  broken = broken_links(doc)
+  assert not broken, "\n".join(broken)
