@@ -20,7 +20,9 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import sys
+import threading
 import traceback
 
 # Only what the parser needs: a command imports the runtime when it runs (`jaxsync --help` does not).
@@ -302,9 +304,21 @@ def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
   return 0
 
 
+def _stop_on_ctrl_c() -> None:
+  """Makes SIGINT raise ``KeyboardInterrupt`` even where the process started with it ignored.
+
+  A command started in the background by a non-interactive shell (a script's ``cmd &``, a CI job, a
+  test harness) inherits SIGINT ignored, and Python then leaves it ignored: Ctrl-C, or a supervisor's
+  SIGINT, would never stop the run. A run must stop on SIGINT whatever started it.
+  """
+  if threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(argv: list[str] | None = None) -> int:
   """Runs the command line ``argv`` (default ``sys.argv[1:]``); returns the exit code."""
   args = _parser().parse_args(argv)  # --help, --version and a bad command line exit here
+  _stop_on_ctrl_c()
   from jaxsync._src.distributed.cluster import RunFaultError
 
   user_errors = _user_errors()

@@ -66,3 +66,39 @@ def scratch_registries(monkeypatch):
   for registry in (MODELS, DATASETS):
     monkeypatch.setattr(registry, "_builders", dict(registry._builders))
   return MODELS, DATASETS
+
+
+def _running(process) -> bool:
+  import psutil
+
+  try:
+    return process.status() != psutil.STATUS_ZOMBIE
+  except psutil.NoSuchProcess:
+    return False
+
+
+@pytest.fixture(autouse=True)
+def no_process_left_behind():
+  """Fails a test that leaves a process it started running (and kills what it left).
+
+  The processes alive before the test (a module fixture's server) are not its own; those it started
+  get a few seconds to finish exiting after its last line.
+  """
+  import psutil
+
+  me = psutil.Process()
+  before = {p.pid for p in me.children(recursive=True)}
+  yield
+  left = [p for p in me.children(recursive=True) if p.pid not in before]
+  _, alive = psutil.wait_procs(left, timeout=5)
+  alive = [p for p in alive if _running(p)]
+  if alive:
+    described = []
+    for p in alive:
+      try:
+        described.append(f"{p.pid} ({' '.join(p.cmdline())[:200]})")
+        p.kill()
+      except psutil.NoSuchProcess:
+        pass
+    if described:
+      pytest.fail(f"the test left {len(described)} process(es) running: {'; '.join(described)}")
