@@ -216,6 +216,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
+    commands.check_launch(cfg, args.num_processes)
     out = args.out or commands.default_out(cfg.name)
     run_directory.check_available(out, overwrite=args.overwrite)
     args.run_dir_in_use = out

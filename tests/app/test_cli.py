@@ -493,3 +493,26 @@ def test_advise_ranks_the_candidates_writes_its_report_and_refuses_bad_questions
     for word in words:
       assert word in err
     assert not (tmp_path / "bad").exists()
+
+
+@pytest.mark.parametrize(
+  ("n", "overrides", "words", "not_words"),
+  [
+    ("0", [], ["-n/--num-processes=0 is invalid", ">= 1"], []),
+    # One process is the server alone: no worker count fits, so none is suggested.
+    ("1", ["cluster.num_workers=2"], ["for 1 processes", "launch 3 processes."], ["num_workers=0"]),
+    ("3", ["cluster.num_workers=8"], ["launch 9 processes, or set cluster.num_workers=2."], []),
+    # A synchronous strategy: one worker per device, and each launched process has this one's devices.
+    ("3", ["strategy.name=allreduce", "cluster.num_workers=8"], ["for 3 devices", "num_workers=3."], []),
+    ("2", ["cluster.slow_fraction=1.5"], ["cluster.slow_fraction=1.5"], []),
+  ],
+)
+def test_launch_checks_the_config_and_the_process_count_before_any_process_starts(
+  tmp_path, capsys, n, overrides, words, not_words
+):
+  sets = [a for o in overrides for a in ("--set", o)]
+  code, out, err = _run(capsys, "launch", "-n", n, QUICKSTART, *FAST, *sets, "--out", tmp_path / "r")
+  assert code == 2
+  assert len(err.splitlines()) == 1 and err.startswith("jaxsync: error: "), err
+  assert all(w in err for w in words) and not any(w in err for w in not_words), err
+  assert "processes, coordinator" not in out and not (tmp_path / "r").exists()  # nothing started

@@ -117,8 +117,15 @@ def launched_processes(run_dir: pathlib.Path) -> int | None:
   return int(record["num_processes"]) if record.get("how") == "launch" else None
 
 
-def check_processes(strategy: strategies.Strategy, num_processes: int, servers: int = 1) -> None:
-  """Raises ConfigError unless ``num_processes`` fits the strategy's worker count (and ``servers`` shards)."""
+def check_processes(
+  strategy: strategies.Strategy, num_processes: int, servers: int = 1, *, num_devices: int | None = None
+) -> None:
+  """Raises ConfigError unless ``num_processes`` fits the strategy's worker count (and ``servers`` shards).
+
+  ``num_devices``: the run's devices across its processes, for a synchronous
+  strategy (one worker per device); default ``jax.device_count()``, the
+  running group's. The launcher passes its own count before any process starts.
+  """
   from jaxsync._src.distributed import node_aggregator
   from jaxsync._src.distributed.server import param_server
 
@@ -132,10 +139,12 @@ def check_processes(strategy: strategies.Strategy, num_processes: int, servers: 
         else f"{servers} server shards (processes 0-{servers - 1})"
       )
       per = "one worker" if g == 1 else f"one group of {g} workers (group_size={g})"
+      instead = f"launch {units + servers} processes"
+      if num_processes > servers:  # else no worker count fits: every process would be a server
+        instead += f", or set cluster.num_workers={(num_processes - servers) * g}"
       raise config_lib.ConfigError(
         f"cluster.num_workers={k} is invalid for {num_processes} processes: the {strategy.engine} strategy "
-        f"{strategy.name!r} runs {server} and {per} per other process; "
-        f"launch {units + servers} processes, or set cluster.num_workers={(num_processes - servers) * g}."
+        f"{strategy.name!r} runs {server} and {per} per other process; {instead}."
       )
     if servers > 1 and node_aggregator.aggregates(strategy):
       raise config_lib.ConfigError(
@@ -148,14 +157,36 @@ def check_processes(strategy: strategies.Strategy, num_processes: int, servers: 
       "parameter server (its workers all-reduce); expected 1."
     )
   else:
-    import jax
+    if num_devices is None:
+      import jax
 
-    if jax.device_count() != k:
+      num_devices = jax.device_count()
+    if num_devices != k:
       raise config_lib.ConfigError(
-        f"cluster.num_workers={k} is invalid for {jax.device_count()} devices: the synchronous strategy "
+        f"cluster.num_workers={k} is invalid for {num_devices} devices: the synchronous strategy "
         f"{strategy.name!r} runs one worker per device across the processes; set "
-        f"cluster.num_workers={jax.device_count()}."
+        f"cluster.num_workers={num_devices}."
       )
+
+
+def check_launch(config: config_lib.Config, num_processes: int) -> None:
+  """Checks a ``jaxsync launch -n N`` of ``config`` before any process starts; raises ConfigError.
+
+  The whole config is built (data, model, strategy), so what every process
+  would find wrong is said once, here, in a second or two: not N times after
+  the processes have joined, followed by the coordination service's abort.
+  """
+  if not isinstance(num_processes, int) or num_processes < 1:
+    raise config_lib.ConfigError(
+      f"-n/--num-processes={num_processes!r} is invalid; expected the number of processes to start, >= 1."
+    )
+  import jax
+
+  exp = _build(config, Reporter())
+  # Every launched process has the devices this one has (same machine, same environment).
+  check_processes(
+    exp.strategy, num_processes, config.cluster.servers, num_devices=num_processes * jax.local_device_count()
+  )
 
 
 def _run_distributed(
