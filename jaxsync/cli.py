@@ -6,6 +6,7 @@
   jaxsync resume runs/q
   jaxsync launch -n 3 configs/quickstart.yaml --set cluster.num_workers=2   (real processes)
   jaxsync strategies
+  jaxsync config [configs/quickstart.yaml]   (every key with its default and meaning; a config resolved)
 
 Exit codes: 0 on success, 2 for a bad command line, config, data path or run
 directory (one line on stderr, no traceback; ``--traceback`` anywhere on the
@@ -160,6 +161,17 @@ def _parser() -> argparse.ArgumentParser:
     help="list the strategies with their options and defaults",
     description="List the registry's strategies with their options and defaults.",
   )
+  config = sub.add_parser(
+    "config",
+    help="every config key with its default, type and meaning; or a config file as a run would read it",
+    description="Without CONFIG: every key of a config, with its default, type and meaning. With CONFIG "
+    "(and --set overrides): the whole config as a run would use it, defaults filled in, validated.",
+  )
+  config.add_argument("config", type=pathlib.Path, nargs="?", help="a YAML config to resolve")
+  config.add_argument(
+    "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a value"
+  )
+  config.add_argument("--markdown", action="store_true", help="the key reference as Markdown tables")
   return parser
 
 
@@ -177,6 +189,21 @@ def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
     f"{summary.get('label', '')}: accuracy {acc:.3f} after {summary['updates']} updates, "
     f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); run directory {run_dir}"
   )
+
+
+def _config(args: argparse.Namespace) -> str:
+  import yaml
+
+  from jaxsync._src.app import config as config_lib
+
+  if args.config is None:
+    if args.overrides:
+      raise config_lib.ConfigError("--set needs a CONFIG to apply to; e.g. jaxsync config configs/quickstart.yaml --set ...")
+    return config_lib.reference_markdown() if args.markdown else config_lib.reference_text()
+  if args.markdown:
+    raise config_lib.ConfigError("--markdown is for the key reference; expected no CONFIG with it.")
+  cfg = config_lib.load(args.config, args.overrides)
+  return yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
 
 
 def _launch(args: argparse.Namespace, run_args: list[str]) -> int:
@@ -213,6 +240,9 @@ def _dispatch(args: argparse.Namespace) -> int:
 
   if args.command == "strategies":
     print(commands.strategies_table())
+    return 0
+  if args.command == "config":
+    print(_config(args), end="")
     return 0
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes

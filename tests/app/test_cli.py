@@ -516,3 +516,35 @@ def test_launch_checks_the_config_and_the_process_count_before_any_process_start
   assert len(err.splitlines()) == 1 and err.startswith("jaxsync: error: "), err
   assert all(w in err for w in words) and not any(w in err for w in not_words), err
   assert "processes, coordinator" not in out and not (tmp_path / "r").exists()  # nothing started
+
+
+def test_config_prints_the_reference_or_a_resolved_config(capsys):
+  code, out, _ = _run(capsys, "config")
+  assert code == 0 and "run.gradients" in out and "4000" in out and "worker gradients in the whole run" in out
+  code, out, _ = _run(capsys, "config", "--markdown")
+  assert code == 0 and out.startswith("| key | default | type | meaning |")
+  code, out, _ = _run(capsys, "config", QUICKSTART, "--set", "cluster.num_workers=4")
+  assert code == 0
+  resolved = config_lib.from_dict(yaml.safe_load(out))
+  assert resolved == config_lib.load(QUICKSTART, ["cluster.num_workers=4"]) and resolved.cluster.num_workers == 4
+  code, _, err = _run(capsys, "config", QUICKSTART, "--set", "cluster.num_workers=0")
+  assert code == 2 and err == "jaxsync: error: cluster.num_workers=0 is invalid; expected a positive number (or null where allowed).\n"
+
+
+def test_train_config_from_python_is_the_train_command(tmp_path, capsys):
+  overrides = [o for o in FAST if o != "--set"]
+  code, _, err = _run(capsys, "train", QUICKSTART, *FAST, "--out", tmp_path / "cli", "--progress", "quiet")
+  assert code == 0, err
+  from jaxsync._src.app.commands import train_config
+
+  from_path = train_config(QUICKSTART, overrides, out=tmp_path / "py")
+  raw = yaml.safe_load(QUICKSTART.read_text())
+  from_mapping = train_config(raw, overrides, out=tmp_path / "map")
+  cli_summary = json.loads((tmp_path / "cli" / "summary.json").read_text())
+  for result in (from_path, from_mapping):
+    assert result.summary["final_accuracy"] == cli_summary["final_accuracy"]
+    assert result.summary["updates"] == cli_summary["updates"]
+  assert from_mapping.run_dir == tmp_path / "map" and (tmp_path / "map" / "config.yaml").is_file()
+  with pytest.raises(config_lib.ConfigError, match="run.gradients=0 is invalid"):
+    train_config(raw, ["run.gradients=0"], out=tmp_path / "bad")
+  assert not (tmp_path / "bad").exists()

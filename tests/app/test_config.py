@@ -179,3 +179,42 @@ def test_a_schedule_in_epochs_becomes_steps_of_each_strategys_clock(tmp_path):
   )
   bsp = jaxsync.strategies.make("bsp", 4, learning_rate=0.1)
   assert float(experiment.learning_rate(scaled, bsp, num_examples=examples)(0)) == pytest.approx(0.4)
+
+
+def _leaf_keys(tree, prefix=""):
+  for key, value in tree.items():
+    if isinstance(value, dict) and key not in ("options",):  # options are a mapping value, not a section
+      yield from _leaf_keys(value, f"{prefix}{key}.")
+    else:
+      yield f"{prefix}{key}"
+
+
+def test_the_reference_lists_every_key_with_its_default_type_and_meaning():
+  rows = {r.key: r for r in config.reference()}
+  leaves = set(_leaf_keys(config.to_dict(config.Config())))
+  assert {k for k, r in rows.items() if r.type != "section"} == leaves
+  assert all(r.meaning for r in rows.values())
+  assert rows["run.gradients"].default == "4000" and rows["run.gradients"].type == "integer"
+  assert rows["cluster.device_flops"].default == "1e+11"
+  assert rows["run.max_time"].type == "number or null" and rows["run.max_time"].default == "null"
+  assert rows["cluster.server_bandwidth"].type == "string or number or null"
+  assert rows["compare.strategies"].default == "[]" and rows["compare.strategies"].type == "list of strings"
+  assert rows["strategy.schedule"].type == "section"
+
+
+def test_a_key_without_a_meaning_is_caught():
+  import dataclasses
+
+  @dataclasses.dataclass(frozen=True)
+  class Undocumented:
+    size: int = 3
+
+  with pytest.raises(KeyError, match="meaning"):
+    config.reference(Undocumented)
+
+
+def test_the_markdown_reference_has_one_row_per_key():
+  text = config.reference_markdown()
+  keys = [r.key for r in config.reference() if r.type != "section"]
+  assert all(text.count(f"| `{k}` |") == 1 for k in keys)
+  assert "### `strategy.schedule`" in text

@@ -98,6 +98,49 @@ def train(
   return _run_distributed(exp, pathlib.Path(out), group, reporter)
 
 
+def train_config(
+  config: str | pathlib.Path | dict[str, Any],
+  overrides: list[str] | tuple[str, ...] = (),
+  *,
+  out: str | pathlib.Path | None = None,
+  overwrite: bool = False,
+  progress: str = "quiet",
+) -> training.RunResult:
+  """Trains a config from Python (a notebook, a script), as ``jaxsync train`` does; returns the result.
+
+  Args:
+    config: a YAML config's path, or the same content as a mapping
+      (``{"strategy": {"name": "asp"}, ...}``; missing keys take their defaults,
+      see ``jaxsync config``).
+    overrides: ``"key.path=value"`` strings, as ``--set`` takes them.
+    out: the run directory (default ``runs/NAME``, or ``runs/NAME-1``... if taken).
+    overwrite: replace ``out`` if it is an existing run directory.
+    progress: ``"bar"``, ``"jsonl"`` or ``"quiet"`` (the default: nothing printed).
+
+  Returns:
+    A ``RunResult``: ``params`` (the final model), ``history`` (every
+    evaluation, over simulated time), ``summary`` (what ``summary.json`` holds)
+    and ``run_dir``.
+
+  Raises:
+    ConfigError: an invalid config, key or value (the message names it).
+
+  Example:
+    >>> import jaxsync
+    >>> result = jaxsync.train_config("configs/quickstart.yaml", ["run.gradients=800"])  # doctest: +SKIP
+    >>> result.summary["final_accuracy"], result.run_dir  # doctest: +SKIP
+  """
+  from jaxsync._src.train import progress as progress_lib
+
+  if isinstance(config, dict):
+    cfg = config_lib.from_dict(config_lib.apply_overrides(config, list(overrides)))
+  else:
+    cfg = config_lib.load(config, list(overrides))
+  out = pathlib.Path(out) if out is not None else default_out(cfg.name)
+  run_directory.check_available(out, overwrite=overwrite)
+  return train(cfg, out, overwrite=overwrite, reporter=progress_lib.make(progress))
+
+
 def resume(
   run_dir: pathlib.Path, *, reporter: Reporter, group: ProcessGroup | None = None
 ) -> training.RunResult | dict[str, Any] | None:

@@ -49,6 +49,11 @@ def _require(ok: bool, key: str, value: Any, expected: str) -> None:
     raise ConfigError(f"{key}={value!r} is invalid; expected {expected}.")
 
 
+def _key(default: Any = dataclasses.MISSING, *, meaning: str, factory: Any = dataclasses.MISSING) -> Any:
+  """A config key: its default and what it means (``jaxsync config`` prints both)."""
+  return dataclasses.field(default=default, default_factory=factory, metadata={"meaning": meaning})
+
+
 def _positive(section: str, obj: Any, *names: str) -> None:
   for name in names:
     value = getattr(obj, name)
@@ -61,10 +66,12 @@ def _positive(section: str, obj: Any, *names: str) -> None:
 class DataConfig:
   """Which data (``jaxsync.datasets.load``) and each worker's batch size."""
 
-  name: str = "digits"
-  data_dir: str | None = None
-  batch_size: int = 32
-  num_examples: int = 10_000
+  name: str = _key("digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, ...)")
+  data_dir: str | None = _key(
+    None, meaning="where the dataset's files are (null: its default place, e.g. $FASHION_MNIST_DIR)"
+  )
+  batch_size: int = _key(32, meaning="examples in each worker's batch (one gradient)")
+  num_examples: int = _key(10_000, meaning="examples of a synthetic dataset (the real ones are whole)")
 
   def __post_init__(self):
     from jaxsync._src.data.datasets import DATASETS
@@ -77,8 +84,8 @@ class DataConfig:
 class ModelConfig:
   """Which model (``jaxsync.models.make``); ``hidden`` widths for ``mlp``."""
 
-  name: str = "cnn"
-  hidden: list[int] | None = None
+  name: str = _key("cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet)")
+  hidden: list[int] | None = _key(None, meaning="the hidden layer widths of an mlp (null: its default)")
 
   def __post_init__(self):
     from jaxsync._src.models.networks import MODELS
@@ -104,15 +111,19 @@ class ScheduleConfig:
   for the linear scaling rule of large synchronous batches).
   """
 
-  kind: str = "constant"
-  unit: str = "updates"
-  warmup: float = 0.0
-  warmup_from: float | str = 0.0
-  boundaries: list[float] = dataclasses.field(default_factory=list)
-  decay: float = 0.1
-  end: float = 0.0
-  length: float | None = None
-  scale_with_batch: int | None = None
+  kind: str = _key("constant", meaning="constant, step (times decay at each boundary) or cosine (to end)")
+  unit: str = _key("updates", meaning="what warmup, boundaries and length count: updates (the strategy's clock) or epochs")
+  warmup: float = _key(0.0, meaning="the linear warm-up's length, in unit")
+  warmup_from: float | str = _key(
+    0.0, meaning="the warm-up's first rate, a fraction of the peak, or '1/num_workers' (SMEGA2's lr/N)"
+  )
+  boundaries: list[float] = _key(meaning="where a step schedule decays, in unit", factory=list)
+  decay: float = _key(0.1, meaning="the step schedule's factor at each boundary")
+  end: float = _key(0.0, meaning="the cosine's last rate, a fraction of the peak")
+  length: float | None = _key(None, meaning="the cosine's length after the warm-up, in unit (null: the run)")
+  scale_with_batch: int | None = _key(
+    None, meaning="the linear scaling rule: the peak times global batch / this (null: no scaling)"
+  )
 
   def __post_init__(self):
     from jaxsync._src.strategies.schedules import KINDS
@@ -151,9 +162,12 @@ UNITS = ("updates", "epochs")
 class StrategyConfig:
   """A registry strategy, its options (``jaxsync.strategies.describe`` lists them) and its schedule."""
 
-  name: str = "ormo"
-  options: dict[str, Any] = dataclasses.field(default_factory=dict)
-  schedule: ScheduleConfig = dataclasses.field(default_factory=ScheduleConfig)
+  name: str = _key("ormo", meaning="the strategy (jaxsync strategies lists them)")
+  options: dict[str, Any] = _key(
+    meaning="the strategy's options, e.g. learning_rate, momentum (jaxsync strategies lists each one's)",
+    factory=dict,
+  )
+  schedule: ScheduleConfig = _key(meaning="the learning rate over the run", factory=ScheduleConfig)
 
   def __post_init__(self):
     from jaxsync._src.strategies.registry import describe, names
@@ -172,23 +186,31 @@ class StrategyConfig:
 class ClusterConfig:
   """The simulated cluster (``jaxsync.sim.TimeModel``); ``compute_time: null`` uses the model's FLOPs."""
 
-  num_workers: int = 8
-  compute_time: float | None = None
-  device_flops: float = 1e11
-  jitter_shape: float | None = 100.0
-  slow_fraction: float = 0.25
-  slowdown: float = 4.0
-  link: str = "10gbps"
-  apply_time: float = 0.0
-  # Bytes of one model or gradient message; null means the model's own size. Set it to time
-  # the exchanges of a bigger model (e.g. a paper's) while training the small one.
-  message_bytes: int | None = None
-  # The server's memory bandwidth for applying updates: 3GB/s, 10GB/s (a typical server), 30GB/s,
-  # bytes per second, or null (updates cost the server no time).
-  server_bandwidth: str | float | None = None
-  # Parameter-server processes of a multi-process run (processes 0 .. servers - 1), each owning a
-  # slice of the parameters; the workers are the processes after them. The simulator ignores it.
-  servers: int = 1
+  num_workers: int = _key(8, meaning="workers, K")
+  compute_time: float | None = _key(
+    None, meaning="seconds of one step of a fast worker (null: 3 x the model's FLOPs x batch / device_flops)"
+  )
+  device_flops: float = _key(1e11, meaning="a fast worker's FLOP/s, for compute_time: null")
+  jitter_shape: float | None = _key(
+    100.0, meaning="the Gamma shape of step-time jitter: coefficient of variation 1/sqrt(shape) (null: none)"
+  )
+  slow_fraction: float = _key(0.25, meaning="the fraction of workers that are slow, in [0, 1)")
+  slowdown: float = _key(4.0, meaning="how many times slower a slow worker is")
+  link: str = _key("10gbps", meaning="the network between workers and server: 1gbps, 10gbps or 100gbps")
+  apply_time: float = _key(0.0, meaning="seconds the server takes per applied update, on top of server_bandwidth")
+  # Set message_bytes to time the exchanges of a bigger model (e.g. a paper's) while training the small one.
+  message_bytes: int | None = _key(
+    None, meaning="bytes of one model or gradient message (null: the model's own size)"
+  )
+  server_bandwidth: str | float | None = _key(
+    None,
+    meaning="the server's memory bandwidth for applying updates: 3GB/s, 10GB/s, 30GB/s, bytes per second, "
+    "or null (updates cost the server no time)",
+  )
+  # The workers are the processes after the server shards. The simulator ignores it.
+  servers: int = _key(
+    1, meaning="parameter-server processes of a multi-process run, each owning a slice of the parameters"
+  )
 
   def __post_init__(self):
     from jaxsync._src.sim.time_model import LINK_PRESETS, SERVER_PRESETS
@@ -256,14 +278,20 @@ class RunConfig:
   rounding.
   """
 
-  gradients: int = 4000
-  max_time: float | None = None
-  eval_every: int | None = 100
-  eval_every_time: float | None = None
-  chunk: int = 500
-  checkpoint_every: int | None = None
-  target_accuracy: float | None = 0.9
-  gradient_batch: int | None = None
+  gradients: int = _key(4000, meaning="worker gradients in the whole run (the budget)")
+  max_time: float | None = _key(None, meaning="stop at this simulated time in seconds, if earlier (null: no limit)")
+  eval_every: int | None = _key(100, meaning="server updates between evaluations (or use eval_every_time)")
+  eval_every_time: float | None = _key(
+    None, meaning="simulated seconds between evaluations: fair to strategies of different update rates"
+  )
+  chunk: int = _key(500, meaning="events per compiled chunk and per metrics.jsonl train line")
+  checkpoint_every: int | None = _key(
+    None, meaning="events between checkpoints, a multiple of chunk (null: every 10 chunks); one is saved at the end"
+  )
+  target_accuracy: float | None = _key(0.9, meaning="the accuracy whose time and updates to reach the summary reports")
+  gradient_batch: int | None = _key(
+    None, meaning="an asynchronous strategy's gradients computed together (null: 1 on a CPU, K on a GPU/TPU)"
+  )
 
   def __post_init__(self):
     _positive(
@@ -301,9 +329,11 @@ class RunConfig:
 class CompareConfig:
   """What ``jaxsync compare`` runs: strategies, seeds, and per-strategy option overrides."""
 
-  strategies: list[str] = dataclasses.field(default_factory=list)
-  seeds: int = 3
-  options: dict[str, Any] = dataclasses.field(default_factory=dict)
+  strategies: list[str] = _key(meaning="the strategies jaxsync compare runs (empty: strategy.name)", factory=list)
+  seeds: int = _key(3, meaning="seeds per strategy (seed, seed + 1, ...)")
+  options: dict[str, Any] = _key(
+    meaning="per-strategy option overrides, e.g. {asp: {learning_rate: 0.01}}", factory=dict
+  )
 
   def __post_init__(self):
     from jaxsync._src.strategies.registry import describe, names
@@ -323,14 +353,14 @@ class CompareConfig:
 class Config:
   """A whole run: data, model, strategy, cluster and run length (and what ``compare`` varies)."""
 
-  name: str = "run"
-  seed: int = 0
-  data: DataConfig = dataclasses.field(default_factory=DataConfig)
-  model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
-  strategy: StrategyConfig = dataclasses.field(default_factory=StrategyConfig)
-  cluster: ClusterConfig = dataclasses.field(default_factory=ClusterConfig)
-  run: RunConfig = dataclasses.field(default_factory=RunConfig)
-  compare: CompareConfig = dataclasses.field(default_factory=CompareConfig)
+  name: str = _key("run", meaning="the run's name: its directory is runs/NAME unless --out says otherwise")
+  seed: int = _key(0, meaning="the seed of the data order, the model's initialization and the cluster's jitter")
+  data: DataConfig = _key(meaning="the data", factory=DataConfig)
+  model: ModelConfig = _key(meaning="the model", factory=ModelConfig)
+  strategy: StrategyConfig = _key(meaning="the synchronization strategy", factory=StrategyConfig)
+  cluster: ClusterConfig = _key(meaning="the (simulated) cluster", factory=ClusterConfig)
+  run: RunConfig = _key(meaning="the run's length, evaluations and checkpoints", factory=RunConfig)
+  compare: CompareConfig = _key(meaning="what jaxsync compare varies", factory=CompareConfig)
 
 
 def _type_name(hint: Any) -> str:
@@ -476,3 +506,80 @@ def load(path: str | pathlib.Path, overrides: list[str] = ()) -> Config:
       f"config file {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections."
     )
   return from_dict(apply_overrides(raw or {}, list(overrides)))
+
+
+# ---------------------------------------------------------------------------
+# The reference of every key: `jaxsync config` and the documentation's config page.
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyReference:
+  """One config key: its dotted name, type, default and meaning."""
+
+  key: str
+  type: str
+  default: str
+  meaning: str
+
+
+def _type_words(hint: Any) -> str:
+  origin = typing.get_origin(hint)
+  if origin in (typing.Union, types.UnionType):
+    options = [o for o in typing.get_args(hint) if o is not type(None)]
+    words = " or ".join(_type_words(o) for o in options)
+    return f"{words} or null" if type(None) in typing.get_args(hint) else words
+  if origin is list:
+    return f"list of {_type_words(typing.get_args(hint)[0])}s"
+  if origin is dict:
+    return "mapping"
+  return {int: "integer", float: "number", str: "string", bool: "true/false"}.get(hint, _type_name(hint))
+
+
+def _yaml_value(value: Any) -> str:
+  if isinstance(value, float):
+    return f"{value:g}"  # 1e+11, not 100000000000.0
+  return yaml.safe_dump(value, default_flow_style=True, width=1_000).strip().removesuffix("...").strip()
+
+
+def reference(cls: type = Config, prefix: str = "") -> list[KeyReference]:
+  """Every key of a config (sections first, then their keys), with its type, default and meaning."""
+  hints = typing.get_type_hints(cls)
+  keys = []
+  for field in dataclasses.fields(cls):
+    key, hint = f"{prefix}{field.name}", hints[field.name]
+    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
+    if dataclasses.is_dataclass(hint):
+      keys.append(KeyReference(key, "section", "", field.metadata["meaning"]))
+      keys += reference(hint, f"{key}.")
+    else:
+      keys.append(KeyReference(key, _type_words(hint), _yaml_value(default), field.metadata["meaning"]))
+  return keys
+
+
+def reference_text() -> str:
+  """The reference as aligned text, one key per line under its section (``jaxsync config``)."""
+  rows = reference()
+  width = max(len(r.key) for r in rows) + 2
+  lines = []
+  for r in rows:
+    if r.type == "section":
+      lines += ["", f"{r.key}: {r.meaning}"]
+    else:
+      lines.append(f"  {r.key:<{width}}{r.default:<10} {r.type}: {r.meaning}")
+  return "\n".join(lines).lstrip("\n") + "\n"
+
+
+def reference_markdown() -> str:
+  """The reference as a Markdown table per section (the documentation's config page)."""
+  out = []
+  for r in reference():
+    if r.type == "section":
+      out += ["", f"### `{r.key}`", "", f"{r.meaning[0].upper()}{r.meaning[1:]}.", ""]
+      out += ["| key | default | type | meaning |", "|---|---|---|---|"]
+    else:
+      if not out:  # the top-level keys, before any section
+        out += ["| key | default | type | meaning |", "|---|---|---|---|"]
+      meaning = r.meaning.replace("|", "\\|")
+      out.append(f"| `{r.key}` | `{r.default}` | {r.type} | {meaning} |")
+  return "\n".join(out).strip() + "\n"
