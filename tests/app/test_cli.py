@@ -294,8 +294,15 @@ def test_strategies_lists_every_strategy_with_its_options(capsys):
   code, out, _ = _run(capsys, "strategies")
   assert code == 0
   for name in jaxsync.strategies.names():
-    assert f"\n{name}: " in "\n" + out
-  assert "bb_step_size=False" in out and "staleness_bound=3" in out
+    assert re.search(rf"^{name}( \((a?synchronous); real processes: (parameter server|all-reduce)\)|: another)", out, re.M)
+  assert "ormo (asynchronous; real processes: parameter server)" in out
+  assert "allreduce (synchronous; real processes: all-reduce)" in out
+  assert "fastest_k (synchronous; real processes: parameter server)" in out  # a collective cannot drop
+  assert "drop_worker: another name for fastest_k." in out
+  # Every option with its default and what it means; where the default rates come from.
+  assert re.search(r"^    theta=1\.0 +how much gradient noise a release tolerates", out, re.M)
+  assert re.search(r"^    staleness_bound=3 +how many clocks the fastest worker may run ahead", out, re.M)
+  assert "Default learning rates are the papers' starting points" in out
 
 
 def test_max_time_stops_the_run_and_a_time_before_the_first_event_is_an_error(tmp_path, capsys):

@@ -218,3 +218,14 @@ def test_the_markdown_reference_has_one_row_per_key():
   keys = [r.key for r in config.reference() if r.type != "section"]
   assert all(text.count(f"| `{k}` |") == 1 for k in keys)
   assert "### `strategy.schedule`" in text
+
+
+def test_setting_one_of_two_alternative_keys_unsets_the_other(tmp_path):
+  path = tmp_path / "c.yaml"
+  path.write_text("run: {eval_every: null, eval_every_time: 0.05}\n")
+  by_updates = config.load(path, ["run.eval_every=50"])
+  assert by_updates.run.eval_every == 50 and by_updates.run.eval_every_time is None
+  with pytest.raises(config.ConfigError, match="exactly one of run.eval_every and run.eval_every_time"):
+    config.load(path, ["run.eval_every=50", "run.eval_every_time=0.1"])  # both given: both kept, refused
+  on_time = config.load(tmp_path / "c.yaml", ["run.eval_every_time=0.2"])
+  assert on_time.run.eval_every is None and on_time.run.eval_every_time == 0.2

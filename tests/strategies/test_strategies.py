@@ -28,6 +28,16 @@ def test_registry_has_every_strategy_of_the_issue_with_a_summary():
     strategy = jaxsync.strategies.make(name, 8)
     assert strategy.name == name and strategy.num_workers == 8
     assert dict(strategy.options) == dict(info.options)
+    assert set(info.meanings) == set(info.options) and all(info.meanings.values())
+
+
+def test_an_option_without_a_meaning_is_caught():
+  from jaxsync._src.strategies import registry
+
+  with pytest.raises(KeyError):
+    registry.option_meaning("asp", "an_option_nobody_documented")
+  # A strategy's own meaning of a shared name wins over the shared one.
+  assert registry.option_meaning("k_async", "k") != registry.option_meaning("fastest_k", "k")
 
 
 def test_paper_defaults():

@@ -377,13 +377,30 @@ def results_table(results: dict[str, list[training.RunResult]]) -> str:
 
 
 def strategies_table() -> str:
-  """The registry: each strategy's summary line and its options with defaults."""
-  lines = []
+  """The registry for ``jaxsync strategies``: per strategy its kind, how it runs on real processes, its
+  summary, and each option with its default and meaning; where the default learning rates come from."""
+  from jaxsync._src.distributed.server import param_server
+
+  lines = [
+    "Synchronous strategies wait for every worker (or the k fastest) each round; asynchronous ones apply",
+    "each worker's gradient (or model) as it arrives. On real processes (jaxsync launch) an asynchronous",
+    "strategy runs a parameter server; a synchronous one all-reduces, except fastest-k (a server).",
+    "",
+  ]
   for name in strategies.names():
     info = strategies.describe(name)
-    lines.append(f"{name}: {info.summary}")
-    options = ", ".join(f"{k}={v!r}" for k, v in info.options.items())
-    lines.append(f"    options: {options or '(none)'}")
+    if info.alias_of:
+      lines += [f"{name}: another name for {info.alias_of}.", ""]
+      continue
+    kind = "synchronous" if info.synchronous else "asynchronous"
+    real = "parameter server" if param_server.serves(strategies.make(name, 4)) else "all-reduce"
+    lines.append(f"{name} ({kind}; real processes: {real})")
+    lines.append(f"  {info.summary.replace('``', '')}")
+    width = max(len(f"{k}={v!r}") for k, v in info.options.items())
+    for option, default in info.options.items():
+      lines.append(f"    {f'{option}={default!r}':<{width}}  {info.meanings[option]}")
+    lines.append("")
+  lines.append(strategies.DEFAULT_RATES)
   return "\n".join(lines)
 
 

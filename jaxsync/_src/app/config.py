@@ -473,11 +473,29 @@ def parse_override(text: str) -> tuple[list[str], Any]:
   return parts, parsed
 
 
+# Keys that are alternatives to each other: a config sets exactly one. An override of one (to a value)
+# unsets the other, so `--set run.eval_every=50` works on a config that evaluates on time.
+ALTERNATIVES = {
+  ("run", "eval_every"): ("run", "eval_every_time"),
+  ("run", "eval_every_time"): ("run", "eval_every"),
+}
+
+
 def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-  """A copy of ``raw`` with each ``a.b=value`` set (``strategy.options.x=...`` may add an option)."""
+  """A copy of ``raw`` with each ``a.b=value`` set (``strategy.options.x=...`` may add an option).
+
+  Setting one of two :data:`ALTERNATIVES` to a value unsets the other, unless
+  the overrides set both.
+  """
   out = load_yaml(yaml.safe_dump(raw)) or {}
-  for text in overrides:
-    parts, value = parse_override(text)
+  settings = [(text, *parse_override(text)) for text in overrides]
+  given = {tuple(parts) for _, parts, _ in settings}
+  unset = [
+    (text, list(ALTERNATIVES[tuple(parts)]), None)
+    for text, parts, value in settings
+    if tuple(parts) in ALTERNATIVES and value is not None and ALTERNATIVES[tuple(parts)] not in given
+  ]
+  for text, parts, value in unset + settings:
     node = out
     for part in parts[:-1]:
       child = node.get(part)

@@ -132,6 +132,7 @@ class _Entry(NamedTuple):
 
   factory: Callable[..., _Recipe]
   learning_rate: float
+  canonical: str  # the first name it was registered under; the others are other names for it
 
 
 _REGISTRY: dict[str, _Entry] = {}
@@ -142,7 +143,7 @@ def _register(*names: str, learning_rate: float):
 
   def add(factory):
     for name in names:
-      _REGISTRY[name] = _Entry(factory, learning_rate)
+      _REGISTRY[name] = _Entry(factory, learning_rate, names[0])
     return factory
 
   return add
@@ -153,24 +154,94 @@ def names() -> tuple[str, ...]:
   return tuple(sorted(_REGISTRY))
 
 
+# What each option means, in a user's words (``jaxsync strategies``); by option name, or by
+# (strategy, option) where a strategy gives the name a meaning of its own.
+OPTION_MEANINGS: dict[str | tuple[str, str], str] = {
+  "learning_rate": "the step size (a number, or an optax schedule in Python)",
+  "momentum": "the momentum coefficient, in [0, 1)",
+  "weight_decay": "coupled L2: adds weight_decay * w to each gradient",
+  "server_optimizer": "the server's optimizer: sgd, adam or rmsprop",
+  "communication": "how the K gradients are summed: parameter_server, ring or hierarchical (all-reduce)",
+  "group_size": "workers per group of the two-level all-reduce (must divide K; default min(4, K))",
+  ("ea_wild", "group_size"): "workers per synchronous group, each group one elastic worker (must divide K)",
+  "k": "gradients per round: the k fastest are kept (default (1 - drop_rate) K)",
+  ("k_async", "k"): "arrivals per update, stale or not (default K/2)",
+  "drop_rate": "the share of the slowest workers' gradients a round drops, when k is not given",
+  "period": "local steps between two exchanges",
+  "outer_learning_rate": "the rate of the averaged models' step (1.0: plain model averaging)",
+  "outer_momentum": "momentum of the averaged models' step (0: none)",
+  "moving_rate": "alpha, how far a worker and the centre move toward each other (default 0.9 / K)",
+  "theta": "how much gradient noise a release tolerates, in (0, 1]: smaller waits for more gradients",
+  "confidence": "the confidence level of the t-interval test that decides a release, in (0, 1)",
+  "ci_endpoint": "which end of the confidence interval the test reads: upper (the paper) or lower (stricter)",
+  "max_k": "the most gradients one release waits for (default: every live worker)",
+  "bb_step_size": "per-worker Barzilai-Borwein step sizes (workers scale their own gradients)",
+  "bb_smoothing": "smoothing of the Barzilai-Borwein step sizes between steps, in (0, 1]",
+  "bb_max_scale": "the largest Barzilai-Borwein step size, as a multiple of learning_rate",
+  "armijo": "Armijo backtracking on each worker's Barzilai-Borwein step (needs bb_step_size)",
+  "local_workers": "workers per node (must divide K; default min(4, K))",
+  "pull_threshold": "the sum of the nodes' iteration numbers at which the server pulls (default K)",
+  "wait_for_pull": "workers wait for each pull's broadcast (lockstep) instead of computing on",
+  "delay_measure": "how OrMo-DA measures a gradient's delay: iterations or groups",
+  "dampening": "the momentum's dampening, in [0, 1)",
+  "look_ahead": "the parameters the server replies with: advanced (the look-ahead point) or current",
+  "staleness_bound": "how many clocks the fastest worker may run ahead of the slowest",
+  "mode": "how staleness scales the rate: linear (1/staleness) or exponential (penalty^staleness)",
+  "penalty": "the base of the exponential penalty (mode=exponential)",
+  "gradients_per_update": "arrivals summed per update (n-softsync's K/n)",
+}
+
+# Where the default learning rates come from: ``jaxsync strategies`` says it once.
+DEFAULT_RATES = (
+  "Default learning rates are the papers' starting points, not tuned for your model: 0.1 for the "
+  "momentum rules (as in the SMEGA\N{SUPERSCRIPT TWO} authors' code, ICPP 2022) and for EASGD and "
+  "EA-wild (the EASGD authors' example), 0.01 elsewhere (the adaptive-k paper's Table 3, JPDC 2022; "
+  "EAMSGD in the EASGD authors' example). Tune yours on one grid: jaxsync compare with compare.options."
+)
+
+
 @dataclasses.dataclass(frozen=True)
 class StrategyInfo:
-  """What ``jaxsync strategies`` prints: a strategy's summary and options with defaults."""
+  """What ``jaxsync strategies`` prints: a strategy's summary, kind and options with defaults and meanings.
+
+  Attributes:
+    name: the strategy's name.
+    summary: one line: what it does and its paper.
+    options: each option's default (``learning_rate`` first).
+    meanings: each option's meaning, in words.
+    synchronous: whether its workers wait for each other (rounds behind a barrier).
+    alias_of: the name this one is another name for, or None.
+  """
 
   name: str
   summary: str
   options: Mapping[str, Any]
+  meanings: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  synchronous: bool = False
+  alias_of: str | None = None
+
+
+def option_meaning(name: str, option: str) -> str:
+  """What ``option`` of strategy ``name`` means (see :data:`OPTION_MEANINGS`)."""
+  return OPTION_MEANINGS.get((name, option)) or OPTION_MEANINGS[option]
 
 
 def describe(name: str) -> StrategyInfo:
-  """The summary line and the options (with their defaults) of strategy ``name``."""
+  """The summary line, the kind and the options (with their defaults and meanings) of strategy ``name``."""
   entry = _lookup(name)
   doc = inspect.getdoc(entry.factory) or ""
   options = {"learning_rate": entry.learning_rate}
   for p in inspect.signature(entry.factory).parameters.values():
     if p.kind == p.KEYWORD_ONLY:
       options[p.name] = p.default
-  return StrategyInfo(name=name, summary=doc.splitlines()[0] if doc else "", options=options)
+  return StrategyInfo(
+    name=name,
+    summary=doc.splitlines()[0] if doc else "",
+    options=options,
+    meanings={o: option_meaning(entry.canonical, o) for o in options},
+    synchronous=entry.factory(4).blueprint.engine == Engine.SYNC,  # 4 workers: every default divides it
+    alias_of=None if name == entry.canonical else entry.canonical,
+  )
 
 
 def _lookup(name: str) -> _Entry:
