@@ -356,6 +356,10 @@ def main(argv: list[str] | None = None) -> int:
   show = getattr(args, "traceback", False) or os.environ.get("JAXSYNC_TRACEBACK")
   try:
     code = _dispatch(args)
+    sys.stdout.flush()  # here, where a closed pipe is caught, not at exit
+  except BrokenPipeError:  # `jaxsync strategies | head`: the reader has what it wanted
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
+    return 0
   except KeyboardInterrupt:
     run_dir = getattr(args, "run_dir_in_use", None)
     if run_dir is not None and pathlib.Path(run_dir, "config.yaml").is_file():

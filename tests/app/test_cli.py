@@ -555,3 +555,14 @@ def test_train_config_from_python_is_the_train_command(tmp_path, capsys):
   with pytest.raises(config_lib.ConfigError, match="run.gradients=0 is invalid"):
     train_config(raw, ["run.gradients=0"], out=tmp_path / "bad")
   assert not (tmp_path / "bad").exists()
+
+
+def test_output_into_a_closed_pipe_ends_quietly():
+  """`jaxsync strategies | head -1`: the reader leaves early; no traceback, no 'Exception ignored'."""
+  proc = subprocess.Popen(
+    [sys.executable, "-m", "jaxsync.cli", "strategies"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+  )
+  proc.stdout.close()  # before it writes a line
+  err = proc.stderr.read().decode()
+  proc.wait(timeout=60)
+  assert proc.returncode == 0 and err == "", err
