@@ -1,5 +1,7 @@
 """The docs' cross-references resolve: every cited section of docs/design.md exists, and every relative
-link in the README and docs/ points to a file (and heading) that exists.
+link in the README and docs/ points to a file (and heading) that exists. And the documentation site
+holds together without being built (scripts/docs.sh builds it, warnings as errors): every page is in a
+toctree, the API reference documents every public name, the README stays short and its example runs.
 
 Code and docs cite the design notes by section name, in forms such as
 ``design.md, "Errors"``, ``docs/design.md's "Layers"``, ``design.md ("Layers")``,
@@ -11,6 +13,7 @@ follow it.
 
 from __future__ import annotations
 
+import ast
 import os
 import pathlib
 import re
@@ -24,13 +27,22 @@ DESIGN = ROOT / "docs" / "design.md"
 SCANNED_SUFFIXES = {".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg", ".sh"}
 SKIPPED_ANYWHERE = {".git", ".venv", "venv", "__pycache__", ".pytest_cache", ".hypothesis", ".ruff_cache"}
 SKIPPED_AT_ROOT = {"build", "dist", "runs"}  # build output and run directories (.gitignore's /build/, /dist/)
+DOCS = ROOT / "docs"
+# What docs/conf.py and Sphinx write into docs/ (ignored by git): the site, and the generated pages.
+DOCS_BUILD_OUTPUT = {DOCS / "_build", DOCS / "_generated", DOCS / "benchmarks" / "results"}
 
 # "design.md" (maybe in backticks) then "'s", "," or "(", then a quoted name. The gap may wrap onto a
 # comment's next line. A bare "design.md", naming no section, is not a citation.
 CITATION = re.compile(r"design\.md`?(?:'s|,|\s*\()[\s#]*[\"“]([^\"”]+)[\"”]")
 
+
 # Markdown files whose relative links must resolve.
-LINKED_DOCS = sorted([ROOT / "README.md", *ROOT.glob("docs/*.md"), *ROOT.glob("configs/**/*.md")])
+def doc_pages() -> list[pathlib.Path]:
+  """Every Markdown page of the documentation's source (docs/, its build output left out)."""
+  return sorted(p for p in DOCS.rglob("*.md") if not any(p.is_relative_to(d) for d in DOCS_BUILD_OUTPUT))
+
+
+LINKED_DOCS = sorted([ROOT / "README.md", *doc_pages(), *ROOT.glob("configs/**/*.md")])
 INLINE_LINK = re.compile(r"!?\[(?:[^\]\\\n]|\\.)*\]\(\s*(?:<([^>\n]*)>|([^)\s]+))(?:\s+\"[^\"\n]*\")?\s*\)")
 REFERENCE_LINK = re.compile(r"^ {0,3}\[[^\]\n]+\]:[ \t]*(?:<([^>\n]*)>|(\S+))", re.M)
 EXTERNAL = re.compile(r"^[a-z][a-z0-9+.-]*:", re.I)  # http:, https:, mailto:, ...
@@ -47,6 +59,7 @@ def scanned_files() -> list[pathlib.Path]:
       if d not in SKIPPED_ANYWHERE
       and not d.endswith(".egg-info")
       and not (here == ROOT and d in SKIPPED_AT_ROOT)
+      and here / d not in DOCS_BUILD_OUTPUT
     ]
     files += [here / n for n in names if pathlib.Path(n).suffix in SCANNED_SUFFIXES]
   own = pathlib.Path(__file__).resolve()
@@ -248,3 +261,161 @@ def test_a_broken_link_is_caught(tmp_path, monkeypatch):
 def test_every_relative_link_points_to_a_file_that_exists(doc):
   broken = broken_links(doc)
   assert not broken, "\n".join(broken)
+
+
+# -- the README and the documentation site -------------------------------------------------------------
+
+README = ROOT / "README.md"
+README_MAX_LINES = 200
+# A citation of a README section: README, "Install and run" / the README's "Results" (maybe wrapped).
+README_CITATION = re.compile(r"README(?:'s|,)[\s#]*[\"“]([^\"”]+)[\"”]")
+DIRECTIVE_BLOCK = re.compile(r"^```\{(\w[\w-]*)\}[ \t]*(.*)\n((?:(?!```).*\n)*?)```", re.M)
+API_PAGES = {
+  "jaxsync": "jaxsync.md",
+  "jaxsync.strategies": "strategies.md",
+  "jaxsync.sim": "sim.md",
+  "jaxsync.dist": "dist.md",
+  "jaxsync.models": "models.md",
+  "jaxsync.datasets": "datasets.md",
+}
+API_DIRECTIVE = re.compile(
+  r"^\.\. (?:auto(?:function|class|exception|data)|py:(?:function|class|exception|data))::\s+(\S+)", re.M
+)
+
+
+def directives(markdown: str) -> list[tuple[str, str, list[str]]]:
+  """(name, argument, body lines) of every MyST directive written as a fenced block: ```{toctree} ...```."""
+  return [
+    (m.group(1), m.group(2).strip(), m.group(3).splitlines()) for m in DIRECTIVE_BLOCK.finditer(markdown)
+  ]
+
+
+def toctree_entries(page: pathlib.Path, pages: list[pathlib.Path]) -> set[pathlib.Path]:
+  """The pages that ``page``'s toctrees list (glob entries matched against ``pages``)."""
+  found = set()
+  for name, _, body in directives(page.read_text()):
+    if name != "toctree":
+      continue
+    glob = any(line.strip() == ":glob:" for line in body)
+    for line in body:
+      entry = line.strip()
+      if not entry or entry.startswith(":"):
+        continue
+      entry = re.sub(r"^.*<(.+)>$", r"\1", entry)  # "Title <page>"
+      target = (page.parent / entry).resolve()
+      if glob and any(c in entry for c in "*?["):
+        found |= {p for p in pages if p.with_suffix("").match(str(target))}
+      else:
+        found.add(target.with_suffix(".md"))
+  return found
+
+
+def unreachable_pages(pages: list[pathlib.Path], index: pathlib.Path) -> list[pathlib.Path]:
+  """The pages no chain of toctrees from ``index`` reaches (Sphinx's "document isn't included in any
+  toctree")."""
+  seen, todo = {index}, [index]
+  while todo:
+    for page in toctree_entries(todo.pop(), pages):
+      if page in pages and page not in seen:
+        seen.add(page)
+        todo.append(page)
+  return [p for p in pages if p not in seen]
+
+
+def test_the_readme_is_short():
+  lines = len(README.read_text().splitlines())
+  assert lines <= README_MAX_LINES, (
+    f"README.md has {lines} lines; at most {README_MAX_LINES} (the rest: docs/)"
+  )
+
+
+def test_the_toctree_reader(tmp_path):
+  (tmp_path / "guide").mkdir()
+  pages = [tmp_path / n for n in ("index.md", "a.md", "guide/b.md", "guide/c.md", "lost.md")]
+  for page in pages:
+    page.write_text("# Page\n")
+  pages[0].write_text("# Home\n\n```{toctree}\n:maxdepth: 2\n\na\nThe guide <guide/b>\n```\n")
+  pages[2].write_text("# B\n\n```{toctree}\n:glob:\n\n*\n```\n")
+  assert unreachable_pages(pages, pages[0]) == [tmp_path / "lost.md"]
+
+
+def test_every_page_of_the_docs_is_in_a_toctree():
+  pages = [p.resolve() for p in doc_pages()]
+  lost = unreachable_pages(pages, (DOCS / "index.md").resolve())
+  assert not lost, "not in any toctree from docs/index.md: " + ", ".join(
+    str(p.relative_to(ROOT)) for p in lost
+  )
+
+
+def test_what_the_docs_include_exists():
+  # {include} blocks: the README's figure paragraphs (between markers), configs/README.md, the
+  # generated config and strategy tables (docs/_generated/, written by docs/_pages.py).
+  generated = {"config_keys.md", "strategy_options.md"}
+  problems = []
+  for page in doc_pages():
+    for name, argument, body in directives(page.read_text()):
+      if name != "include":
+        continue
+      target = (page.parent / argument).resolve()
+      where = f"{page.relative_to(ROOT)}: {argument}"
+      if target.parent == (DOCS / "_generated").resolve():
+        if target.name not in generated:
+          problems.append(f"{where} (docs/_pages.py writes no such file)")
+        continue
+      if not target.exists():
+        problems.append(f"{where} (no such file)")
+        continue
+      text = target.read_text()
+      for line in body:
+        option, _, value = line.strip().partition(": ")
+        if option in (":start-after", ":end-before") and value not in text:
+          problems.append(f"{where} ({value!r} is not in {target.name})")
+  assert not problems, "\n".join(problems)
+
+
+def _public_names(module: str) -> list[str]:
+  """The ``__all__`` of a public module, read without importing it."""
+  path = ROOT / (module.replace(".", "/") + ".py")
+  if not path.exists():
+    path = ROOT / module.replace(".", "/") / "__init__.py"
+  for node in ast.parse(path.read_text()).body:
+    if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+      return list(ast.literal_eval(node.value))
+  raise AssertionError(f"{path} has no __all__")
+
+
+@pytest.mark.parametrize("module", sorted(API_PAGES))
+def test_the_api_reference_documents_every_public_name(module):
+  page = DOCS / "api" / API_PAGES[module]
+  documented = set(API_DIRECTIVE.findall(page.read_text()))
+  submodules = {m.rpartition(".")[2] for m in API_PAGES if m != "jaxsync"} if module == "jaxsync" else set()
+  missing = [n for n in _public_names(module) if n not in submodules and n not in documented]
+  assert not missing, f"docs/api/{API_PAGES[module]} documents none of {missing}"
+
+
+def test_every_cited_readme_section_exists():
+  # A citation of the README's sections may name a heading of the README or of a page of the docs,
+  # where the README's sections moved.
+  names = {n for doc in [README, *doc_pages()] for h in headings(doc.read_text()) for n in _names(h)}
+  cited = [
+    (
+      str(path.relative_to(ROOT)),
+      _line(text, m.start()),
+      " ".join(re.sub(r"\s*\n\s*#?\s*", " ", m.group(1)).split()),
+    )
+    for path in scanned_files()
+    for text in [path.read_text(errors="replace")]
+    for m in README_CITATION.finditer(text)
+  ]
+  assert ("configs/README.md", "Install and run") in {(p, n) for p, _, n in cited}  # the pattern finds them
+  problems = [
+    f'{p}:{line}: no heading "{name}" in README.md or docs/' for p, line, name in cited if name not in names
+  ]
+  assert not problems, "\n".join(problems)
+
+
+def test_the_readme_example_runs(capsys):
+  blocks = re.findall(r"^```python\n(.*?)^```", README.read_text(), re.S | re.M)
+  assert len(blocks) == 1, "the README has one Python example"
+  exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme_example"})
+  assert capsys.readouterr().out == "1\n"

@@ -12,7 +12,12 @@ USER_FACING = sorted(
   [
     *ROOT.glob("jaxsync/**/*.py"),
     *(p for p in (ROOT / "configs").rglob("*") if p.is_file()),
-    *ROOT.glob("docs/*.md"),
+    *(
+      p
+      for p in [*ROOT.glob("docs/**/*.md"), *ROOT.glob("docs/*.py")]
+      if not any(p.is_relative_to(ROOT / "docs" / d) for d in ("_build", "_generated", "benchmarks/results"))
+    ),  # the pages and their configuration; not what a build writes
+    ROOT / "scripts" / "docs.sh",
     *ROOT.glob("benchmarks/*.py"),
     *ROOT.glob("benchmarks/results/*.md"),
     *ROOT.glob("examples/*.py"),

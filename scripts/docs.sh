@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Builds the documentation site, then runs the examples of its pages.
+#   1. jaxsync and its docs extras (Sphinx, MyST, furo, MathJax for offline math) into the active
+#      Python environment;
+#   2. the HTML site in docs/_build/html/ (open index.html), every warning an error (-W), all of
+#      them reported before it fails (--keep-going);
+#   3. the doctest builder: the {doctest} blocks of the pages under docs/ (the docstrings' own
+#      examples run in the test suite, tests/test_public_api.py).
+# Extra arguments go to both sphinx-build runs (scripts/docs.sh -E rebuilds from scratch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+
+python -m pip install -q -e '.[docs]'
+python -m sphinx -W --keep-going -b html "$@" docs docs/_build/html
+python -m sphinx -W --keep-going -b doctest "$@" docs docs/_build/doctest
+echo "docs.sh: the site is in docs/_build/html/index.html"
