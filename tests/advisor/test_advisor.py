@@ -111,6 +111,30 @@ def test_budget_mode_ranks_by_the_accuracy_at_the_budget_read_off_or_extrapolate
   assert "| a | 0.9500 |" in far.table()
 
 
+def _row(table: str, strategy: str) -> list[str]:
+  (row,) = [line for line in table.splitlines() if line.startswith("| ") and f" {strategy} " in line]
+  return [cell.strip() for cell in row.strip().strip("|").split("|")]
+
+
+def test_the_metric_at_end_is_never_printed_on_the_other_side_of_the_target():
+  # 341 of 359 test images is 0.94986: "0.950" at three decimals, next to "0/2" seeds reaching 0.95.
+  rising = [0.1, 0.6, 0.8, 0.9, 0.94]
+  below = [curve(np.arange(6), [*rising, 341 / 359]), curve(np.arange(6), [*rising, 0.9497])]
+  above = [curve(np.arange(6), [*rising, 355 / 359]), curve(np.arange(6), [*rising, 0.9872])]
+  table = jaxsync.sim.rank({"bsp": below, "ormo": above}, target=0.95).table()
+  bsp, ormo = _row(table, "bsp"), _row(table, "ormo")
+  assert bsp[4] == "0/2" and ormo[4] == "2/2"
+  assert bsp[6] == "0.9498 (0.9497-0.9499)"  # a fourth decimal where the third would round up to 0.95
+  assert ormo[6] == "0.988 (0.987-0.989)"  # three, where rounding does not cross it
+  # Past three more decimals, rounded away from the target; a loss target (lower is better) likewise.
+  assert advisor._range_text(0.9499999999, (0.9499999999, 0.9499999999), 3, target=0.95) == "0.949999"
+  assert advisor._range_text(0.95, (0.95, 0.95), 3, target=0.95) == "0.950"
+  assert (
+    advisor._range_text(0.10004, (0.1, 0.10004), 3, target=0.1, higher=False) == "0.10004 (0.10000-0.10004)"
+  )
+  assert advisor._range_text(0.9499, (0.9, 0.9499), 3) == "0.950 (0.900-0.950)"  # no target: plain rounding
+
+
 @pytest.mark.parametrize(
   ("kwargs", "words"),
   [

@@ -241,3 +241,112 @@ def test_the_time_axis_names_the_runs_clock():
   assert wall.elapsed == 6.0 and wall.time_key == "wall_time"
   with pytest.raises(ValueError, match="wall-clock run has no simulated time"):
     _ = wall.simulated_time
+
+
+def _target_lines(ax):
+  return [line for line in ax.get_lines() if line.get_label().startswith("target ")]
+
+
+def test_the_target_is_a_dashed_line_on_its_metrics_plots():
+  history = make_history()
+  figures = plots.run_figures(history, label="r", target=("accuracy", 0.7))
+  for axis in ("time", "updates"):
+    (line,) = _target_lines(figures[f"accuracy_vs_{axis}"].axes[0])
+    np.testing.assert_allclose(line.get_ydata(), [0.7, 0.7])
+    assert line.get_linestyle() == "--" and line.get_label() == "target accuracy 0.7"
+    assert "target accuracy 0.7" in [
+      t.get_text() for t in figures[f"accuracy_vs_{axis}"].axes[0].get_legend().get_texts()
+    ]
+    assert not _target_lines(figures[f"loss_vs_{axis}"].axes[0])  # the target is on accuracy only
+  assert not _target_lines(plots.run_figures(history, label="r")["accuracy_vs_time"].axes[0])
+  compare = plots.compare_figures({"a": [history], "b": [history]}, num_points=5, target=("accuracy", 0.7))
+  (line,) = _target_lines(compare["compare_accuracy_vs_time"].axes[0])
+  np.testing.assert_allclose(line.get_ydata(), [0.7, 0.7])
+  assert len(compare["compare_accuracy_vs_time"].axes[0].get_lines()) == 3  # two strategies and the target
+  assert not _target_lines(compare["compare_loss_vs_updates"].axes[0])
+
+
+def _saturating(seed=0, points=60, end=0.99):
+  """Accuracy from chance to ``end`` in the first 6 of ``points`` evaluations, then flat within 0.01."""
+  rng = np.random.default_rng(seed)
+  accuracy = np.concatenate([np.linspace(0.1, end - 0.01, 6), end - 0.01 * rng.random(points - 6)])
+  return make_history(
+    eval_time=np.linspace(0.0, 10.0, points),
+    eval_version=np.arange(points) * 10,
+    metrics={"accuracy": accuracy, "loss": np.linspace(2.0, 0.05, points)},
+  )
+
+
+def test_an_accuracy_that_saturates_early_gets_a_second_panel_zoomed_near_the_top():
+  history = _saturating()
+  accuracy = history.eval_metrics["accuracy"]
+  figure = plots.run_figures(history, label="r", target=("accuracy", 0.95))["accuracy_vs_time"]
+  full, near = figure.axes
+  assert full.get_ylim()[0] < 0.1 and full.get_ylim()[1] > 0.99  # the whole curve, rise included
+  bottom, top = near.get_ylim()
+  # Everything after the rise, and the target, fit; the range is a few hundredths, not 0.1 to 1.
+  assert bottom < min(accuracy[15:].min(), 0.95) and top > accuracy.max()
+  assert top - bottom < 0.1 and 0.93 < bottom
+  (line,) = _target_lines(near)
+  np.testing.assert_allclose(line.get_ydata(), [0.95, 0.95])
+  assert near.get_xlabel() == "simulated seconds" and near.get_ylabel() == "accuracy, zoomed"
+  np.testing.assert_allclose(near.get_lines()[0].get_ydata(), accuracy)  # the same curve, zoomed
+  # The loss (log scale) and a curve already spread over its range keep one panel.
+  assert len(plots.run_figures(history, label="r")["loss_vs_time"].axes) == 1
+  assert len(plots.run_figures(make_history(), label="r")["accuracy_vs_time"].axes) == 1
+  # The compare plot too, where a diverged strategy (ending at chance) stays in the full panel only.
+  diverged = make_history(
+    eval_time=np.linspace(0.0, 10.0, 60),
+    eval_version=np.arange(60) * 10,
+    metrics={"accuracy": np.full(60, 0.1), "loss": np.full(60, 2.3)},
+  )
+  runs = {"ormo": [_saturating(0), _saturating(1)], "naive": [diverged]}
+  figure = plots.compare_figures(runs, target=("accuracy", 0.95))["compare_accuracy_vs_updates"]
+  full, near = figure.axes
+  assert 0.93 < near.get_ylim()[0] < 0.95 and near.get_ylim()[1] < 1.0
+  assert [t.get_text() for t in full.get_legend().get_texts()][:2] == ["ormo (2 seeds)", "naive (1 seed)"]
+
+
+def test_zoom_range_is_none_when_nothing_is_squashed():
+  assert plots.zoom_range([np.linspace(0.1, 0.9, 20)]) is None  # rises over the whole run
+  assert plots.zoom_range([np.full(20, 0.1)], target=0.95) is None  # diverged: nothing near the top
+  assert plots.zoom_range([np.array([0.5, 0.5])]) is None  # flat
+  bottom, top = plots.zoom_range([np.r_[0.1, np.full(19, 0.98)]], target=0.95)
+  assert 0.94 < bottom < 0.95 and 0.98 < top < 0.99
+  # A target low in the range is drawn in the full panel only: the zoom keeps to the settled curve.
+  bottom, top = plots.zoom_range([np.r_[0.1, np.full(19, 0.98)]], target=0.3)
+  assert 0.97 < bottom < 0.98
+
+
+def _two_speeds():
+  """Workers 0-2 arrive four times as often as worker 3 (4x slower), whose staleness is 4x theirs."""
+  cycle = [0, 1, 2] * 4 + [3]
+  worker = np.asarray(cycle * 4)
+  staleness = np.where(worker == 3, 12, 3) + np.tile(np.arange(13) % 2, 4)
+  history = make_history(staleness, num_workers=4)
+  history.worker = worker
+  return history
+
+
+def test_the_staleness_histogram_is_stacked_by_worker_speed_and_says_why():
+  history = _two_speeds()
+  classes = plots.speed_classes(history)
+  assert [list(ids) for ids, _ in classes] == [[0, 1, 2], [3]]
+  assert [s for _, s in classes] == [1.0, 4.0]
+  ax = plots.run_figures(history, label="r")["staleness_hist"].axes[0]
+  fast, slow = ax.containers
+  _, counts = plots.staleness_counts(history)
+  np.testing.assert_array_equal([b.get_height() for b in fast], plots.staleness_counts(history, [0, 1, 2])[1])
+  np.testing.assert_array_equal([b.get_height() for b in slow], plots.staleness_counts(history, [3])[1])
+  np.testing.assert_array_equal([b.get_height() + b.get_y() for b in slow], counts)  # stacked on the fast
+  assert not plots.staleness_counts(history, [3])[1][:12].any()  # the slow peak lies apart
+  legend = [t.get_text() for t in ax.get_legend().get_texts()]
+  assert legend[0].startswith("3 workers (0-2), fastest: mean 3.")
+  assert legend[1].startswith("1 worker (3), 4.0x slower: mean 12.")
+  assert "slower workers compute longer" in ax.get_title()
+  # Workers of one speed (or synchronous rounds, worker -1): one plain histogram.
+  same = plots.run_figures(make_history(), label="r")["staleness_hist"].axes[0]
+  assert len(same.containers) == 1 and same.get_legend() is None and "slower" not in same.get_title()
+  sync = make_history()
+  sync.worker = np.full(6, -1)
+  assert plots.speed_classes(sync) == []

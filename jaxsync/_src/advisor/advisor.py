@@ -140,7 +140,7 @@ class Advice:
             "-" if e.updates is None else f"{e.updates:.0f}",
             f"{e.reached}/{e.seeds}",
             reach,
-            _range_text(e.value, e.value_range, 3),
+            _range_text(e.value, e.value_range, 3, target=self.target, higher=_higher_is_better(self.metric)),
           ]
         )
       else:
@@ -150,13 +150,57 @@ class Advice:
     return "\n".join(lines)
 
 
-def _range_text(value: float, bounds: tuple[float, float], digits: int = 2) -> str:
+def _range_text(
+  value: float,
+  bounds: tuple[float, float],
+  digits: int = 2,
+  *,
+  target: float | None = None,
+  higher: bool = True,
+) -> str:
+  """``value (low-high)`` with ``digits`` decimals; with a ``target``, each number printed on its side of it.
+
+  An accuracy of 0.9499 is not 0.950 next to "0/2 seeds reached 0.95": up to
+  three more decimals are printed where rounding would cross the target, and
+  past that each number is rounded away from the target (floored below an
+  accuracy target, raised above it).
+  """
   if not math.isfinite(value):
     return "not expected"
   low, high = bounds
+  shown = [x for x in (value, low, high) if math.isfinite(x)]
+  digits = _digits_for(shown, digits, target, higher)
+  text = lambda x: _fixed(x, digits, target, higher)
   if low == high or not (math.isfinite(low) and math.isfinite(high)):
-    return f"{value:.{digits}f}" + ("" if low == high else " (a seed: not expected)")
-  return f"{value:.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
+    return text(value) + ("" if low == high else " (a seed: not expected)")
+  return f"{text(value)} ({text(low)}-{text(high)})"
+
+
+_MORE_DIGITS = 3
+
+
+def _reaches(x: float, target: float, higher: bool) -> bool:
+  return x >= target if higher else x <= target
+
+
+def _digits_for(values: Sequence[float], digits: int, target: float | None, higher: bool) -> int:
+  """The fewest decimals from ``digits`` (at most 3 more) at which no rounded value crosses ``target``."""
+  if target is None:
+    return digits
+  for d in range(digits, digits + _MORE_DIGITS + 1):
+    if all(_reaches(float(f"{x:.{d}f}"), target, higher) == _reaches(x, target, higher) for x in values):
+      return d
+  return digits + _MORE_DIGITS
+
+
+def _fixed(x: float, digits: int, target: float | None, higher: bool) -> str:
+  """``x`` with ``digits`` decimals, rounded away from ``target`` where plain rounding would cross it."""
+  text = f"{x:.{digits}f}"
+  if target is None or _reaches(float(text), target, higher) == _reaches(x, target, higher):
+    return text
+  scale = 10.0**digits
+  away = math.floor(x * scale) if float(text) > x else math.ceil(x * scale)
+  return f"{away / scale:.{digits}f}"
 
 
 def _higher_is_better(metric: str) -> bool:

@@ -325,7 +325,10 @@ def _compare_runs(run_dir: pathlib.Path, reporter: Reporter) -> dict[str, Any]:
   run_directory.write_json(
     run_dir / "results.json", {name: [r.summary for r in rs] for name, rs in results.items()}
   )
-  plots.plot_compare({name: [r.history for r in rs] for name, rs in results.items()}, run_dir / "plots")
+  targets = [r.summary["target"] for rs in results.values() for r in rs if r.summary.get("target")]
+  target = (targets[0]["metric"], targets[0]["value"]) if targets else None  # one config: one target
+  histories = {name: [r.history for r in rs] for name, rs in results.items()}
+  plots.plot_compare(histories, run_dir / "plots", target=target)
   return {"table": table, "results": results}
 
 
@@ -487,7 +490,7 @@ def advise(
       "ranking": [dataclasses.asdict(e) for e in advice.ranking],
     },
   )
-  plots.plot_compare(runs, out / "plots")
+  plots.plot_compare(runs, out / "plots", target=None if advice.target is None else ("accuracy", advice.target))
   return advice
 
 

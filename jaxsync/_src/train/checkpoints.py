@@ -67,23 +67,25 @@ class RunCheckpoints:
       self.directory.mkdir(parents=True, exist_ok=True)
     else:  # orbax warns that a read-only manager's directory "is read only": that is the point of it
       logging.getLogger("absl").addFilter(_ReadOnlyNoteFilter())
-    self._manager = ocp.CheckpointManager(
-      self.directory,
-      options=ocp.CheckpointManagerOptions(
-        max_to_keep=None if read_only else max_to_keep,
-        save_interval_steps=0 if read_only else 1,
-        enable_async_checkpointing=False,
-        cleanup_tmp_directories=not read_only,
-        create=False,
-        read_only=read_only,
-        multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}),
-      ),
-      item_names=_ITEMS,
-    )
+    with _step_metadata_notes_dropped(self.directory):  # the manager reads every step's metadata here
+      self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+          max_to_keep=None if read_only else max_to_keep,
+          save_interval_steps=0 if read_only else 1,
+          enable_async_checkpointing=False,
+          cleanup_tmp_directories=not read_only,
+          create=False,
+          read_only=read_only,
+          multiprocessing_options=ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me}),
+        ),
+        item_names=_ITEMS,
+      )
 
   def latest_step(self) -> int | None:
     """The event count of the newest complete checkpoint, or None."""
-    return self._manager.latest_step()
+    with _step_metadata_notes_dropped(self.directory):
+      return self._manager.latest_step()
 
   def save(self, events: int, state: Any, records: EventRecord, progress: dict[str, Any]) -> None:
     """Saves the state, the records of the first ``events`` events and ``progress`` (JSON).
@@ -122,9 +124,10 @@ class RunCheckpoints:
       raise CheckpointError(f"no complete checkpoint in {str(self.directory)!r}; nothing to resume from.")
     where = self.directory / str(step)
     try:
-      progress = self._manager.restore(
-        step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())
-      ).progress
+      with _step_metadata_notes_dropped(self.directory):
+        progress = self._manager.restore(
+          step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())
+        ).progress
     except Exception as err:  # orbax raises many types for unreadable files
       raise CheckpointError(
         f"checkpoint {str(where)!r} is corrupt: its progress record cannot be read ({_first_line(err)})."
@@ -141,10 +144,13 @@ class RunCheckpoints:
     else:
       abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), like_state)
     try:
-      out = self._manager.restore(
-        step,
-        args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract), records=ocp.args.StandardRestore()),
-      )
+      with _step_metadata_notes_dropped(self.directory):
+        out = self._manager.restore(
+          step,
+          args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract), records=ocp.args.StandardRestore()
+          ),
+        )
       records = EventRecord(**jax.tree.map(np.asarray, out.records))
     except Exception as err:  # corrupt array files surface as several exception types
       raise CheckpointError(f"checkpoint {str(where)!r} is corrupt: {_first_line(err)}") from None
@@ -173,6 +179,42 @@ class _ReadOnlyNoteFilter(logging.Filter):
 
   def filter(self, record: logging.LogRecord) -> bool:
     return not record.getMessage().startswith("Given directory is read only")
+
+
+# What orbax logs (absl WARNING or ERROR) when a step's own metadata file, _CHECKPOINT_METADATA (its
+# commit time), is missing or unreadable. A checkpoint that restores does not need the file; one that
+# does not gets restore()'s one-line CheckpointError. Either way the note only came first, and garbled
+# the outcome: "WARNING:absl:Metadata file does not exist: .../400/_CHECKPOINT_METADATA" above the error.
+_STEP_METADATA_NOTES = (
+  "Metadata file does not exist: ",
+  "Failed to json parse Metadata file: ",
+  "Failed to read Metadata file: ",
+)
+
+
+class _StepMetadataNoteFilter(logging.Filter):
+  """Drops orbax's notes about unreadable metadata files inside ``directory`` (no other directory's)."""
+
+  def __init__(self, directory: pathlib.Path):
+    super().__init__()
+    self._directories = tuple({str(directory), str(directory.resolve())})
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    message = record.getMessage()
+    return not (message.startswith(_STEP_METADATA_NOTES) and any(d in message for d in self._directories))
+
+
+@contextlib.contextmanager
+def _step_metadata_notes_dropped(directory: pathlib.Path):
+  """While inside: :class:`_StepMetadataNoteFilter` on absl's logger (orbax logs from its own threads too,
+  which the manager's calls wait for; a logger's filter sees every thread's records)."""
+  logger = logging.getLogger("absl")
+  note = _StepMetadataNoteFilter(directory)
+  logger.addFilter(note)
+  try:
+    yield
+  finally:
+    logger.removeFilter(note)
 
 
 @contextlib.contextmanager

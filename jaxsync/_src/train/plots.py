@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import pathlib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -19,6 +20,15 @@ _FIGSIZE = (6.4, 4.0)
 # A curve with at most this many evaluations is drawn point by point, with markers: interpolated onto
 # a fine grid it would be a few straight segments that look like measured data.
 _FEW_POINTS = 25
+# A run's target (``("accuracy", 0.95)``, as ``summary.json`` names it) is a dashed line on that metric's plots.
+_TARGET_STYLE = dict(color="tab:red", linestyle="--", linewidth=1.2)
+# An accuracy plot gets a second panel zoomed near the top when that range is at most this share of the
+# full one: curves that rise from chance to 0.99 in a tenth of the run otherwise squash the rest into a line.
+_ZOOM_SHARE = 0.4
+# The evaluations of the rise from the initial model, left out of what the zoomed panel must show.
+_RISE_FRACTION = 0.25
+# Workers whose arrival counts differ by more than this factor are drawn as different speed classes.
+_SPEED_GAP = 1.5
 
 
 def axis_label(axis: str, clock: str = "simulated") -> str:
@@ -99,15 +109,64 @@ def _last_per_x(xs: np.ndarray, ys: np.ndarray) -> tuple[np.ndarray, np.ndarray]
   return xs[last], ys[last]
 
 
-def staleness_counts(history: History) -> tuple[np.ndarray, np.ndarray]:
+def staleness_counts(history: History, workers: Sequence[int] | None = None) -> tuple[np.ndarray, np.ndarray]:
   """Histogram of staleness over accepted (not rejected) arrivals, one bin per integer.
+
+  Args:
+    history: a run's history.
+    workers: count only these workers' arrivals (the bins still span every
+      accepted arrival's staleness, so that several workers' histograms align).
 
   Returns:
     ``(values, counts)``: ``values = 0, 1, ..., max staleness``, and how many arrivals had each.
   """
-  accepted = np.asarray(history.staleness)[~np.asarray(history.rejected, bool)].astype(np.int64)
-  counts = np.bincount(accepted) if len(accepted) else np.zeros([0], np.int64)
-  return np.arange(len(counts)), counts
+  accepted = ~np.asarray(history.rejected, bool)
+  staleness = np.asarray(history.staleness)[accepted].astype(np.int64)
+  if not len(staleness):
+    return np.zeros([0], np.int64), np.zeros([0], np.int64)
+  length = int(staleness.max()) + 1
+  if workers is not None:
+    staleness = staleness[np.isin(np.asarray(history.worker)[accepted], np.asarray(workers))]
+  return np.arange(length), np.bincount(staleness, minlength=length)
+
+
+def speed_classes(history: History) -> list[tuple[np.ndarray, float]]:
+  """The arriving workers grouped by speed, read off how often each arrived at the server.
+
+  A worker ``s`` times slower computes each gradient ``s`` times longer, so it
+  arrives about ``s`` times less often. Workers sorted by their arrivals start
+  a new class where the count drops by more than a factor 1.5; a class's
+  slowdown is the fastest class's mean count over its own. Synchronous rounds
+  (worker ``-1``) name no worker.
+
+  Returns:
+    ``[(worker ids, slowdown)]``, fastest class first (slowdown 1); empty when
+    no event names a worker.
+  """
+  worker = np.asarray(history.worker)
+  worker = worker[worker >= 0].astype(np.int64)
+  if not len(worker):
+    return []
+  counts = np.bincount(worker)
+  present = np.flatnonzero(counts)
+  order = present[np.argsort(-counts[present], kind="stable")]
+  classes, current = [], [order[0]]
+  for previous, w in zip(order[:-1], order[1:]):
+    if counts[previous] > _SPEED_GAP * counts[w]:
+      classes.append(current)
+      current = []
+    current.append(w)
+  classes.append(current)
+  fastest = counts[classes[0]].mean()
+  return [(np.sort(np.asarray(c)), float(fastest / counts[c].mean())) for c in classes]
+
+
+def _worker_list(ids: np.ndarray) -> str:
+  """``0-5`` for consecutive ids, else ``1, 4, 6`` (at most 6 named)."""
+  ids = [int(i) for i in ids]
+  if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+    return f"{ids[0]}-{ids[-1]}"
+  return ", ".join(map(str, ids[:6])) + (", ..." if len(ids) > 6 else "")
 
 
 def training_loss(history: History, axis: str) -> tuple[np.ndarray, np.ndarray]:
@@ -187,12 +246,105 @@ def _new_axes(title: str, xlabel: str, ylabel: str):
   return figure, ax
 
 
-def run_figures(history: History, *, label: str) -> dict[str, Figure]:
+def _target_on(target: tuple[str, float] | None, metric: str) -> float | None:
+  """The target's value when it is on ``metric``, else None."""
+  if target is None:
+    return None
+  name, value = target
+  return float(value) if name == metric else None
+
+
+def _draw_target(ax, metric: str, value: float | None) -> None:
+  if value is not None:
+    ax.axhline(value, **_TARGET_STYLE, label=f"target {metric} {value:g}")
+
+
+def zoom_range(curves: Sequence[np.ndarray], target: float | None = None) -> tuple[float, float] | None:
+  """The y range near the top of accuracy curves that their full range squashes, or None.
+
+  The curves that end in the upper half of the full range are read near the
+  top (one that diverged to chance stays in the full panel only): the range
+  spans their values after the first quarter of their points (the rise from
+  the initial model) up to their highest, and the target when it lies in that
+  upper half, with a margin; it is at least 2% of the full range tall, so
+  that the difference of one test example does not fill the panel.
+
+  Args:
+    curves: each curve's y values, in x order.
+    target: the target value drawn on the plot, if any.
+
+  Returns:
+    ``(bottom, top)``, or None when that range would be more than 40% of the
+    full one (the full panel then shows it well enough).
+  """
+  curves = [np.asarray(c, np.float64) for c in curves]
+  curves = [c[np.isfinite(c)] for c in curves]
+  curves = [c for c in curves if len(c)]
+  if not curves:
+    return None
+  everything = np.concatenate(curves + ([np.asarray([target], np.float64)] if target is not None else []))
+  low, high = float(everything.min()), float(everything.max())
+  if not high > low:
+    return None
+  middle = (low + high) / 2
+  settled = [c for c in curves if c[-1] >= middle]
+  if not settled:  # every curve ends low (diverged): nothing near the top to read
+    return None
+  shown = [c[int(np.ceil(_RISE_FRACTION * (len(c) - 1))) :] for c in settled]
+  if target is not None and target >= middle:
+    shown.append(np.asarray([target], np.float64))
+  bottom = float(np.concatenate(shown).min())
+  top = max(float(np.concatenate(settled).max()), bottom)
+  margin = max(0.08 * (top - bottom), 0.01 * (high - low))
+  bottom, top = bottom - margin, top + margin
+  if high <= 1.0:  # an accuracy: no room above 1 but for the markers of a perfect score
+    top = min(top, 1.0 + 0.25 * margin)
+  if top - bottom > _ZOOM_SHARE * (high - low):
+    return None
+  return bottom, top
+
+
+def _metric_figure(title: str, xlabel: str, metric: str, draw, target: float | None) -> Figure:
+  """``draw(ax)``'s curves of ``metric`` with the target's dashed line, and for an accuracy whose full
+  range squashes the top (:func:`zoom_range`), a second panel below zoomed near the top.
+
+  The full panel is always ``figure.axes[0]``; the zoomed one, when drawn, ``figure.axes[1]``.
+  """
+  figure, ax = _new_axes(title, xlabel, metric)
+  draw(ax)
+  _draw_target(ax, metric, target)
+  zoom = None
+  if "accuracy" in metric:
+    curves = [line.get_ydata() for line in ax.get_lines() if not line.get_label().startswith("target ")]
+    zoom = zoom_range(curves, target)
+  if zoom is None:
+    ax.legend()
+    return figure
+  from matplotlib.figure import Figure
+
+  figure = Figure(figsize=(_FIGSIZE[0], _FIGSIZE[1] * 1.5), layout="constrained")
+  full, near = figure.subplots(2, 1, sharex=True, height_ratios=[3, 2])
+  for ax in (full, near):
+    draw(ax)
+    _draw_target(ax, metric, target)
+    ax.grid(alpha=0.3)
+  full.axhspan(*zoom, color="0.5", alpha=0.1, linewidth=0, label="zoomed below")
+  full.set(title=title, ylabel=metric)
+  full.tick_params(labelbottom=True)
+  near.set(xlabel=xlabel, ylabel=f"{metric}, zoomed", ylim=zoom)
+  full.legend()
+  return figure
+
+
+def run_figures(
+  history: History, *, label: str, target: tuple[str, float] | None = None
+) -> dict[str, Figure]:
   """The figures of :func:`plot_run`, by file stem; see there for which are drawn.
 
   Args:
     history: a run's history.
     label: the run's name, used in the titles.
+    target: the run's target, e.g. ``("accuracy", 0.95)``: a dashed line on that metric's plots.
 
   Returns:
     ``{stem: Figure}``.
@@ -200,26 +352,24 @@ def run_figures(history: History, *, label: str) -> dict[str, Figure]:
   figures = {}
   for metric in sorted(m for m in history.eval_metrics if _has_metric(history, m)):
     for axis in _AXES:
-      figure, ax = _new_axes(f"{label}: {metric}", axis_label(axis, history.clock), metric)
-      curve = _eval_curve(history, metric, axis)
-      if metric == "loss":
-        x, loss = training_loss(history, axis)
-        smooth = moving_average(loss, max(1, len(loss) // 50)) if len(loss) else loss
-        if len(loss):
-          ax.plot(x, smooth, color="tab:gray", alpha=0.5, linewidth=1, label="training batch (smoothed)")
-        _log_scale_if_positive(ax, smooth, curve[1])
-      ax.plot(*curve, marker=".", color="tab:blue", label="evaluation")
-      ax.legend()
-      figures[f"{metric}_vs_{axis}"] = figure
+
+      def draw(ax, metric=metric, axis=axis):
+        curve = _eval_curve(history, metric, axis)
+        if metric == "loss":
+          x, loss = training_loss(history, axis)
+          smooth = moving_average(loss, max(1, len(loss) // 50)) if len(loss) else loss
+          if len(loss):
+            ax.plot(x, smooth, color="tab:gray", alpha=0.5, linewidth=1, label="training batch (smoothed)")
+          _log_scale_if_positive(ax, smooth, curve[1])
+        ax.plot(*curve, marker=".", color="tab:blue", label="evaluation")
+
+      figures[f"{metric}_vs_{axis}"] = _metric_figure(
+        f"{label}: {metric}", axis_label(axis, history.clock), metric, draw, _target_on(target, metric)
+      )
 
   values, counts = staleness_counts(history)
   if counts.sum() > 0:
-    figure, ax = _new_axes(
-      f"{label}: staleness of accepted arrivals", "staleness (server updates)", "arrivals"
-    )
-    ax.bar(values, counts, width=0.9, color="tab:blue")
-    ax.xaxis.set_major_locator(_integer_ticks())
-    figures["staleness_hist"] = figure
+    figures["staleness_hist"] = _staleness_figure(history, label, values, counts)
 
   if k_varies(history):
     figure, ax = _new_axes(f"{label}: gradients per update", axis_label("time", history.clock), "k")
@@ -239,12 +389,48 @@ def run_figures(history: History, *, label: str) -> dict[str, Figure]:
   return figures
 
 
-def compare_figures(runs: dict[str, list[History]], num_points: int = 200) -> dict[str, Figure]:
+def _staleness_figure(history: History, label: str, values: np.ndarray, counts: np.ndarray) -> Figure:
+  """The staleness histogram, its bars stacked by worker speed class when the workers differ in speed.
+
+  A worker ``s`` times slower computes ``s`` times longer, and the others
+  update the server meanwhile: its gradients arrive about ``s`` times staler,
+  a second peak that the title explains and the legend attributes.
+  """
+  title = f"{label}: staleness of accepted arrivals"
+  classes = speed_classes(history)
+  figure, ax = _new_axes(title, "staleness (server updates)", "arrivals")
+  ax.xaxis.set_major_locator(_integer_ticks())
+  if len(classes) < 2:
+    ax.bar(values, counts, width=0.9, color="tab:blue")
+    return figure
+  accepted = ~np.asarray(history.rejected, bool)
+  staleness, worker = np.asarray(history.staleness)[accepted], np.asarray(history.worker)[accepted]
+  bottom = np.zeros(len(values), np.int64)
+  for ids, slowdown in classes:
+    _, these = staleness_counts(history, ids)
+    mine = np.isin(worker, ids)
+    mean = float(staleness[mine].mean()) if mine.any() else math.nan
+    who = f"{len(ids)} worker{'s' if len(ids) > 1 else ''} ({_worker_list(ids)})"
+    speed = "fastest" if slowdown == 1.0 else f"{slowdown:.1f}x slower"
+    ax.bar(values, these, width=0.9, bottom=bottom, label=f"{who}, {speed}: mean {mean:.1f}")
+    bottom += these
+  ax.set_title(
+    f"{title}\nslower workers compute longer while the others update: staler gradients",
+    fontsize="medium",
+  )
+  ax.legend(title="by worker speed (from arrivals)", fontsize="small", title_fontsize="small")
+  return figure
+
+
+def compare_figures(
+  runs: dict[str, list[History]], num_points: int = 200, *, target: tuple[str, float] | None = None
+) -> dict[str, Figure]:
   """The figures of :func:`plot_compare`, by file stem.
 
   Args:
     runs: ``{strategy: [history per seed]}``.
     num_points: points of each strategy's mean curve.
+    target: the runs' target, e.g. ``("accuracy", 0.95)``: a dashed line on that metric's plots.
 
   Returns:
     ``{stem: Figure}``, one per metric and x axis that at least one strategy recorded.
@@ -252,13 +438,22 @@ def compare_figures(runs: dict[str, list[History]], num_points: int = 200) -> di
   figures = {}
   clock = next((h.clock for hs in runs.values() for h in hs), "simulated")
   for metric in _COMPARED_METRICS:
+    if not any(_has_metric(h, metric) for hs in runs.values() for h in hs):
+      continue
     for axis in _AXES:
-      figure, ax = _new_axes(f"{metric} (mean over seeds, ±1 std)", axis_label(axis, clock), metric)
-      if draw_compare(ax, runs, metric, axis, num_points):
+
+      def draw(ax, metric=metric, axis=axis):
+        draw_compare(ax, runs, metric, axis, num_points)
         if metric == "loss":
           _log_scale_if_positive(ax, *[line.get_ydata() for line in ax.get_lines()])
-        ax.legend()
-        figures[f"compare_{metric}_vs_{axis}"] = figure
+
+      figures[f"compare_{metric}_vs_{axis}"] = _metric_figure(
+        f"{metric} (mean over seeds, ±1 std)",
+        axis_label(axis, clock),
+        metric,
+        draw,
+        _target_on(target, metric),
+      )
   return figures
 
 
@@ -306,35 +501,51 @@ def _save(figures: dict[str, Figure], out_dir: str | pathlib.Path) -> list[pathl
   return paths
 
 
-def plot_run(history: History, out_dir: str | pathlib.Path, *, label: str) -> list[pathlib.Path]:
+def plot_run(
+  history: History,
+  out_dir: str | pathlib.Path,
+  *,
+  label: str,
+  target: tuple[str, float] | None = None,
+) -> list[pathlib.Path]:
   """Writes one run's PNGs into ``out_dir`` (created if missing).
 
   Writes ``{metric}_vs_time.png`` and ``{metric}_vs_updates.png`` per recorded metric (the loss plots
-  add the smoothed training batch loss), ``staleness_hist.png``, ``k_over_time.png`` when k varies
+  add the smoothed training batch loss; the target's metric a dashed line at the target; an accuracy
+  that rises to near 1 early a second panel zoomed near the top), ``staleness_hist.png`` (stacked by
+  worker speed class when the workers differ in speed), ``k_over_time.png`` when k varies
   (adaptive-k) and ``step_sizes.png`` when the recorded step sizes vary (BB).
 
   Args:
     history: a run's history.
     out_dir: the folder to write into.
     label: the run's name, used in the titles.
+    target: the run's target, e.g. ``("accuracy", 0.95)`` (``summary.json``'s ``target``), or None.
 
   Returns:
     The written paths.
   """
-  return _save(run_figures(history, label=label), out_dir)
+  return _save(run_figures(history, label=label, target=target), out_dir)
 
 
-def plot_compare(runs: dict[str, list[History]], out_dir: str | pathlib.Path) -> list[pathlib.Path]:
+def plot_compare(
+  runs: dict[str, list[History]],
+  out_dir: str | pathlib.Path,
+  *,
+  target: tuple[str, float] | None = None,
+) -> list[pathlib.Path]:
   """Writes ``compare_{accuracy,loss}_vs_{time,updates}.png``: one mean-over-seeds line per strategy.
 
   Each seed's evaluation curve is interpolated onto a grid over the x range all seeds cover; the
-  band is ±1 standard deviation over seeds. Metrics no strategy recorded are skipped.
+  band is ±1 standard deviation over seeds. Metrics no strategy recorded are skipped. The target's
+  metric gets a dashed line at the target, and an accuracy squashed near the top a zoomed panel.
 
   Args:
     runs: ``{strategy: [history per seed]}``.
     out_dir: the folder to write into (created if missing).
+    target: the runs' target, e.g. ``("accuracy", 0.95)``, or None.
 
   Returns:
     The written paths.
   """
-  return _save(compare_figures(runs), out_dir)
+  return _save(compare_figures(runs, target=target), out_dir)

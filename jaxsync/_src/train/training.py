@@ -172,7 +172,7 @@ def _finish(
   if primary:
     run_directory.write_json(run_dir / "summary.json", summary)
     if make_plots:
-      plots.plot_run(history, run_dir / "plots", label=label)
+      plots.plot_run(history, run_dir / "plots", label=label, target=target)
   return RunResult(params=final_params, history=history, summary=summary, run_dir=run_dir)
 
 
