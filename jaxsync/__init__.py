@@ -1,11 +1,36 @@
-"""jaxsync: synchronization models for data-parallel training, as optax transforms.
+"""jaxsync: the synchronization rules of distributed SGD, as optax transforms.
 
-Every server or worker rule of the papers is an ``optax.GradientTransformationExtraArgs``
-with a ``NamedTuple`` state, pure and jittable. Server rules take the extra arg
-``version`` (the server version the gradient was computed on); staleness is
-``current_version - version``. Unknown extra args are ignored.
+Each rule of the distributed-SGD papers that plain optax cannot express (ordered
+momentum, SMEGA², adaptive k-synchronization, staleness-aware rates, elastic
+averaging, per-worker Barzilai-Borwein step sizes) is an
+``optax.GradientTransformationExtraArgs`` with a ``NamedTuple`` state, pure and
+jittable. Use one wherever an optax optimizer goes: in your own loop with
+``optax.apply_updates``, in ``flax.nnx.Optimizer``, in a Linen ``TrainState``,
+or as the server or worker rule of jaxsync's simulator (:mod:`jaxsync.sim`) and
+runtimes (:mod:`jaxsync.dist`).
 
-Two kinds of rule (design.md, "Learning-rate placement"):
+Versions and staleness. A server rule measures how stale a gradient is against
+a version it counts itself: the server sends :func:`server_version` with its
+parameters and passes it back as the extra arg ``version`` of ``update`` when
+the gradient computed on them arrives; the staleness is ``current_version -
+version``. In an ordinary single-process loop leave it out: a gradient without
+``version`` is fresh (staleness 0), so
+``nnx.Optimizer(model, jaxsync.ordered_momentum(0.05, 0.9, num_workers=1), wrt=nnx.Param)``
+trains as heavy-ball momentum. Unknown extra args are ignored.
+
+Composing rules. A chain (``optax.chain``, wrappers, :func:`on_release`'s
+buffer) holds at most one rule that counts server versions
+(:func:`ordered_momentum`, :func:`smega2`, :func:`adaptive_k`,
+:func:`scale_by_staleness`); its count is the chain's version. Two are
+refused (:func:`server_version` raises, :func:`on_release` refuses at
+``init``): the second would count the first's outputs, idle zeros included,
+as arrivals of its own. After a buffering rule put a stateless learning rate
+(``optax.chain(jaxsync.adaptive_k(), optax.scale_by_learning_rate(lr))``), or
+any optimizer through :func:`on_release`, whose inner sees each release as one
+fresh gradient and counts releases itself:
+``jaxsync.on_release(jaxsync.adaptive_k(momentum=0.0), jaxsync.ordered_momentum(lr, 0.9, num_workers=1))``.
+
+Two kinds of rule:
 
 * *final-update* rules take ``learning_rate`` and return the updates to add
   with ``optax.apply_updates``: :func:`ordered_momentum`, :func:`smega2`,
@@ -14,18 +39,20 @@ Two kinds of rule (design.md, "Learning-rate placement"):
   :func:`adaptive_k`, :func:`scale_by_staleness`, :func:`bb_step_size`
   (which returns ``alpha_i g``, the scaled gradient a worker sends).
 
-Rules that are plain optax and therefore not re-implemented here:
+Rules that are plain optax and therefore not re-implemented here (each is
+described in the Algorithms page of the jaxsync documentation, in the section
+named):
 
-=====================  ===========================================================
-rule (algorithms.md)   optax form
-=====================  ===========================================================
-BSP / SSGDm (§1)       ``optax.sgd(lr, momentum)`` on the mean of the K gradients
-ASP / ASGD (§2)        ``optax.sgd(lr)`` applied per arrival
-naive ASGDm (§3)       ``optax.sgd(lr, momentum)`` applied per arrival
-shifted momentum (§4)  worker ``optax.trace(decay=m)``, server ``optax.sgd(lr)``
-Hogwild                ``optax.sgd(lr)``, applied without a lock
-SMEGA² weight decay    ``optax.add_decayed_weights(wd)`` before :func:`smega2`
-=====================  ===========================================================
+* BSP / synchronous SGD with momentum: ``optax.sgd(lr, momentum)`` on the mean
+  of the K gradients (section '1. BSP / synchronous SGD with momentum');
+* ASP / asynchronous SGD, and Hogwild: ``optax.sgd(lr)`` applied per arrival
+  (section '2. ASP / asynchronous SGD');
+* naive asynchronous SGD with momentum: ``optax.sgd(lr, momentum)`` applied per
+  arrival (section '3. Naive ASGDm');
+* shifted momentum: worker ``optax.trace(decay=m)``, server ``optax.sgd(lr)``
+  (section '4. Shifted momentum');
+* SMEGA²'s weight decay: ``optax.add_decayed_weights(wd)`` before
+  :func:`smega2` (section '5. SMEGA²').
 
 NaN/Inf policy: jaxsync's own rules reject a non-finite arrival (zeros out, state
 unchanged, counted in ``state.nonfinite_count``); wrap a plain optax rule in
@@ -38,6 +65,8 @@ passes the extra arg ``grads_finite`` and the rule trusts it.
 :mod:`jaxsync.sim` and :mod:`jaxsync.strategies` (with flax, ZeroMQ, grain...)
 are imported on first use, e.g. ``jaxsync.sim.Simulator``.
 """
+
+# For the maintainers: the two kinds of rule, docs/design.md, "Learning-rate placement".
 
 import typing as _typing
 

@@ -68,7 +68,28 @@ def test_states_document_their_fields(name):
 
 @pytest.mark.parametrize("name", RECONSTRUCTED)
 def test_reconstructed_formulas_say_so(name):
-  assert "Reading chosen (docs/algorithms.md" in inspect.getdoc(getattr(jaxsync, name))
+  """A reading chosen is said in plain words and points to the documentation's section on it
+  (tests/rules/test_docstring_sections.py checks that the section exists)."""
+  doc = " ".join(inspect.getdoc(getattr(jaxsync, name)).split())
+  assert "Reading chosen:" in doc
+  assert re.search(r"the Algorithms page of the jaxsync documentation, sections? '", doc, re.I)
+
+
+@pytest.mark.parametrize("name", ["jaxsync", *FUNCTIONS, *CLASSES])
+def test_public_docstrings_cite_no_repository_path(name):
+  """help() is read by pip users, who have the papers and the documentation site, not docs/*.md.
+  (The submodules' own docstrings are checked with their modules.)"""
+  doc = inspect.getdoc(jaxsync if name == "jaxsync" else getattr(jaxsync, name))
+  assert not re.search(r"algorithms\.md|design\.md|docs/", doc), name
+
+
+@pytest.mark.parametrize("name", FUNCTIONS)
+def test_functions_lead_with_plain_words(name):
+  """The summary and the paragraph after it come before any equation."""
+  doc = inspect.getdoc(getattr(jaxsync, name))
+  first_math = doc.find(".. math::")
+  lead = doc if first_math < 0 else doc[:first_math]
+  assert len(lead.split("\n\n")) >= 2 and len(lead.split()) >= 40, name
 
 
 @pytest.mark.parametrize("module", MODULES)

@@ -122,7 +122,18 @@ def test_required_extra_args():
     tx.update(jnp.ones(1), tx.init(jnp.ones(1)), jnp.ones(1))
   with pytest.raises(ValueError, match="center_read"):
     tx = jaxsync.ea_wild_center(0.1)
-    tx.update(jnp.ones(1), tx.init(jnp.ones(1)), jnp.ones(1))
+    tx.update(jnp.ones(1), tx.init(jnp.ones(1)))  # neither a read nor the current centre
+
+
+def test_lock_free_centre_without_a_read_is_a_fresh_read_the_locked_centre():
+  """center_read omitted: the worker read the current centre, and EA-wild is EASGD's centre."""
+  wild, locked = jaxsync.ea_wild_center(0.3), jaxsync.easgd_center(0.3)
+  center = jnp.array([0.5, -1.0])
+  x = jnp.array([2.0, 1.0])
+  e, _ = jit_update(wild)(x, wild.init(center), center, {})
+  expected, _ = jit_update(locked)(x, locked.init(center), center, {})
+  np.testing.assert_array_equal(e, expected)
+  np.testing.assert_allclose(apply(center, e), center + 0.3 * (x - center), rtol=1e-6)
 
 
 def test_synchronous_easgd_without_elastic_force_is_independent_sgd_runs():

@@ -1,5 +1,6 @@
 """OrMo / OrMo-DA (spec §6, §7): the spec's equivalence checks and a NumPy reference."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -197,10 +198,20 @@ def test_impossible_versions_are_rejected_and_counted():
   assert int(state.invalid_version_count) == 2 and int(state.count) == 1
 
 
-def test_version_is_required():
-  tx = jaxsync.ordered_momentum(0.1, num_workers=2)
-  with pytest.raises(ValueError, match="version"):
-    tx.update(jnp.ones(2), tx.init(jnp.ones(2)), jnp.ones(2))
+def test_an_omitted_version_is_a_fresh_gradient():
+  """Without ``version`` the gradient was computed on the current version (staleness 0), as in a
+  single-process loop: the same updates and states as passing ``version=state.count``, under jit."""
+  tx = jaxsync.ordered_momentum(0.1, 0.9, num_workers=2)
+  update = jit_update(tx)
+  w = v = jnp.array([1.0, -2.0])
+  state = explicit = tx.init(w)
+  for t in range(5):
+    g = jnp.array([1.0, 0.5]) * (t + 1)
+    u, state = update(g, state, w, {})
+    e, explicit = update(g, explicit, v, {"version": explicit.count})
+    w, v = apply(w, u), apply(v, e)
+    jax.tree.map(np.testing.assert_array_equal, (w, state), (v, explicit))
+  assert int(state.count) == 5 and int(state.invalid_version_count) == 0 and int(state.last_delay) == 0
 
 
 def test_schedule_learning_rate_follows_the_count():

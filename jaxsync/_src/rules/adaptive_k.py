@@ -1,4 +1,4 @@
-"""Adaptive k-synchronization with distributed progressive momentum (docs/algorithms.md §11a, §11b)."""
+"""Adaptive k-synchronization with distributed progressive momentum (Algorithms page, 11a and 11b)."""
 
 from __future__ import annotations
 
@@ -81,64 +81,72 @@ def adaptive_k(
   ci_endpoint: str = "upper",
   max_k: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Adaptive k-synchronization with progressive momentum (Zhang, Ji, Wang, JPDC 2022), server side.
+  r"""Adaptive k-synchronization: wait for just enough fresh gradients, then take one momentum step.
 
-  Per arrival the rule buffers. A *fresh* gradient (computed on the current
-  server version ``S``) joins the fresh set ``F``; a *stale* one (version
-  ``j < S``) is merged into a stale sum with the momentum weight it would carry.
-  After each fresh arrival the two error-bound tests decide whether ``F`` is big
-  enough (§11a). With ``k = |F|``, ``g_bar`` the mean of ``F``,
-  ``V = 1/(k-1) sum_i |g_i - g_bar|^2`` and ``s_j^2`` the per-coordinate
-  sample variance (so ``sum_j s_j^2 = V``):
+  The server collects the gradients computed on its current parameters and
+  releases their mean as soon as it is precise enough (its estimated error is
+  small next to its norm): often after 2 to 5 arrivals rather than all ``K``
+  workers. Gradients that arrive stale are not dropped: they join the next
+  step with the momentum weight they would have carried. Use it as the server
+  rule when a barrier on every worker (BSP) waits too long for stragglers and
+  plain asynchronous SGD is too noisy. In a single process (no ``version``
+  passed) every gradient is fresh and it is SGD with momentum on an adaptive
+  batch: each step averages as many batches as the tests ask for, up to ``max_k``.
+
+  With ``F`` the fresh gradients buffered for the current server version ``S``,
+  ``k = |F|``, ``g_bar`` their mean, ``V = 1/(k-1) sum_i |g_i - g_bar|^2`` and
+  ``s_j^2`` the per-coordinate sample variance (``sum_j s_j^2 = V``), the two
+  tests after each fresh arrival are
 
   .. math::
 
-    &\text{Test 1 (norm test, eq. 13): } V/k \le \theta^2 \|\bar g\|^2 \\
-    &\text{Test 2 (t-interval, eqs. 14-16): } V/k \le \theta^2 \|\hat\mu\|^2, \quad
+    &\text{Test 1 (norm test): } V/k \le \theta^2 \|\bar g\|^2 \\
+    &\text{Test 2 (t-interval): } V/k \le \theta^2 \|\hat\mu\|^2, \quad
       \hat\mu_j = |\bar g_j| \pm t_{1-a/2,\,k-1}\, s_j / \sqrt{k}
 
-  It releases when ``k >= 2`` and both pass, or when ``k`` reaches the bound
-  ``min(max_k, num_live_workers)``. On a release at step ``S`` it emits the
-  direction of the distributed progressive momentum (§11b) and sets
-  ``S <- S + 1``:
+  It releases when ``k >= 2`` and both pass, or when ``k`` reaches
+  ``min(max_k, num_live_workers)``. A release emits the progressive momentum
+  ``mc_S`` (``R``: the stale arrivals since the last release, ``j_r`` the
+  version each was computed on) and sets ``S <- S + 1``:
 
   .. math::
 
     mc_S = \gamma\, mc_{S-1} + \frac1k \sum_{i \in F} g_i
            + \frac1k \sum_{r \in R} \gamma^{S - j_r} g_r
 
-  On every arrival that releases nothing it emits exact zeros and changes no
-  momentum, so stateless transforms may follow it in a chain:
-  ``optax.chain(optax.clip_by_global_norm(1.0), jaxsync.adaptive_k(),
-  optax.scale_by_learning_rate(0.05))``. A *stateful* optimizer after it
-  (Adam, a learning-rate schedule) would also step on idle arrivals: wrap it
-  with :func:`on_release` instead. The learning rate is not applied here
-  (a *direction* rule); with per-worker BB step sizes (:func:`bb_step_size`)
-  the workers send ``alpha_i g_i`` and the server applies rate 1.
+  It is a *direction* rule: chain a learning rate after it,
+  ``optax.chain(jaxsync.adaptive_k(), optax.scale_by_learning_rate(0.05))``
+  (stateless transforms such as ``optax.clip_by_global_norm`` may go either
+  side). On arrivals that release nothing it emits exact zeros; to follow it
+  with a *stateful* optimizer (Adam, a schedule, :func:`ordered_momentum`),
+  wrap that optimizer with :func:`on_release`, or it would also step on the
+  idle arrivals. Per-worker BB step sizes (:func:`bb_step_size`) send
+  ``alpha_i g_i``; the server then applies rate 1.
 
-  Reading chosen (docs/algorithms.md §11a): the paper's equations (8)-(26) did
-  not survive; the tests are reconstructed from De et al. (2017). Read
-  literally, the paper takes "the maximum value of
-  the confidence interval" (``ci_endpoint="upper"``, ``+``), which makes Test 2
-  implied by Test 1 (``|mu_hat| >= |g_bar|``), so it is not evaluated and no
-  per-coordinate variance is stored; ``ci_endpoint="lower"`` takes
-  ``mu_hat_j = max(|g_bar_j| - h_j, 0)``, the conservative reading, and keeps
-  the per-coordinate ``M2`` it needs. The stale
-  normalisation ``1/k`` is the reading chosen; its alternative ``1/k_{j_r}`` (the k of
-  step ``j_r``) is not implemented.
+  Reading chosen: the paper's equations (8)-(26) are missing from its text;
+  the tests are rebuilt from De et al. (2017), which the paper follows. The
+  paper takes "the maximum value of the confidence interval"
+  (``ci_endpoint="upper"``, the default), under which Test 2 always passes when
+  Test 1 does, so it is skipped; ``ci_endpoint="lower"`` takes the cautious
+  end, ``max(|g_bar_j| - h_j, 0)``, so that Test 2 can fail. Stale gradients
+  are divided by the current ``k``. Both are argued in the Algorithms page of
+  the jaxsync documentation, sections '11a. Adaptive k: the two error-bound
+  tests' and '11b. Distributed progressive momentum'.
 
-  Extra args of ``update``: ``version`` (required, int32 scalar: the server
-  step the gradient was computed on) and ``num_live_workers`` (int32 scalar:
-  the forced-release bound; required when ``max_k`` is ``None``). Unknown extra
-  args are ignored. NaN/Inf gradients and versions newer than ``count`` are
-  rejected and counted in the state; ``grads_finite`` (bool scalar) replaces
-  the NaN/Inf scan when the caller already knows.
+  Extra args of ``update``: ``version`` (int32 scalar, optional: the server
+  version the gradient was computed on; omitted, the gradient is fresh) and
+  ``num_live_workers`` (int32 scalar: the forced-release bound; required when
+  ``max_k`` is ``None``). Unknown extra args are ignored. NaN/Inf gradients and
+  versions newer than ``count`` are rejected and counted in the state;
+  ``grads_finite`` (bool scalar) replaces the NaN/Inf scan when the caller
+  already knows.
 
   Args:
     momentum: ``gamma``, the momentum decay in ``[0, 1)``.
-    theta: ``theta`` in ``(0, 1]``, the bound on the relative gradient error.
+    theta: ``theta`` in ``(0, 1]``, the bound on the relative gradient error
+      (smaller waits for more gradients).
     confidence: ``1 - a`` in ``(0, 1)``, the level of the t-interval.
-    ci_endpoint: ``"upper"`` (paper text) or ``"lower"`` (conservative).
+    ci_endpoint: ``"upper"`` (paper text) or ``"lower"`` (cautious).
     max_k: the largest ``k``; a release is forced when it is reached.
       ``None``: bounded by the ``num_live_workers`` extra arg only.
 
@@ -152,8 +160,8 @@ def adaptive_k(
     >>> params = jnp.zeros(3)
     >>> state = tx.init(params)
     >>> g = jnp.array([1.0, 2.0, 3.0])
-    >>> u1, state = tx.update(g, state, params, version=0)  # k = 1: buffered
-    >>> u2, state = tx.update(g, state, params, version=0)  # identical: V = 0
+    >>> u1, state = tx.update(g, state, params)  # k = 1: buffered
+    >>> u2, state = tx.update(g, state, params)  # identical: V = 0, the tests pass
     >>> bool((u1 == 0).all()), u2
     (True, Array([-0.1, -0.2, -0.3], dtype=float32))
     >>> int(state[0].last_k), bool(state[0].released)
@@ -164,7 +172,7 @@ def adaptive_k(
     distributed DNN training on HPC clusters", JPDC 2022
     (doi:10.1016/j.jpdc.2021.09.007), §4.1-4.2, Algorithm 1; De, Yadav, Jacobs,
     Goldstein, "Big Batch SGD: Automated Inference using Adaptive Batch Sizes",
-    AISTATS 2017; docs/algorithms.md §11a, §11b, §11d.
+    AISTATS 2017.
   """
   gamma = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
   theta = validation.check_real(_RULE, "theta", theta, low=0.0, high=1.0, low_open=True, array_ok=True)
@@ -224,7 +232,7 @@ def adaptive_k(
         "num_live_workers=... (the forced-release bound); pass it, or set max_k."
       )
     count = state.count
-    s, version_ok = guard.arrival_version(_RULE, version, count)
+    s, version_ok = guard.arrival_version(version, count)
     bound = jnp.asarray(max_k if max_k is not None else jnp.iinfo(jnp.int32).max, jnp.int32)
     if num_live_workers is not None:
       bound = jnp.minimum(bound, jnp.asarray(num_live_workers, jnp.int32))

@@ -1,4 +1,4 @@
-"""Per-worker adaptive Barzilai-Borwein step sizes with Armijo backtracking (docs/algorithms.md §11c)."""
+"""Per-worker adaptive Barzilai-Borwein step sizes with Armijo backtracking (Algorithms page, 11c)."""
 
 from __future__ import annotations
 
@@ -40,10 +40,13 @@ def armijo_backtracking(
   max_backtracks: int = 20,
   value: jax.Array | None = None,
 ) -> jax.Array:
-  r"""Backtracks a step size until the Armijo condition holds; usable inside ``jit``.
+  r"""Shrinks a step size until the step decreases the loss enough (Armijo backtracking), inside ``jit``.
 
-  Starting from ``alpha = step_size``, shrinks it while the sufficient-decrease
-  condition (eq. 19 of Zhang, Ji, Wang, JPDC 2022) fails:
+  Use it to make a proposed learning rate safe for one step: starting from
+  ``step_size`` it halves the step (by ``shrink``) until the loss after the
+  step is at least ``slope * alpha * |g|^2`` below the loss before it.
+  :func:`bb_step_size` calls it when given a ``value_fn``. The condition is
+  eq. 19 of Zhang, Ji, Wang (JPDC 2022):
 
   .. math::
 
@@ -76,8 +79,9 @@ def armijo_backtracking(
 
   References:
     Armijo, "Minimization of functions having Lipschitz continuous first partial
-    derivatives", Pacific J. Math. 1966; Zhang, Ji, Wang, JPDC 2022, eq. (19);
-    docs/algorithms.md §11c.
+    derivatives", Pacific J. Math. 1966; Zhang, Ji, Wang, "Momentum-driven
+    adaptive synchronization model for distributed DNN training on HPC
+    clusters", JPDC 2022, eq. (19).
   """
   rule = "armijo_backtracking"
   slope = validation.check_real(
@@ -151,86 +155,61 @@ def bb_step_size(
   armijo: bool | None = None,
   server_momentum: float = 0.0,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Per-worker adaptive Barzilai-Borwein step size (Zhang, Ji, Wang, JPDC 2022, Algorithm 2), worker side.
+  r"""Per-worker adaptive learning rate (Barzilai-Borwein step size), worker side of adaptive-k.
 
-  Each worker fits a quadratic along its last move and takes the BB step of
-  its curvature, corrected for gradient noise, smoothed, and safeguarded
-  (eqs. 21-26 of the JPDC 2022 paper, after De et al. 2017). With ``r`` the noise-to-signal
-  ratio ``V_B / (|B| |g_B|^2)`` (from the server's adaptive-k statistics,
-  :attr:`AdaptiveKState.noise_ratio`, or :func:`gradient_noise_ratio`):
+  Each worker picks its own learning rate from the curvature it measures along
+  its last move: a flat direction gets a larger step, a steep one a smaller
+  step. The estimate is corrected for minibatch noise, smoothed over steps,
+  kept within a factor of the starting rate, and optionally checked by Armijo
+  backtracking. Use it on the workers of :func:`adaptive_k` (whose releases
+  supply the noise ratio) to adapt each worker's rate instead of tuning one
+  schedule; it returns ``alpha g``, the scaled gradient a worker sends. For a
+  standalone optimizer chain ``optax.scale(-1.0)`` after it.
+
+  With ``r`` the noise-to-signal ratio ``V_B / (|B| |g_B|^2)`` (from the
+  server's adaptive-k statistics, :attr:`AdaptiveKState.noise_ratio`, or
+  :func:`gradient_noise_ratio`), eqs. 21-26 of the JPDC 2022 paper after De et
+  al. (2017):
 
   .. math::
 
     s &= \theta - \theta_{prev}, \qquad
     \hat g_{prev} = (1 - r_{prev})\, g_{prev} \\
     \nu &= \langle g - \hat g_{prev}, s\rangle / \langle s, s\rangle
-       \qquad \text{(eqs. 22, 24, 25)} \\
-    \hat\alpha &= (1 - r) / \nu \qquad \text{(eq. 21)} \\
-    \alpha &= (1 - \beta_s)\,\alpha_{prev} + \beta_s\,\hat\alpha \qquad \text{(eq. 26)} \\
+       \qquad \text{(curvature, eqs. 22, 24, 25)} \\
+    \hat\alpha &= (1 - \gamma)(1 - r) / \nu \qquad \text{(eq. 21; } \gamma = \texttt{server\_momentum}) \\
+    \alpha &= (1 - \beta_s)\,\alpha_{prev} + \beta_s\,\hat\alpha \qquad \text{(smoothing, eq. 26)} \\
     \alpha &\leftarrow \operatorname{clip}(\alpha,\ \alpha_0 / c,\ c\,\alpha_0)
-       \qquad \text{(jaxsync's bound, not the paper's; } c = \texttt{max\_scale})
+       \qquad \text{(jaxsync's bound; } c = \texttt{max\_scale})
 
   Safeguard: if ``nu <= 0``, ``nu`` or ``alpha_hat`` is not finite (e.g.
-  ``s = 0``), or ``r >= 1``, the previous step is kept. The stored ``r_prev`` is
-  clipped to ``[0, 1]`` (a non-finite ``r`` is stored as 1). The first update
-  uses ``initial_step_size``. With ``smoothing = 1`` (``|B| = N``, the full
-  batch) the noise ratio is ignored and the step is the deterministic
-  ``1 / nu``: on ``f = (nu/2)|x|^2`` the second update lands on the minimum
-  (if ``1 / nu`` is inside the bound below). With Armijo backtracking on
-  (``armijo=True``, or by default whenever the update gets the extra arg
-  ``value_fn``: ``params -> loss`` on the worker's batch), the step is then
-  backtracked with :func:`armijo_backtracking` (eq. 19) and the accepted step
-  is stored.
+  ``s = 0``), or ``r >= 1``, the previous step is kept; the first update uses
+  ``initial_step_size``. With ``smoothing = 1`` (the full batch) the noise
+  ratio is ignored and the step is the deterministic ``1 / nu``: on
+  ``f = (nu/2)|x|^2`` the second update lands on the minimum. With Armijo on
+  (``armijo=True``, or by default whenever the update gets ``value_fn``), the
+  step is then backtracked with :func:`armijo_backtracking` (eq. 19).
 
-  Step-size bound (jaxsync's addition, not in the paper): with
-  ``max_scale = c`` the step of eq. (26) is clipped to ``[alpha_0 / c, c alpha_0]``
-  (``[alpha_0 / c, alpha_0]`` under server momentum, see "Momentum" below),
-  ``alpha_0 = initial_step_size``, before Armijo (which may only shrink it, so the
-  upper bound always holds and the lower one holds unless Armijo backtracked).
-  Why: with minibatch gradients the change ``g - g_hat_prev`` is mostly batch
-  noise, nearly orthogonal to ``s`` (measured on digits/CNN with 32 async
-  workers: median cosine 0, interquartile range +-0.13), so ``nu`` is often a
-  tiny positive number and ``alpha_hat`` huge; and in asynchronous training
-  ``s`` is the server's move (momentum and the other workers' scaled
-  gradients), which grows with every worker's ``alpha``, so ``alpha_hat`` grows
-  with ``alpha``. Unbounded, this feedback diverged there (``alpha`` from 1e-3 to
-  ~1e2 within 16 updates per worker, the loss to ~1e18); with a bound the steps
-  sit at its top most of the time, so ``c`` is in effect a learning-rate
-  multiplier: the default 2 trained there, 10 collapsed to chance accuracy.
-  ``max_scale=None`` is the paper's unbounded rule, exactly.
-
-  Momentum (jaxsync's reading, docs/algorithms.md §11c): eq. (21) is the step
-  of plain gradient descent, ``1 / nu`` for curvature ``nu``. When the server
-  applies heavy-ball momentum ``gamma`` to the workers' scaled gradients (the
-  progressive momentum of :func:`adaptive_k`), two things change. (1) A
-  gradient sent with rate ``alpha`` moves the parameters ``alpha / (1 - gamma)``
-  in all (the effective learning rate of momentum SGD), so with
-  ``server_momentum = gamma`` the proposal is ``(1 - gamma)(1 - r) / nu``.
-  (2) ``s`` is then the momentum's move, an average in which the gradient's
-  high-curvature components cancel, so ``nu`` underestimates the curvature
-  along the gradient the worker scales and the proposal overestimates the
-  stable step; the bound's top is therefore ``alpha_0`` itself (the rate tuned
-  with that momentum): BB may lower a worker's rate, not raise it. Measured on
-  the quickstart (digits, CNN, 8 workers, ``gamma = 0.9``, ``alpha_0 = 0.02``):
-  without (1) and (2) every step sat at ``2 alpha_0`` and the run died at
-  chance accuracy (0.08); with (1) alone still at the top, still diverged;
-  with both, 59% of the steps below ``alpha_0`` and 0.989 accuracy (without
-  BB: 0.992).
-
-  It returns ``alpha * g``: the scaled gradient a worker sends (§11c "Send").
-  It is a *direction* rule in the optax sense (like ``scale_by_adam``); to use
-  it as a standalone optimizer chain ``optax.scale(-1.0)`` after it.
-
-  Reading chosen (docs/algorithms.md §11c): the paper's equations did not
-  survive in the text we have; this follows De et al. (2017) §4. Whether
-  Armijo runs on the smoothed or the raw BB step is not said; here it runs on
-  the smoothed step.
+  jaxsync's additions, not the paper's. *The bound* ``[alpha_0 / c, c alpha_0]``
+  (``max_scale=None`` removes it): with minibatch gradients ``g - g_hat_prev``
+  is mostly noise, so ``nu`` is often tiny and ``alpha_hat`` huge, and in
+  asynchronous training the move ``s`` grows with every worker's ``alpha``;
+  unbounded, this feedback diverged in our runs (digits, 32 workers), and a
+  bound of 2 trained while 10 collapsed. *Server momentum*: a gradient the
+  server applies with heavy-ball momentum ``gamma`` moves the parameters
+  ``alpha / (1 - gamma)`` in all, hence the factor ``1 - gamma`` in eq. 21,
+  and the top of the bound is then ``alpha_0`` itself (BB may lower a worker's
+  rate, not raise it). Reading chosen: the paper's equations are missing; they
+  follow De et al. (2017) §4, and Armijo runs on the smoothed step. The
+  Algorithms page of the jaxsync documentation, section '11c. Adaptive BB step
+  size per worker', gives the measurements.
 
   Extra args of ``update``: ``noise_ratio`` (float scalar ``r``, default 0: no
-  noise correction) and ``value_fn`` (callable, the batch loss Armijo evaluates). The
-  update needs ``params`` (``theta``). Unknown extra args are ignored. A
-  NaN/Inf gradient is rejected (zeros out, state unchanged, counted);
-  ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
+  noise correction) and ``value_fn`` (callable, the batch loss Armijo
+  evaluates). The update needs ``params`` (``theta``). Unknown extra args are
+  ignored. A NaN/Inf gradient is rejected (zeros out, state unchanged,
+  counted); ``grads_finite`` (bool scalar) replaces the scan when the caller
+  knows.
 
   Args:
     initial_step_size: the first ``alpha`` (the LR column of the JPDC 2022 paper's
@@ -249,7 +228,7 @@ def bb_step_size(
     server_momentum: ``gamma`` of the heavy-ball momentum the server applies
       to what the workers send (adaptive-k's progressive momentum); the
       proposal of eq. (21) is scaled by ``1 - gamma`` and, when ``gamma > 0``,
-      bounded above by ``initial_step_size`` (see "Momentum" above).
+      bounded above by ``initial_step_size`` (see above).
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -269,8 +248,10 @@ def bb_step_size(
 
   References:
     Barzilai, Borwein, "Two-point step size gradient methods", IMA J. Numer.
-    Anal. 1988; De, Yadav, Jacobs, Goldstein, "Big Batch SGD", AISTATS 2017,
-    §4; Zhang, Ji, Wang, JPDC 2022, §4.3; docs/algorithms.md §11c.
+    Anal. 1988; De, Yadav, Jacobs, Goldstein, "Big Batch SGD: Automated
+    Inference using Adaptive Batch Sizes", AISTATS 2017, §4; Zhang, Ji, Wang,
+    "Momentum-driven adaptive synchronization model for distributed DNN
+    training on HPC clusters", JPDC 2022, §4.3.
   """
   initial_step_size = validation.check_learning_rate(_RULE, initial_step_size, "initial_step_size")
   beta_s = validation.check_real(
@@ -371,7 +352,12 @@ def bb_step_size(
 
 
 def gradient_noise_ratio(per_example_grads: optax.Updates) -> jax.Array:
-  r"""The noise-to-signal ratio ``r`` of a batch, from its per-example gradients.
+  r"""How noisy a batch gradient is: the variance of the batch mean relative to its squared norm.
+
+  A ratio near 0 means the batch mean is a precise gradient; near or above 1,
+  the minibatch noise is as large as the signal. :func:`bb_step_size` uses it
+  to correct its curvature estimate when the server does not supply one (the
+  adaptive-k server does); compute it from per-example gradients:
 
   .. math::
 
@@ -380,9 +366,7 @@ def gradient_noise_ratio(per_example_grads: optax.Updates) -> jax.Array:
     r = \frac{V}{B\, \|\bar g\|^2}
 
   ``V / B`` estimates the variance of the batch mean (the trace bound, eq. 10
-  of the JPDC 2022 paper), so ``r`` is its size relative to the signal. It is what
-  :func:`bb_step_size` takes as ``noise_ratio`` when the server does not
-  supply one.
+  of the JPDC 2022 paper).
 
   Args:
     per_example_grads: a tree whose leaves have a leading batch axis of size
@@ -397,7 +381,8 @@ def gradient_noise_ratio(per_example_grads: optax.Updates) -> jax.Array:
     0.25
 
   References:
-    De, Yadav, Jacobs, Goldstein, "Big Batch SGD", AISTATS 2017; docs/algorithms.md §11a, §11c.
+    De, Yadav, Jacobs, Goldstein, "Big Batch SGD: Automated Inference using
+    Adaptive Batch Sizes", AISTATS 2017; Zhang, Ji, Wang, JPDC 2022, eq. (10).
   """
   leaves = jax.tree.leaves(per_example_grads)
   if not leaves:

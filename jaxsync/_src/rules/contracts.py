@@ -19,6 +19,11 @@ question              rules that answer                                      def
 :func:`server_version` ``ordered_momentum``, ``smega2``, ``adaptive_k``,     None (the runtime counts updates)
                       ``scale_by_staleness`` (their ``count``)
 ====================  =====================================================  ==========================================
+
+A chain holds at most one rule that counts server versions (its *version owner*,
+``release.VERSION_OWNERS``); :func:`server_version` refuses a state with two, and
+:func:`jaxsync.on_release` refuses them at ``init``. The inner optimizer of
+``on_release`` is a scope of its own: it sees each release as one fresh gradient.
 """
 
 from __future__ import annotations
@@ -28,16 +33,8 @@ from typing import Any
 import jax
 import optax
 
-from jaxsync._src.rules.adaptive_k import AdaptiveKState
+from jaxsync._src.rules import release
 from jaxsync._src.rules.look_ahead import look_ahead
-from jaxsync._src.rules.ordered_momentum import OrderedMomentumState
-from jaxsync._src.rules.smega2 import Smega2State
-from jaxsync._src.rules.staleness import ScaleByStalenessState
-
-# The server rules whose ``count`` is the server version (optax's own states have a ``count`` too).
-_VERSIONED = tuple(
-  cls.__name__ for cls in (OrderedMomentumState, Smega2State, AdaptiveKState, ScaleByStalenessState)
-)
 
 
 def released(state: Any) -> jax.Array | None:
@@ -71,22 +68,34 @@ def reply_params(params: optax.Params, state: Any) -> optax.Params:
 
 
 def server_version(state: Any) -> jax.Array | None:
-  r"""The server version a jaxsync server rule's state is at (its ``count``), searched through chains.
+  r"""The server version of an optimizer state: what to send with the parameters, to get back as ``version``.
 
-  The version is what the server sends with its parameters and what the
-  rule's ``version`` extra arg expects back: arrivals applied for OrMo and
-  SMEGA², updates released for adaptive-k and ``scale_by_staleness``. In a
-  chain or wrapper (``optax.chain``, :func:`on_release`) other states have a
-  ``count`` of their own (Adam's); this finds the server rule's.
+  A server rule measures staleness against a version it counts itself. A
+  runtime (or your own asynchronous loop) sends the current version with the
+  parameters and passes it back as the ``version`` extra arg of ``update`` when
+  the gradient computed on them arrives. This function finds that counter in
+  a single rule's state or in a chained or wrapped one: the ``count`` of the
+  chain's one version-counting rule (:func:`ordered_momentum`, :func:`smega2`:
+  arrivals applied; :func:`adaptive_k`, :func:`scale_by_staleness`: updates
+  released), not Adam's ``count`` or the counters of the inner optimizer of
+  :func:`on_release`. A single-process loop needs none of this: without
+  ``version`` every gradient is fresh. The staleness of an arrival computed on
+  version ``s``, with ``S`` the version now:
+
+  .. math::
+
+    \tau = S - s \ge 0
 
   Args:
-    state: a server rule's state, possibly chained or wrapped.
+    state: an optimizer state, possibly chained or wrapped.
 
   Returns:
     The version (int32 scalar), or None when no jaxsync server rule is in the state.
 
   Raises:
-    KeyError: when the state holds more than one jaxsync server rule.
+    ValueError: when the state holds two rules that count versions (e.g.
+      ``optax.chain(jaxsync.adaptive_k(), jaxsync.ordered_momentum(...))``):
+      a chain has one version; the message says what to use instead.
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxsync
@@ -98,6 +107,8 @@ def server_version(state: Any) -> jax.Array | None:
     1
 
   References:
-    The version convention of the OrMo paper (Shi, Yang, Li, NeurIPS 2024, Alg. 1, Option II).
+    The version convention of Shi, Yang, Li, "Ordered Momentum for Asynchronous SGD",
+    NeurIPS 2024, Algorithm 1, Option II.
   """
-  return optax.tree.get(state, "count", None, filtering=lambda path, _: path[-1].tuple_name in _VERSIONED)
+  owners = release.check_one_version_owner("server_version: the state", state)
+  return owners[0].count if owners else None

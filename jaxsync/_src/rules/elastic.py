@@ -1,4 +1,4 @@
-"""Elastic averaging: EASGD and EAMSGD workers, the locked and the lock-free centre (docs/algorithms.md §12, §13)."""
+"""Elastic averaging: the EASGD and EAMSGD workers, the locked and the lock-free centre (Algorithms page)."""
 
 from __future__ import annotations
 
@@ -52,11 +52,19 @@ def easgd_worker(
   momentum: float = 0.0,
   weight_decay: float = 0.0,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""The EASGD / EAMSGD worker: local SGD (or Nesterov) pulled towards the centre.
+  r"""The EASGD / EAMSGD worker: local SGD (or Nesterov momentum) pulled towards a shared centre.
 
-  Worker ``i`` with local clock ``t^i`` and stored parameters ``x`` (the
-  asynchronous algorithm of Zhang et al. 2015, docs/algorithms.md §12), with
-  ``alpha = eta rho`` the moving rate:
+  In elastic averaging each worker trains its own copy ``x`` of the model and,
+  every ``period`` steps, it and the centre (the model the server keeps) move
+  towards each other by a fraction ``alpha`` of their difference. The workers
+  may wander apart, which explores more, while the centre averages them. Use
+  it when workers should communicate rarely (large ``period``) or when you
+  want the exploration of many loosely coupled models; the centre is the
+  model to evaluate. Pair it with :func:`easgd_center` (locked centre) or
+  :func:`ea_wild_center` (lock-free centre) on the server.
+
+  Worker ``i`` with local clock ``t^i`` (the asynchronous algorithm of Zhang
+  et al. 2015), with ``alpha = eta rho`` the moving rate:
 
   .. math::
 
@@ -69,17 +77,19 @@ def easgd_worker(
   with ``g`` taken at the pre-exchange ``x``. For EAMSGD the gradient point is
   ``x + delta v``: get it with ``state.look_ahead(x)`` or
   ``jaxsync.look_ahead(x, opt_state)``. The same worker rule serves EA-wild
-  (``period=1``, ``center`` being the worker's possibly stale, lock-free read,
-  docs/algorithms.md §13). The runtime applies the matching centre update
-  (:func:`easgd_center` or :func:`ea_wild_center`) with the same pre-exchange
+  (``period=1``, ``center`` being the worker's possibly stale, lock-free read).
+  The runtime applies the matching centre update with the same pre-exchange
   ``x`` when ``state.exchanged`` is set; the pair conserves ``x + w_center``.
 
   This is a *final-update* rule (learning rate inside). With ``moving_rate=0``
-  it is plain SGD (``momentum=0``) or Nesterov SGD (Sutskever's form).
+  it is plain SGD (``momentum=0``) or Nesterov SGD (Sutskever's form). The
+  Algorithms page of the jaxsync documentation, section '12. EASGD and
+  EAMSGD', gives the defaults and the checks.
 
   Extra args of ``update``: ``center`` (required: the centre parameters the
-  worker read). ``params`` (``x``) is required. Unknown extra args are ignored.
-  A NaN/Inf gradient is rejected (zeros out, state unchanged, counted);
+  worker read; there is no single-process default, the centre is another
+  model). ``params`` (``x``) is required. Unknown extra args are ignored. A
+  NaN/Inf gradient is rejected (zeros out, state unchanged, counted);
   ``grads_finite`` (bool scalar) replaces the scan when the caller knows.
 
   Args:
@@ -106,7 +116,7 @@ def easgd_worker(
 
   References:
     Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD",
-    NeurIPS 2015, Algorithms 1-2; code ``sixin-zh/mpiT``; docs/algorithms.md §12.
+    NeurIPS 2015, Algorithms 1-2; code ``sixin-zh/mpiT``.
   """
   rule = "easgd_worker"
   learning_rate = validation.check_learning_rate(rule, learning_rate)
@@ -208,12 +218,13 @@ def _elastic_center(rule: str, moving_rate: float, lock_free: bool) -> optax.Gra
     **extra_args: Any,
   ) -> tuple[optax.Updates, ElasticCenterState]:
     del extra_args
-    if lock_free:
-      reference = guard.require_extra_arg(
-        rule, "center_read", center_read, "the centre parameters the worker read, lock-free"
+    if lock_free and center_read is not None:
+      reference = center_read
+    else:  # the locked centre, or a fresh read (center_read omitted): the current centre
+      meaning = "the current centre parameters" + (
+        " (or center_read=..., the worker's read)" if lock_free else ""
       )
-    else:
-      reference = guard.require_extra_arg(rule, "params", params, "the current centre parameters")
+      reference = guard.require_extra_arg(rule, "params", params, meaning)
 
     def apply(accept, rejected):
       proposed = state._replace(count=optax.safe_increment(state.count))
@@ -225,21 +236,25 @@ def _elastic_center(rule: str, moving_rate: float, lock_free: bool) -> optax.Gra
 
 
 def easgd_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
-  r"""The EASGD centre (master) update for one elastic exchange, under a lock.
+  r"""The EASGD centre (server) update for one elastic exchange with a worker, under a lock.
 
-  The input "updates" are the arriving worker's parameters ``x`` (pre-exchange),
-  not a gradient; ``params`` is the current centre ``w_center``. The exchange is
-  atomic (EASGD locks the centre), so the difference uses the current centre:
+  The centre is the averaged model of elastic averaging: at each exchange it
+  moves a fraction ``alpha`` of the way towards the worker that reports, while
+  that worker (:func:`easgd_worker`) moves the same amount towards it. Use it
+  as the server side of EASGD or EAMSGD. Its input "updates" are the worker's
+  parameters ``x`` (pre-exchange), not a gradient; ``params`` is the current
+  centre ``w_center``. The exchange is atomic (EASGD locks the centre), so the
+  difference uses the current centre:
 
   .. math::
 
     e = \alpha (x - \tilde w), \qquad \tilde w \leftarrow \tilde w + e
 
-  Paired with the worker's ``x <- x - e`` (:func:`easgd_worker`), one exchange
-  conserves ``x + w_center``. Synchronous EASGD, ``w_center <- w_center +
-  alpha sum_i (x_i - w_center)`` with all old values, is the sum of these
-  updates over the workers against one centre, i.e. :func:`ea_wild_center`
-  with every ``center_read`` equal to the old centre.
+  Paired with the worker's ``x <- x - e``, one exchange conserves
+  ``x + w_center``. Synchronous EASGD, ``w_center <- w_center + alpha sum_i
+  (x_i - w_center)`` with all old values, is the sum of these updates over the
+  workers against one centre, i.e. :func:`ea_wild_center` with every
+  ``center_read`` equal to the old centre.
 
   This is a *final-update* rule: add its output to the centre with
   ``optax.apply_updates``. ``params`` is required; unknown extra args are
@@ -263,30 +278,33 @@ def easgd_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
 
   References:
     Zhang, Choromanska, LeCun, "Deep learning with Elastic Averaging SGD",
-    NeurIPS 2015; docs/algorithms.md §12.
+    NeurIPS 2015.
   """
   return _elastic_center("easgd_center", moving_rate, lock_free=False)
 
 
 def ea_wild_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
-  r"""The EA-wild centre update: an elastic increment added without a lock.
+  r"""The EA-wild centre update: an elastic increment added to the centre without a lock.
 
-  In EA-wild the master sends its centre without a lock, so a worker's read
-  ``w_read`` may be inconsistent or stale; the increment is computed against
-  that read and *added* to whatever the centre is now (Hogwild semantics,
-  modelled deterministically as an atomic add):
+  EA-wild is elastic averaging in which workers exchange with the centre at
+  every step and nobody locks it: a worker reads the centre (perhaps while
+  another worker writes it), computes its pull against that read, and the
+  server adds the increment to whatever the centre is by then (Hogwild style,
+  modelled as an atomic add). Use it as the server side of EA-wild, with
+  :func:`easgd_worker` (``period=1``, ``center=`` the read) on the workers;
+  it trades the lock's waiting for slightly inconsistent reads.
 
   .. math::
 
     e_j = \alpha (x_j - \tilde w_{read,j}), \qquad \tilde w \leftarrow \tilde w + e_j
 
   With sequential, conflict-free arrivals (``w_read`` = the current centre) it
-  equals :func:`easgd_center`; with ``alpha = 0`` the centre stays constant.
-  The worker side is :func:`easgd_worker` with ``period=1`` and
-  ``center=w_read``.
+  equals :func:`easgd_center`; with ``alpha = 0`` the centre stays constant
+  (the Algorithms page of the jaxsync documentation, section '13. EA-wild').
 
   The input "updates" are the worker's parameters ``x``; the extra arg
-  ``center_read`` (required) is the centre the worker read. This is a
+  ``center_read`` is the centre the worker read (omitted: a fresh read, the
+  current centre ``params``, which is :func:`easgd_center`). This is a
   *final-update* rule. Unknown extra args are ignored. A NaN/Inf worker model
   is rejected (zeros out, counted); ``grads_finite`` (bool scalar) replaces
   the scan when the caller knows.
@@ -309,6 +327,8 @@ def ea_wild_center(moving_rate: float) -> optax.GradientTransformationExtraArgs:
 
   References:
     Wongpanich, You, Demmel, "Rethinking the Value of Asynchronous Solvers for
-    Distributed Deep Learning", HPCAsia 2020, Algorithm 1; docs/algorithms.md §13.
+    Distributed Deep Learning", HPCAsia 2020, Algorithm 1; Niu, Recht, Ré,
+    Wright, "Hogwild!: A Lock-Free Approach to Parallelizing Stochastic
+    Gradient Descent", NeurIPS 2011.
   """
   return _elastic_center("ea_wild_center", moving_rate, lock_free=True)

@@ -41,11 +41,16 @@ def require_extra_arg(rule: str, name: str, value: Any, meaning: str) -> jax.Arr
   return value
 
 
-def arrival_version(rule: str, version: Any, current: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """The arrival's ``version`` as int32 and whether it is possible (0 <= version <= current)."""
-  version = require_extra_arg(
-    rule, "version", version, "the server version the parameters of the gradient carried"
-  )
+def arrival_version(version: Any, current: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """The arrival's ``version`` as int32 and whether it is possible (0 <= version <= current).
+
+  An omitted ``version`` (``None``, a Python-level default, so static under ``jit``) is a fresh
+  gradient: the rule's own ``current`` version, staleness 0. That is every gradient of a
+  single-process loop (``tx.update(grads, state, params)``, ``flax.nnx.Optimizer``, a Linen
+  ``TrainState``); the simulator and the parameter server pass the version the sender pulled.
+  """
+  if version is None:
+    return current, jnp.asarray(True)
   s = jnp.asarray(version, jnp.int32)
   return s, (s >= 0) & (s <= current)
 

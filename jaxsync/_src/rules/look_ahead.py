@@ -23,17 +23,22 @@ def _states_with_look_ahead(state: Any) -> list[Any]:
 
 
 def look_ahead(params: optax.Params, opt_state: Any) -> optax.Params:
-  r"""The parameters at which the next gradient must be computed.
+  r"""The parameters at which the next gradient must be computed: ``params``, or a rule's look-ahead point.
 
   Most rules take gradients at the parameters themselves. Two take them at a
-  look-ahead point kept in their state:
+  point ahead, kept in their state, to make up for where the parameters will
+  have moved: :func:`smega2` replies ``w_hat = w - a v - b G`` to its sender,
+  and :func:`easgd_worker` with momentum (EAMSGD) takes its gradient at
+  ``x + delta v``, Nesterov's point. Call it wherever a gradient is about to be
+  computed: it searches ``opt_state`` (through ``optax.chain`` tuples and
+  wrappers) for such a rule and applies it, and without one returns ``params``
+  unchanged, so the same loop serves every rule.
 
-  * :func:`smega2`: the server replies ``w_hat = w - a v - b G`` (docs/algorithms.md §5);
-  * :func:`easgd_worker` with momentum (EAMSGD): ``x + delta v`` (docs/algorithms.md §12).
+  .. math::
 
-  This function searches ``opt_state`` (through ``optax.chain`` tuples and
-  wrappers) for such a state and applies it; without one it returns
-  ``params`` unchanged, so a runtime may call it for every rule.
+    \text{point} = \begin{cases} w - a v - b G & \text{SMEGA}^2 \\
+                                 x + \delta v & \text{EAMSGD} \\
+                                 \text{params} & \text{otherwise} \end{cases}
 
   Args:
     params: the parameters the rule's state belongs to.
@@ -53,8 +58,9 @@ def look_ahead(params: optax.Params, opt_state: Any) -> optax.Params:
     Array([1., 1.], dtype=float32)
 
   References:
-    Cohen, Hakimi, Schuster, ICPP 2022 (SMEGA²); Zhang, Choromanska, LeCun,
-    NeurIPS 2015 (EAMSGD).
+    Cohen, Hakimi, Schuster, "SMEGA2: Distributed Asynchronous Deep Neural
+    Network Training With a Single Momentum Buffer", ICPP 2022; Zhang,
+    Choromanska, LeCun, "Deep learning with Elastic Averaging SGD", NeurIPS 2015.
   """
   found = _states_with_look_ahead(opt_state)
   if len(found) > 1:

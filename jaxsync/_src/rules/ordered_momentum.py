@@ -1,4 +1,4 @@
-"""OrMo and OrMo-DA: ordered momentum for asynchronous SGD (docs/algorithms.md §6, §7)."""
+"""OrMo and OrMo-DA: ordered momentum for asynchronous SGD (the Algorithms page, sections 6 and 7)."""
 
 from __future__ import annotations
 
@@ -55,14 +55,22 @@ def ordered_momentum(
   delay_adaptive: bool = False,
   delay_measure: str = "iterations",
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Ordered momentum (OrMo) for asynchronous SGD, server side, learning rate inside.
+  r"""Ordered momentum (OrMo): SGD with momentum for an asynchronous server, stale gradients in order.
 
-  OrMo orders the stale gradients of asynchronous SGD into *gradient groups* by
-  the version they were computed on: group 0 holds the ``K`` gradients computed
-  at version 0, group ``i >= 1`` those computed at versions ``(i-1)K+1 .. iK``,
-  i.e. ``j(s) = ceil(s / K)``. Each arrival is then added to the momentum with the
-  weight it would have had in synchronous SGD with momentum. For arrival ``t``
-  carrying gradient ``g`` computed at version ``s`` (Alg. 2 of the paper):
+  In asynchronous SGD the gradients reach the server late, computed on older
+  parameters; plain momentum then adds a stale gradient as if it were fresh.
+  OrMo files each gradient by the server version it was computed on and gives
+  it the weight it would have had in synchronous SGD with momentum. Use it as
+  the server rule of asynchronous SGD when you want momentum. In an ordinary
+  single-process loop every gradient is fresh: with ``num_workers=1`` it is
+  then exactly heavy-ball momentum, ``optax.sgd(learning_rate, momentum)``, and
+  drops into ``flax.nnx.Optimizer`` or ``optax.apply_updates`` unchanged.
+
+  The gradients are grouped by version: group 0 holds the ``K`` gradients
+  computed at version 0, group ``i >= 1`` those computed at versions
+  ``(i-1)K+1 .. iK``, so a gradient of version ``s`` is in group
+  ``j(s) = ceil(s / K)``. For arrival ``t`` carrying gradient ``g`` computed at
+  version ``s`` (Algorithm 2 of the paper):
 
   .. math::
 
@@ -72,39 +80,50 @@ def ordered_momentum(
     &\text{(c) } u \leftarrow u + \beta^{\delta} \eta_t g, \qquad
        w \leftarrow w - \frac{1 - \beta^{\delta + 1}}{1 - \beta} \eta_t g
 
-  The look-ahead (a) at a group boundary is part of the update of the arrival
-  that crosses it, so the returned update is ``-(beta u [if a]) - coef * eta g``.
-  Under the asynchronous scheduler the waiting set ``C`` is always empty and (a)
-  fires iff ``t = 1 (mod K)``, ``t >= 1``. The state keeps the invariant
-  ``u = sum_g beta^(I - j_g) eta g`` and
-  ``w = w_0 - sum_g (1 - beta^(I - j_g + 1)) / (1 - beta) eta g``, which is
-  synchronous SGD with momentum written in groups; the state after a set of
-  arrivals does not depend on their order.
+  In words: (a) when a new group begins, the momentum is applied to the
+  parameters once; (b) ``delta`` is how many groups late the gradient is;
+  (c) it enters the momentum discounted by ``beta**delta`` and the parameters
+  with the momentum steps it missed. The look-ahead (a) is part of the update
+  of the arrival that crosses the boundary, so the returned update is
+  ``-(beta u [if a]) - coef * eta g``. Under the asynchronous scheduler the
+  waiting set ``C`` is always empty and (a) fires iff ``t = 1 (mod K)``,
+  ``t >= 1``. The state keeps ``u = sum_g beta^(I - j_g) eta g`` and
+  ``w = w_0 - sum_g (1 - beta^(I - j_g + 1)) / (1 - beta) eta g``: synchronous
+  SGD with momentum written in groups, so the state after a set of arrivals
+  does not depend on their order.
 
-  **OrMo-DA** (``delay_adaptive=True``) replaces ``eta g`` by ``eta_t g`` in both
-  updates. Reading chosen (docs/algorithms.md §7): the paper's delay-adaptive rule did not survive; two
-  readings are implemented and ``delay_measure`` switches between them:
+  **OrMo-DA** (``delay_adaptive=True``) also shrinks the learning rate of very
+  late gradients, ``eta g -> eta_t g`` in both updates. Reading chosen: the
+  paper's delay-adaptive rule is not in the text we have; two readings are
+  implemented and ``delay_measure`` picks one:
 
   * ``"iterations"`` (default, after Mishchenko et al. 2022):
     ``eta_t = eta`` if ``tau_t <= 2K`` else ``eta K / tau_t``, ``tau_t = t - s``;
   * ``"groups"``: ``eta_t = eta`` if ``delta <= 1`` else ``eta / delta``.
 
+  The group index uses the ceiling of ``s / K`` (the paper's indices are
+  garbled; the ceiling is the one that gives group 0 exactly ``K`` gradients).
+  Both readings are argued in the Algorithms page of the jaxsync
+  documentation, sections '6. OrMo' and '7. OrMo-DA'.
+
   This is a *final-update* rule (learning rate inside): add its output to the
   parameters with ``optax.apply_updates``; do not chain a learning rate after it.
 
-  Extra args of ``update``: ``version`` (required, int32 scalar: the version
-  ``s`` the gradient was computed on) and ``waiting_set_empty`` (bool scalar,
-  default ``True``: whether the scheduler's waiting set ``C`` is empty; pass
-  ``False`` while a synchronous scheduler is collecting a round). Unknown extra
-  args are ignored. A NaN/Inf gradient or an impossible version is rejected:
-  zeros out, state unchanged, counted in ``nonfinite_count`` /
+  Extra args of ``update``, all optional: ``version`` (int32 scalar: the
+  version ``s`` the gradient was computed on; omitted, the gradient is fresh,
+  ``s = count``, as in any single-process loop) and ``waiting_set_empty`` (bool
+  scalar, default ``True``: whether the scheduler's waiting set ``C`` is empty;
+  pass ``False`` while a synchronous scheduler is collecting a round). Unknown
+  extra args are ignored. A NaN/Inf gradient or an impossible version is
+  rejected: zeros out, state unchanged, counted in ``nonfinite_count`` /
   ``invalid_version_count``; ``grads_finite`` (bool scalar) replaces the
-  NaN/Inf scan when the caller already knows (see the benchmark in the README).
+  NaN/Inf scan when the caller already knows.
 
   Args:
     learning_rate: ``eta``, a positive number or a schedule of ``count``.
     momentum: ``beta`` in ``[0, 1)``.
-    num_workers: ``K``, the number of workers (the gradient-group size).
+    num_workers: ``K``, the number of workers (the gradient-group size); 1 in
+      a single process.
     delay_adaptive: ``True`` for OrMo-DA.
     delay_measure: ``"iterations"`` or ``"groups"``, see above (OrMo-DA only).
 
@@ -114,17 +133,22 @@ def ordered_momentum(
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxsync
-    >>> tx = jaxsync.ordered_momentum(0.1, 0.9, num_workers=2)
+    >>> tx = jaxsync.ordered_momentum(0.1, 0.9, num_workers=1)
     >>> params = jnp.array([1.0, -2.0])
     >>> state = tx.init(params)
-    >>> updates, state = tx.update(jnp.array([1.0, 1.0]), state, params, version=0)
+    >>> updates, state = tx.update(jnp.array([1.0, 1.0]), state, params)  # fresh: no version
     >>> params = optax.apply_updates(params, updates)
     >>> params
     Array([ 0.9, -2.1], dtype=float32)
+    >>> # On a server: this gradient was computed on version 0, one update ago.
+    >>> updates, state = tx.update(jnp.array([1.0, 1.0]), state, params, version=0)
+    >>> -updates  # beta u = 0.09 applied once, and the gradient with the step it missed: 1.9 eta g
+    Array([0.28, 0.28], dtype=float32)
 
   References:
     Shi, Yang, Li, "Ordered Momentum for Asynchronous SGD", NeurIPS 2024
-    (arXiv:2407.19234), Algorithm 2; docs/algorithms.md §6 (OrMo) and §7 (OrMo-DA).
+    (arXiv:2407.19234), Algorithm 2; Mishchenko, Bach, Even, Woodworth,
+    "Asynchronous SGD Beats Minibatch SGD Under Arbitrary Delays", NeurIPS 2022.
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
   beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
@@ -154,7 +178,7 @@ def ordered_momentum(
   ) -> tuple[optax.Updates, OrderedMomentumState]:
     del params, extra_args
     t = state.count
-    s, version_ok = guard.arrival_version(_RULE, version, t)
+    s, version_ok = guard.arrival_version(version, t)
     # (a) The look-ahead fires when the waiting set is empty and t enters a new group.
     crosses = jnp.logical_and(
       jnp.asarray(waiting_set_empty, jnp.bool_), _ceil_div(t, num_workers) > state.group

@@ -1,4 +1,11 @@
-"""Gating a stateful optimizer on the releases of a buffering rule (design.md, "Release signal")."""
+"""Gating a stateful optimizer on the releases of a buffering rule (design.md, "Release signal"); which
+rule of a chain owns the server version.
+
+A server version is counted by exactly one rule of a chain, its *version owner*
+(:data:`VERSION_OWNERS`); :func:`on_release` is where a new scope begins: its inner
+optimizer sees each release as one fresh gradient and may hold an owner of its own,
+which counts releases and is never the server's version.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,19 @@ from typing import Any, NamedTuple
 import jax
 import optax
 from jax import lax
+
+from jaxsync._src.rules.adaptive_k import AdaptiveKState
+from jaxsync._src.rules.ordered_momentum import OrderedMomentumState
+from jaxsync._src.rules.smega2 import Smega2State
+from jaxsync._src.rules.staleness import ScaleByStalenessState
+
+# The rules whose ``count`` is a server version (optax's own states have a ``count`` too), by state.
+VERSION_OWNERS = {
+  OrderedMomentumState: "ordered_momentum",
+  Smega2State: "smega2",
+  AdaptiveKState: "adaptive_k",
+  ScaleByStalenessState: "scale_by_staleness",
+}
 
 
 class OnReleaseState(NamedTuple):
@@ -17,12 +37,46 @@ class OnReleaseState(NamedTuple):
   every rule the same way, with ``contracts.released``).
 
   Attributes:
-    buffer: the buffering rule's state (it holds ``released``).
+    buffer: the buffering rule's state (it holds ``released`` and the server version).
     inner: the inner optimizer's state; it only changes on releases.
   """
 
   buffer: Any
   inner: Any
+
+
+def version_owners(state: Any) -> list[Any]:
+  """The states in ``state`` that count its server version (:data:`VERSION_OWNERS`).
+
+  Searched through chains and wrappers (any pytree: ``optax.chain`` tuples,
+  ``optax.inject_hyperparams``, ``optax.MultiSteps``...) and into the buffer of
+  :func:`on_release`, never into its inner optimizer, whose counters count releases.
+  A structural search: it reads the state's types, never its values (safe under ``jit``).
+  """
+  owner_types = tuple(VERSION_OWNERS)
+  found = []
+  nodes = jax.tree.leaves(state, is_leaf=lambda x: isinstance(x, (OnReleaseState, *owner_types)))
+  for node in nodes:
+    if isinstance(node, OnReleaseState):
+      found += version_owners(node.buffer)
+    elif isinstance(node, owner_types):
+      found.append(node)
+  return found
+
+
+def check_one_version_owner(where: str, state: Any) -> list[Any]:
+  """``version_owners(state)``, refusing more than one with a one-line ``ValueError`` that says what to do."""
+  owners = version_owners(state)
+  if len(owners) > 1:
+    names = ", ".join(VERSION_OWNERS[type(owner)] for owner in owners)
+    raise ValueError(
+      f"{where} holds {len(owners)} rules that count server versions ({names}); a chain may hold one, "
+      "as it has one version (a second rule would count the first's outputs, idle zeros included, as "
+      "arrivals of its own): keep one, follow a buffering rule with a stateless learning rate "
+      "(optax.chain(jaxsync.adaptive_k(momentum=0.9), optax.scale_by_learning_rate(lr))), or wrap the "
+      "second as jaxsync.on_release(buffer, inner), whose inner sees each release as one fresh gradient."
+    )
+  return owners
 
 
 def released_flag(buffer_state: Any) -> jax.Array:
@@ -44,14 +98,17 @@ def released_flag(buffer_state: Any) -> jax.Array:
 def on_release(
   buffer: optax.GradientTransformation, inner: optax.GradientTransformation
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Applies ``inner`` only to the aggregates that a buffering rule releases.
+  r"""Runs an optimizer only on the updates that a buffering rule releases.
 
-  A buffering rule (:func:`adaptive_k`, :func:`scale_by_staleness` with
-  ``gradients_per_update > 1``) emits exact zeros on arrivals that release
-  nothing. A stateful optimizer chained after it would still step on those idle
-  arrivals (Adam would decay its moments, a schedule would advance). This
-  wrapper runs the inner optimizer only on releases, as ``optax.MultiSteps``
-  does for gradient accumulation:
+  A buffering rule (:func:`adaptive_k`, or :func:`scale_by_staleness` with
+  ``gradients_per_update > 1``) collects several arriving gradients and releases
+  one combined direction; on the other arrivals it emits zeros. Use
+  ``on_release`` to put a stateful optimizer after it (Adam, SGD with momentum,
+  a learning-rate schedule, or a jaxsync rule such as :func:`ordered_momentum`):
+  the optimizer then steps once per release, as ``optax.MultiSteps`` steps once
+  per accumulated batch. Chained directly after the buffer instead, it would
+  also step on every idle arrival (Adam would decay its moments, a schedule
+  would advance).
 
   .. math::
 
@@ -59,13 +116,24 @@ def on_release(
     (u, i') = \begin{cases} \text{inner}(a, i) & \text{released}(b') \\
                             (0, i) & \text{otherwise} \end{cases}
 
-  The inner optimizer runs under ``lax.cond``: idle arrivals cost nothing of
-  it. Extra args are passed to both.
+  The inner optimizer runs under ``lax.cond``: idle arrivals cost nothing of it.
+
+  Versions: the buffer owns the server version. :func:`server_version` reads
+  the buffer's, and the ``version`` extra arg goes to the buffer only; every
+  other extra arg goes to both. The inner sees each release as one fresh
+  gradient (staleness 0), computed on the version the buffer just completed; a
+  version-aware inner counts releases with its own counter. So
+  ``on_release(adaptive_k(momentum=0.0), ordered_momentum(lr, beta, num_workers=1))``
+  is heavy-ball momentum on the released means, the same as
+  ``on_release(adaptive_k(momentum=0.0), optax.sgd(lr, beta))``. Each of the
+  buffer and the inner may hold at most one rule that counts versions
+  (:func:`adaptive_k`, :func:`scale_by_staleness`, :func:`ordered_momentum`,
+  :func:`smega2`); ``init`` refuses more, with a ``ValueError``.
 
   Args:
     buffer: a transform whose state has a ``released`` bool field.
     inner: any optax transform (e.g. ``optax.adam(1e-3)``); it sees the
-      released aggregates only, as if they were ordinary gradients.
+      released aggregates only, as if they were ordinary fresh gradients.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is an
@@ -85,7 +153,8 @@ def on_release(
 
   References:
     The design of optax's ``MultiSteps`` (gradient accumulation); the progressive momentum of
-    Zhang, Ji, Wang, JPDC 2022, §4.2, which only steps on releases.
+    Zhang, Ji, Wang, "Momentum-driven adaptive synchronization model for distributed DNN
+    training on HPC clusters", JPDC 2022, §4.2, which only steps on releases.
   """
   buffer = optax.with_extra_args_support(buffer)
   inner = optax.with_extra_args_support(inner)
@@ -93,7 +162,10 @@ def on_release(
   def init_fn(params: optax.Params) -> OnReleaseState:
     buffer_state = buffer.init(params)
     released_flag(buffer_state)  # fail early if buffer cannot release
-    return OnReleaseState(buffer_state, inner.init(params))
+    inner_state = inner.init(params)
+    check_one_version_owner("on_release: buffer", buffer_state)
+    check_one_version_owner("on_release: inner", inner_state)
+    return OnReleaseState(buffer_state, inner_state)
 
   def update_fn(
     updates: optax.Updates,
@@ -103,9 +175,11 @@ def on_release(
   ) -> tuple[optax.Updates, OnReleaseState]:
     aggregate, buffer_state = buffer.update(updates, state.buffer, params, **extra_args)
     released = released_flag(buffer_state)
+    # A release is one fresh gradient to the inner: its version is its own count (staleness 0).
+    inner_args = {name: value for name, value in extra_args.items() if name != "version"}
 
     def step():
-      return inner.update(aggregate, state.inner, params, **extra_args)
+      return inner.update(aggregate, state.inner, params, **inner_args)
 
     def idle():
       return optax.tree.zeros_like(aggregate), state.inner

@@ -1,4 +1,4 @@
-"""SMEGA²: momentum estimation for asynchronous SGD with a look-ahead reply (docs/algorithms.md §5)."""
+"""SMEGA²: momentum estimation for asynchronous SGD with a look-ahead reply (Algorithms page, section 5)."""
 
 from __future__ import annotations
 
@@ -64,9 +64,20 @@ def smega2(
   dampening: float = 0.0,
   look_ahead: str = "advanced",
 ) -> optax.GradientTransformationExtraArgs:
-  r"""SMEGA²: one shared momentum, updated once per cycle of N arrivals; server side.
+  r"""SMEGA²: asynchronous SGD with one shared momentum and a look-ahead reply to each worker.
 
-  For each arriving gradient ``g`` (docs/algorithms.md §5, from the authors' ``smega2.py``):
+  The server keeps a single momentum buffer, refreshed once per cycle of ``N``
+  arrivals (``N`` workers) from the mean of the cycle's gradients, and every
+  arrival steps along its gradient plus that momentum. Instead of the current
+  parameters the sender gets back an estimate of where the parameters will be
+  when its next gradient arrives, and computes that gradient there, which
+  offsets the staleness. Use it as the server rule of asynchronous SGD with
+  momentum when the workers can compute at a point the server chooses. With
+  ``N = 1`` it is Nesterov SGD (Sutskever's form), so it also drops into an
+  ordinary single-process loop; take the next gradient at
+  ``jaxsync.look_ahead(params, state)`` to get Nesterov's look-ahead.
+
+  For each arriving gradient ``g`` (from the authors' code):
 
   .. math::
 
@@ -76,26 +87,26 @@ def smega2(
       \quad G \leftarrow 0 \\
     &w \leftarrow w - \eta\, d
 
-  and the reply to the sender is the look-ahead estimate of where the
-  parameters will be when its next gradient arrives (the worker computes that
-  gradient *at* ``w_hat``):
+  and the reply to the sender, where it computes its next gradient, is
 
   .. math::
 
     \hat w = w - \eta\beta\big[(N - c + c\beta)\, v + \tfrac{c}{N} G\big]
     \;\text{(advanced)}, \qquad \hat w = w - \eta\beta N v \;\text{(naive)}
 
-  with ``eta`` the learning rate of the arrival that was just applied (under a
+  with ``eta`` the learning rate of the arrival just applied (under a
   schedule, as the authors' code, not the next arrival's). Get it with
-  ``state.look_ahead(params)`` or ``jaxsync.look_ahead(params,
-  opt_state)``. This is a *final-update* rule (learning rate inside). Weight
-  decay as in the reference code (``g + lambda w`` with the server's ``w``)
-  is plain optax: ``optax.chain(optax.add_decayed_weights(1e-4), jaxsync.smega2(...))``.
-  With ``N = 1`` it is Nesterov SGD in Sutskever's form.
+  ``state.look_ahead(params)`` or ``jaxsync.look_ahead(params, opt_state)``.
+  This is a *final-update* rule (learning rate inside). Weight decay as in the
+  reference code (``g + lambda w`` with the server's ``w``) is plain optax:
+  ``optax.chain(optax.add_decayed_weights(1e-4), jaxsync.smega2(...))``. The
+  Algorithms page of the jaxsync documentation, section '5. SMEGA²', gives the
+  checks it passes.
 
-  No extra args are needed; unknown ones are ignored. A NaN/Inf gradient is
-  rejected (zeros out, state unchanged, counted); ``grads_finite`` (bool
-  scalar) replaces the scan when the caller already knows.
+  No extra args are needed (it counts its own arrivals; a ``version`` is
+  ignored); unknown ones are ignored. A NaN/Inf gradient is rejected (zeros
+  out, state unchanged, counted); ``grads_finite`` (bool scalar) replaces the
+  scan when the caller already knows.
 
   Args:
     learning_rate: ``eta``, a positive number or a schedule of ``count``.
@@ -120,7 +131,8 @@ def smega2(
   References:
     Cohen, Hakimi, Schuster, "SMEGA2: Distributed Asynchronous Deep Neural
     Network Training With a Single Momentum Buffer", ICPP 2022; code
-    ``rafi-cohen/SMEGA2``; docs/algorithms.md §5.
+    ``rafi-cohen/SMEGA2``; Sutskever, Martens, Dahl, Hinton, "On the importance
+    of initialization and momentum in deep learning", ICML 2013.
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
   beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)

@@ -1,4 +1,4 @@
-"""Staleness-aware learning rates and n-softsync aggregation (docs/algorithms.md §10)."""
+"""Staleness-aware learning rates and n-softsync aggregation (the Algorithms page, section 10)."""
 
 from __future__ import annotations
 
@@ -47,10 +47,18 @@ def scale_by_staleness(
   penalty: float | None = None,
   gradients_per_update: int = 1,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Scales each arriving gradient down by its staleness; optionally n-softsync.
+  r"""Staleness-aware SGD: scales each arriving gradient down by how stale it is; optionally averages several.
 
-  With ``tau = count - version`` the staleness of an arrival (how many updates
-  the server applied since the sender pulled), the factor is
+  A gradient computed ``tau`` server updates ago points where the parameters
+  used to be; this rule trusts it less, dividing its step by ``tau`` (or by
+  ``exp(kappa tau)``). With ``gradients_per_update = c > 1`` it also averages
+  ``c`` arrivals per update (n-softsync). Use it as the server rule of
+  asynchronous SGD when staleness is large or uneven and you want a simple,
+  momentum-free remedy. It is a *direction* rule: chain a learning rate after
+  it. In a single process (no ``version`` passed) every gradient is fresh,
+  ``tau = 0``, and the factor is 1.
+
+  With ``tau = count - version``, the factor is
 
   .. math::
 
@@ -59,27 +67,28 @@ def scale_by_staleness(
                             1 & \text{none (plain aggregation: K-async, InHAD)}
               \end{cases}
 
-  so that ``alpha(tau) = alpha_0 s(tau)``; ``tau = 0`` gives ``alpha_0``. The
-  rule averages ``c = gradients_per_update`` scaled gradients per update
-  (n-softsync with ``c = floor(lambda / n)`` for ``lambda`` learners):
+  and the update, with ``c`` gradients per update, is
 
   .. math::
 
     w \leftarrow w - \alpha_0 \frac1c \sum_{l=1}^{c} s(\tau_l)\, g_l
 
   ``c = 1`` is staleness-aware ASGD (every arrival releases). On arrivals that
-  release nothing it emits exact zeros (see :func:`on_release` for stateful
-  optimizers after it). The learning rate ``alpha_0`` is not applied here
-  (a *direction* rule): chain ``optax.scale_by_learning_rate(alpha_0)``.
+  release nothing it emits exact zeros: put a stateful optimizer after it with
+  :func:`on_release`. The learning rate ``alpha_0`` is not applied here: chain
+  ``optax.scale_by_learning_rate(alpha_0)``.
 
-  Reading chosen (docs/algorithms.md §10): the exponential form's constant ``kappa`` is not given by
-  Chan & Lane (2014); it has no default and must be given as ``penalty``.
+  Reading chosen: Chan & Lane (2014) do not give the exponential form's
+  constant ``kappa``, so it has no default and must be given as ``penalty``
+  (the Algorithms page of the jaxsync documentation, section '10.
+  Staleness-aware learning rates').
 
-  Extra args of ``update``: ``version`` (required, int32 scalar: the number of
-  updates the server had released when it sent the parameters). Unknown extra
-  args are ignored. NaN/Inf gradients and versions newer than ``count`` are
-  rejected and counted in the state; ``grads_finite`` (bool scalar) replaces
-  the NaN/Inf scan when the caller already knows.
+  Extra args of ``update``: ``version`` (int32 scalar, optional: the number of
+  updates the server had released when it sent the parameters; omitted, the
+  gradient is fresh). Unknown extra args are ignored. NaN/Inf gradients and
+  versions newer than ``count`` are rejected and counted in the state;
+  ``grads_finite`` (bool scalar) replaces the NaN/Inf scan when the caller
+  already knows.
 
   Args:
     mode: ``"linear"``, ``"exponential"`` or ``"none"`` (no scaling: the
@@ -97,7 +106,7 @@ def scale_by_staleness(
     >>> tx = optax.chain(jaxsync.scale_by_staleness("linear"), optax.scale_by_learning_rate(0.1))
     >>> params = jnp.zeros(2); state = tx.init(params)
     >>> for _ in range(4):  # four fresh arrivals: the server is at version 4
-    ...   u, state = tx.update(jnp.ones(2), state, params, version=state[0].count)
+    ...   u, state = tx.update(jnp.ones(2), state, params)
     >>> u, state = tx.update(jnp.ones(2), state, params, version=0)  # tau = 4
     >>> u
     Array([-0.025, -0.025], dtype=float32)
@@ -105,7 +114,7 @@ def scale_by_staleness(
   References:
     Zhang, Gupta, Lian, Liu, "Staleness-aware Async-SGD for Distributed Deep
     Learning", IJCAI 2016; Chan, Lane, "Distributed asynchronous optimization of
-    convolutional neural networks", Interspeech 2014; docs/algorithms.md §10.
+    convolutional neural networks", Interspeech 2014.
   """
   mode = validation.check_choice(_RULE, "mode", mode, MODES)
   if mode == "exponential":
@@ -147,7 +156,7 @@ def scale_by_staleness(
     **extra_args: Any,
   ) -> tuple[optax.Updates, ScaleByStalenessState]:
     del params, extra_args
-    s, version_ok = guard.arrival_version(_RULE, version, state.count)
+    s, version_ok = guard.arrival_version(version, state.count)
     tau = state.count - s
 
     def apply(accept, rejected):
