@@ -420,3 +420,18 @@ def test_a_gradient_batch_outside_one_to_k_is_refused(batch, message):
       jaxsync.sim.TimeModel(num_workers=K),
       gradient_batch=batch,
     )
+
+
+@pytest.mark.parametrize("name", ["ormo", "bsp"])
+def test_a_server_rule_with_two_versions_is_refused_before_the_first_event(name):
+  """The events engine and the rounds engine both start the rule through contracts.init_server_rule."""
+  import dataclasses
+
+  import optax
+
+  loss, params, data = problem(2)
+  strategy = jaxsync.strategies.make(name, 2)
+  two = optax.chain(jaxsync.adaptive_k(), jaxsync.ordered_momentum(0.05, 0.9, num_workers=2))
+  strategy = dataclasses.replace(strategy, server_rule=two)
+  with pytest.raises(ValueError, match="adaptive_k.*ordered_momentum|ordered_momentum.*adaptive_k"):
+    jaxsync.sim.run(strategy, loss, params, data, jaxsync.sim.TimeModel(num_workers=2), num_events=4)

@@ -39,6 +39,7 @@ from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.interface.history import RunTotals
 from jaxsync._src.interface.runtime import RuntimeBase
+from jaxsync._src.rules import contracts
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import stack_workers
 from jaxsync._src.strategies.strategy import Communication, Engine, Strategy, WorkerProtocol
@@ -173,7 +174,7 @@ class SyncRuntime(RuntimeBase):
     state = SyncState(
       clock=jnp.zeros([], jnp.float32),
       params=params,
-      rule_state=self.strategy.server_rule.init(params),
+      rule_state=contracts.init_server_rule(self.strategy.server_rule, params),
       version=jnp.zeros([], jnp.int32),
       steps=jnp.zeros([num_workers], jnp.int32),
       worker_params=stack_workers(params, num_workers) if local else (),

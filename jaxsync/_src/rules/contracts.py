@@ -112,3 +112,15 @@ def server_version(state: Any) -> jax.Array | None:
   """
   owners = release.check_one_version_owner("server_version: the state", state)
   return owners[0].count if owners else None
+
+
+def init_server_rule(rule: Any, params: Any) -> Any:
+  """``rule.init(params)``, refused at once (``ValueError``) if the rule chains two version-counting rules.
+
+  What every runtime calls to start a server rule, so that a chain with two
+  versions fails before the first arrival, not after a run (see
+  :func:`server_version`).
+  """
+  state = rule.init(params)
+  server_version(state)
+  return state

@@ -297,7 +297,7 @@ class EventEngine:
       clock=jnp.zeros([], jnp.float32),
       server=ServerState(
         params=params,
-        rule_state=strategy.server_rule.init(params),
+        rule_state=contracts.init_server_rule(strategy.server_rule, params),
         version=jnp.zeros([], jnp.int32),
         pending=jnp.zeros([], jnp.int32),
         waiting=jnp.zeros([num_workers], jnp.bool_),

@@ -20,6 +20,7 @@ import numpy as np
 
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.interface.history import RunTotals
+from jaxsync._src.rules import contracts
 from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import EvalSchedule, EventRecord, stack_workers
@@ -91,7 +92,7 @@ class RoundEngine:
       steps=jnp.zeros([num_workers], jnp.int32),
       used=jnp.zeros([num_workers], jnp.int32),
       params=params,
-      rule_state=strategy.server_rule.init(params),
+      rule_state=contracts.init_server_rule(strategy.server_rule, params),
       version=jnp.zeros([], jnp.int32),
       worker_params=stack_workers(params, num_workers) if local else (),
       worker_state=stack_workers(strategy.worker_rule.init(params), num_workers) if local else (),
