@@ -60,39 +60,64 @@ unchanged, counted in ``state.nonfinite_count``); wrap a plain optax rule in
 gradient; a caller that already checked it (the runtimes do, on the worker)
 passes the extra arg ``grads_finite`` and the rule trusts it.
 
-``import jaxsync`` loads JAX, optax and these rules only; the submodules
-:mod:`jaxsync.datasets`, :mod:`jaxsync.dist`, :mod:`jaxsync.models`,
-:mod:`jaxsync.sim` and :mod:`jaxsync.strategies` (with flax, ZeroMQ, grain...)
-are imported on first use, e.g. ``jaxsync.sim.Simulator``.
+``import jaxsync`` loads nothing heavy: a rule's first use (``jaxsync.ordered_momentum``)
+imports JAX, optax and the rules, and the submodules :mod:`jaxsync.datasets`,
+:mod:`jaxsync.dist`, :mod:`jaxsync.models`, :mod:`jaxsync.sim` and
+:mod:`jaxsync.strategies` (with flax, ZeroMQ, grain...) are imported on first
+use, e.g. ``jaxsync.sim.Simulator``. So the command line answers ``--help`` at once.
 """
 
 # For the maintainers: the two kinds of rule, docs/design.md, "Learning-rate placement".
 
 import typing as _typing
 
-from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
-from jaxsync._src.rules.barzilai_borwein import (
-  BBStepSizeState,
-  armijo_backtracking,
-  bb_step_size,
-  gradient_noise_ratio,
-)
-from jaxsync._src.rules.contracts import server_version
-from jaxsync._src.rules.elastic import (
-  EasgdWorkerState,
-  ElasticCenterState,
-  ea_wild_center,
-  easgd_center,
-  easgd_worker,
-)
-from jaxsync._src.rules.look_ahead import look_ahead
-from jaxsync._src.rules.ordered_momentum import OrderedMomentumState, ordered_momentum
-from jaxsync._src.rules.release import OnReleaseState, on_release
-from jaxsync._src.rules.smega2 import Smega2State, smega2
-from jaxsync._src.rules.staleness import ScaleByStalenessState, scale_by_staleness
+# Where each public rule lives (jaxsync/_src/rules/MODULE.py): imported on first use, with JAX and optax.
+_RULES = {
+  "AdaptiveKState": "adaptive_k",
+  "adaptive_k": "adaptive_k",
+  "BBStepSizeState": "barzilai_borwein",
+  "armijo_backtracking": "barzilai_borwein",
+  "bb_step_size": "barzilai_borwein",
+  "gradient_noise_ratio": "barzilai_borwein",
+  "server_version": "contracts",
+  "EasgdWorkerState": "elastic",
+  "ElasticCenterState": "elastic",
+  "ea_wild_center": "elastic",
+  "easgd_center": "elastic",
+  "easgd_worker": "elastic",
+  "look_ahead": "look_ahead",
+  "OrderedMomentumState": "ordered_momentum",
+  "ordered_momentum": "ordered_momentum",
+  "OnReleaseState": "release",
+  "on_release": "release",
+  "Smega2State": "smega2",
+  "smega2": "smega2",
+  "ScaleByStalenessState": "staleness",
+  "scale_by_staleness": "staleness",
+}
 
 if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr__ imports them on first use
   from jaxsync import datasets, dist, models, sim, strategies
+  from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
+  from jaxsync._src.rules.barzilai_borwein import (
+    BBStepSizeState,
+    armijo_backtracking,
+    bb_step_size,
+    gradient_noise_ratio,
+  )
+  from jaxsync._src.rules.contracts import server_version
+  from jaxsync._src.rules.elastic import (
+    EasgdWorkerState,
+    ElasticCenterState,
+    ea_wild_center,
+    easgd_center,
+    easgd_worker,
+  )
+  from jaxsync._src.rules.look_ahead import look_ahead
+  from jaxsync._src.rules.ordered_momentum import OrderedMomentumState, ordered_momentum
+  from jaxsync._src.rules.release import OnReleaseState, on_release
+  from jaxsync._src.rules.smega2 import Smega2State, smega2
+  from jaxsync._src.rules.staleness import ScaleByStalenessState, scale_by_staleness
 
 __version__ = "0.1.0"
 _SUBMODULES = ("datasets", "dist", "models", "sim", "strategies")
@@ -128,10 +153,14 @@ __all__ = (
 
 
 def __getattr__(name: str):
-  """Imports the submodule ``name`` on its first use (PEP 562): ``import jaxsync`` stays light."""
-  if name in _SUBMODULES:
-    import importlib
+  """Imports a rule or a submodule on its first use (PEP 562): ``import jaxsync`` loads no JAX."""
+  import importlib
 
+  if name in _RULES:
+    value = getattr(importlib.import_module(f"{__name__}._src.rules.{_RULES[name]}"), name)
+    globals()[name] = value  # once: later uses are plain attribute reads
+    return value
+  if name in _SUBMODULES:
     return importlib.import_module(f"{__name__}.{name}")
   raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 

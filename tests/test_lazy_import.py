@@ -1,7 +1,8 @@
-"""``import jaxsync`` loads JAX, optax and the rules (as ``import optax`` loads JAX); the rest on first use.
+"""``import jaxsync`` and ``jaxsync --help`` load no JAX; a rule's first use loads JAX, optax and the rules
+only; the submodules load on first use.
 
 One fresh interpreter (this process has imported everything already) records ``sys.modules`` after
-``import jaxsync``, after ``jaxsync --help``, and after the submodules are first used.
+``import jaxsync``, after ``jaxsync --help``, after a rule's first use, and after the submodules' first use.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from jaxsync.cli import main
 with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):
   main(["--help"])
 stages["jaxsync --help"] = loaded()
+rule = jaxsync.ordered_momentum
+stages["a rule used"] = loaded()
 names = {{name: len(getattr(jaxsync, name).__all__) for name in {SUBMODULES!r}}}
 stages["submodules used"] = loaded()
 print(json.dumps({{"stages": stages, "names": names}}))
@@ -50,17 +53,32 @@ def _packages(modules: list[str]) -> set[str]:
   return {m.split(".")[0] for m in modules}
 
 
-def test_import_jaxsync_loads_jax_optax_and_the_rules_only(fresh):
+def test_import_jaxsync_loads_no_jax(fresh):
   modules = fresh["stages"]["import jaxsync"]
+  assert not _packages(modules) & {"jax", "jaxlib", "optax", "numpy", *HEAVY}, sorted(_packages(modules))
+  assert [m for m in modules if m.startswith("jaxsync")] == ["jaxsync"]
+
+
+def test_a_rules_first_use_loads_jax_optax_and_the_rules_only(fresh):
+  modules = fresh["stages"]["a rule used"]
   assert {"jax", "optax"} <= _packages(modules)
-  assert not _packages(modules) & set(HEAVY), sorted(_packages(modules) & set(HEAVY))
-  ours = [m for m in modules if m.startswith("jaxsync.")]
-  assert all(m == "jaxsync._src" or m.startswith(RULES) for m in ours), ours
+  assert not _packages(modules) & set(HEAVY) - {"rich", "yaml"}, sorted(_packages(modules) & set(HEAVY))
+  ours = [m for m in modules if m.startswith("jaxsync.") and m not in fresh["stages"]["jaxsync --help"]]
+  assert ours and all(m.startswith(RULES) for m in ours), ours
 
 
-def test_jaxsync_help_imports_no_runtime(fresh):
+def test_every_public_rule_resolves_and_is_cached():
+  import jaxsync as package
+
+  for name in package._RULES:
+    assert getattr(package, name) is getattr(package, name)
+    assert name in vars(package)  # cached in the module after its first use
+  assert set(package._RULES) <= set(package.__all__)
+
+
+def test_jaxsync_help_imports_no_jax_and_no_runtime(fresh):
   modules = fresh["stages"]["jaxsync --help"]
-  assert not _packages(modules) & set(HEAVY), sorted(_packages(modules) & set(HEAVY))
+  assert not _packages(modules) & {"jax", "jaxlib", "optax", "numpy", *HEAVY}, sorted(_packages(modules))
   assert not [
     m for m in modules if m.startswith(("jaxsync._src.app", "jaxsync._src.sim", "jaxsync._src.distributed"))
   ]
@@ -93,4 +111,4 @@ def test_the_import_time_benchmark_writes_its_table(tmp_path, monkeypatch):
     "import jaxsync (working tree)",
     "jaxsync --help (working tree)",
   ]
-  assert rows[2].endswith("| jax, optax, numpy |"), rows[2]
+  assert rows[2].endswith("| - |") and rows[3].endswith("| - |"), rows[2:]  # no JAX, nothing heavy
