@@ -20,9 +20,9 @@ import os
 import pathlib
 import re
 import subprocess
-import textwrap
 import sys
 import tempfile
+import textwrap
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -49,15 +49,29 @@ def _console_script() -> list[str]:
 
 def _git_revision() -> str:
   out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-  dirty = subprocess.run(["git", "status", "--porcelain", "jaxsync", "configs"], cwd=REPO, capture_output=True, text=True)
+  dirty = subprocess.run(
+    ["git", "status", "--porcelain", "jaxsync", "configs"], cwd=REPO, capture_output=True, text=True
+  )
   return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def _settle(idle: float = 0.5, longest: float = 240.0) -> float:
+  """Waits (up to ``longest`` s) for the 1-minute load average to fall below ``idle``; returns it.
+
+  The previous command's own load lingers in the average for a minute or two: without the wait,
+  each run would be recorded as taken on a loaded machine.
+  """
+  deadline = time.monotonic() + longest
+  while os.getloadavg()[0] >= idle and time.monotonic() < deadline:
+    time.sleep(5)
+  return os.getloadavg()[0]
 
 
 def measure(name: str, arguments: list[str]) -> dict:
   """Runs ``jaxsync train ARGUMENTS`` in a fresh process; its wall time and its summary's figures."""
   with tempfile.TemporaryDirectory() as tmp:
     run_dir = pathlib.Path(tmp) / name
-    load = os.getloadavg()[0]
+    load = _settle()
     start = time.perf_counter()
     proc = subprocess.run(
       [*_console_script(), "train", *arguments, "--out", str(run_dir), "--progress", "quiet"],
@@ -85,13 +99,15 @@ def measure(name: str, arguments: list[str]) -> dict:
     "load_before": load,
     "cpu_cores": os.cpu_count(),
     "code": _git_revision(),
-    "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+    "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
   }
 
 
 def _machine(entry: dict) -> str:
   """How the README says where a time was taken: an idle machine, or how loaded it was."""
-  idle = "an idle machine" if entry["load_before"] < 0.5 else f"a machine with load {entry['load_before']:.1f}"
+  idle = (
+    "an idle machine" if entry["load_before"] < 0.5 else f"a machine with load {entry['load_before']:.1f}"
+  )
   return f"{entry['cpu_cores']} CPU cores ({idle})"
 
 
@@ -120,7 +136,10 @@ def paragraphs(results: dict) -> dict[str, str]:
     ),
   }
   source = "(Measured by `python benchmarks/readme_figures.py`, in `benchmarks/results/readme_figures.json`.)"
-  return {name: textwrap.fill(f"{text} {source}", width=80) + "\n" for name, text in texts.items()}
+  return {
+    name: textwrap.fill(f"{text} {source}", width=80, break_on_hyphens=False) + "\n"
+    for name, text in texts.items()
+  }
 
 
 def write_readme(results: dict, readme: pathlib.Path = README) -> None:
@@ -134,7 +153,9 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument("--only", choices=sorted(COMMANDS), action="append", help="run only these commands")
   parser.add_argument("--results-dir", type=pathlib.Path, default=REPO / "benchmarks" / "results")
   parser.add_argument(
-    "--readme-only", action="store_true", help="rewrite the README's figures from the results file; run nothing"
+    "--readme-only",
+    action="store_true",
+    help="rewrite the README's figures from the results file; run nothing",
   )
   args = parser.parse_args(argv)
   path = args.results_dir / "readme_figures.json"

@@ -96,8 +96,12 @@ _RULES = {
   "scale_by_staleness": "staleness",
 }
 
+# Running a whole config from Python (a notebook, a script), as `jaxsync train` does.
+_APP = {"train_config": "jaxsync._src.app.commands"}
+
 if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr__ imports them on first use
   from jaxsync import datasets, dist, models, sim, strategies
+  from jaxsync._src.app.commands import train_config
   from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
   from jaxsync._src.rules.barzilai_borwein import (
     BBStepSizeState,
@@ -149,6 +153,7 @@ __all__ = (
   "sim",
   "smega2",
   "strategies",
+  "train_config",
 )
 
 
@@ -156,8 +161,9 @@ def __getattr__(name: str):
   """Imports a rule or a submodule on its first use (PEP 562): ``import jaxsync`` loads no JAX."""
   import importlib
 
-  if name in _RULES:
-    value = getattr(importlib.import_module(f"{__name__}._src.rules.{_RULES[name]}"), name)
+  if name in _RULES or name in _APP:
+    module = _APP.get(name) or f"{__name__}._src.rules.{_RULES[name]}"
+    value = getattr(importlib.import_module(module), name)
     globals()[name] = value  # once: later uses are plain attribute reads
     return value
   if name in _SUBMODULES:

@@ -198,7 +198,9 @@ def _config(args: argparse.Namespace) -> str:
 
   if args.config is None:
     if args.overrides:
-      raise config_lib.ConfigError("--set needs a CONFIG to apply to; e.g. jaxsync config configs/quickstart.yaml --set ...")
+      raise config_lib.ConfigError(
+        "--set needs a CONFIG to apply to; e.g. jaxsync config configs/quickstart.yaml --set ..."
+      )
     return config_lib.reference_markdown() if args.markdown else config_lib.reference_text()
   if args.markdown:
     raise config_lib.ConfigError("--markdown is for the key reference; expected no CONFIG with it.")

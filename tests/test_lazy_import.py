@@ -70,10 +70,10 @@ def test_a_rules_first_use_loads_jax_optax_and_the_rules_only(fresh):
 def test_every_public_rule_resolves_and_is_cached():
   import jaxsync as package
 
-  for name in package._RULES:
+  for name in [*package._RULES, *package._APP]:
     assert getattr(package, name) is getattr(package, name)
     assert name in vars(package)  # cached in the module after its first use
-  assert set(package._RULES) <= set(package.__all__)
+  assert {*package._RULES, *package._APP} <= set(package.__all__)
 
 
 def test_jaxsync_help_imports_no_jax_and_no_runtime(fresh):

@@ -294,7 +294,9 @@ def test_strategies_lists_every_strategy_with_its_options(capsys):
   code, out, _ = _run(capsys, "strategies")
   assert code == 0
   for name in jaxsync.strategies.names():
-    assert re.search(rf"^{name}( \((a?synchronous); real processes: (parameter server|all-reduce)\)|: another)", out, re.M)
+    assert re.search(
+      rf"^{name}( \((a?synchronous); real processes: (parameter server|all-reduce)\)|: another)", out, re.M
+    )
   assert "ormo (asynchronous; real processes: parameter server)" in out
   assert "allreduce (synchronous; real processes: all-reduce)" in out
   assert "fastest_k (synchronous; real processes: parameter server)" in out  # a collective cannot drop
@@ -455,7 +457,9 @@ def test_ctrl_c_names_the_run_directory_to_resume_and_ends_the_bar_line(tmp_path
     proc.communicate()
   assert proc.returncode == 130
   # The last line, on a line of its own (the bar's line ended before it).
-  assert ("\n" + err).endswith(f"\njaxsync: interrupted; continue the run with `jaxsync resume {out}`.\n"), err[-500:]
+  assert ("\n" + err).endswith(f"\njaxsync: interrupted; continue the run with `jaxsync resume {out}`.\n"), (
+    err[-500:]
+  )
 
 
 def test_the_bar_says_it_is_compiling_until_the_first_chunk():
@@ -533,16 +537,22 @@ def test_config_prints_the_reference_or_a_resolved_config(capsys):
   code, out, _ = _run(capsys, "config", QUICKSTART, "--set", "cluster.num_workers=4")
   assert code == 0
   resolved = config_lib.from_dict(yaml.safe_load(out))
-  assert resolved == config_lib.load(QUICKSTART, ["cluster.num_workers=4"]) and resolved.cluster.num_workers == 4
+  assert (
+    resolved == config_lib.load(QUICKSTART, ["cluster.num_workers=4"]) and resolved.cluster.num_workers == 4
+  )
   code, _, err = _run(capsys, "config", QUICKSTART, "--set", "cluster.num_workers=0")
-  assert code == 2 and err == "jaxsync: error: cluster.num_workers=0 is invalid; expected a positive number (or null where allowed).\n"
+  assert (
+    code == 2
+    and err
+    == "jaxsync: error: cluster.num_workers=0 is invalid; expected a positive number (or null where allowed).\n"
+  )
 
 
 def test_train_config_from_python_is_the_train_command(tmp_path, capsys):
   overrides = [o for o in FAST if o != "--set"]
   code, _, err = _run(capsys, "train", QUICKSTART, *FAST, "--out", tmp_path / "cli", "--progress", "quiet")
   assert code == 0, err
-  from jaxsync._src.app.commands import train_config
+  from jaxsync import train_config
 
   from_path = train_config(QUICKSTART, overrides, out=tmp_path / "py")
   raw = yaml.safe_load(QUICKSTART.read_text())
@@ -560,7 +570,10 @@ def test_train_config_from_python_is_the_train_command(tmp_path, capsys):
 def test_output_into_a_closed_pipe_ends_quietly():
   """`jaxsync strategies | head -1`: the reader leaves early; no traceback, no 'Exception ignored'."""
   proc = subprocess.Popen(
-    [sys.executable, "-m", "jaxsync.cli", "strategies"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT
+    [sys.executable, "-m", "jaxsync.cli", "strategies"],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.PIPE,
+    cwd=ROOT,
   )
   proc.stdout.close()  # before it writes a line
   err = proc.stderr.read().decode()

@@ -490,7 +490,9 @@ def advise(
       "ranking": [dataclasses.asdict(e) for e in advice.ranking],
     },
   )
-  plots.plot_compare(runs, out / "plots", target=None if advice.target is None else ("accuracy", advice.target))
+  plots.plot_compare(
+    runs, out / "plots", target=None if advice.target is None else ("accuracy", advice.target)
+  )
   return advice
 
 

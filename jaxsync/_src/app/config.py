@@ -66,7 +66,9 @@ def _positive(section: str, obj: Any, *names: str) -> None:
 class DataConfig:
   """Which data (``jaxsync.datasets.load``) and each worker's batch size."""
 
-  name: str = _key("digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, ...)")
+  name: str = _key(
+    "digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, ...)"
+  )
   data_dir: str | None = _key(
     None, meaning="where the dataset's files are (null: its default place, e.g. $FASHION_MNIST_DIR)"
   )
@@ -84,7 +86,9 @@ class DataConfig:
 class ModelConfig:
   """Which model (``jaxsync.models.make``); ``hidden`` widths for ``mlp``."""
 
-  name: str = _key("cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet)")
+  name: str = _key(
+    "cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet)"
+  )
   hidden: list[int] | None = _key(None, meaning="the hidden layer widths of an mlp (null: its default)")
 
   def __post_init__(self):
@@ -112,7 +116,9 @@ class ScheduleConfig:
   """
 
   kind: str = _key("constant", meaning="constant, step (times decay at each boundary) or cosine (to end)")
-  unit: str = _key("updates", meaning="what warmup, boundaries and length count: updates (the strategy's clock) or epochs")
+  unit: str = _key(
+    "updates", meaning="what warmup, boundaries and length count: updates (the strategy's clock) or epochs"
+  )
   warmup: float = _key(0.0, meaning="the linear warm-up's length, in unit")
   warmup_from: float | str = _key(
     0.0, meaning="the warm-up's first rate, a fraction of the peak, or '1/num_workers' (SMEGA2's lr/N)"
@@ -197,7 +203,9 @@ class ClusterConfig:
   slow_fraction: float = _key(0.25, meaning="the fraction of workers that are slow, in [0, 1)")
   slowdown: float = _key(4.0, meaning="how many times slower a slow worker is")
   link: str = _key("10gbps", meaning="the network between workers and server: 1gbps, 10gbps or 100gbps")
-  apply_time: float = _key(0.0, meaning="seconds the server takes per applied update, on top of server_bandwidth")
+  apply_time: float = _key(
+    0.0, meaning="seconds the server takes per applied update, on top of server_bandwidth"
+  )
   # Set message_bytes to time the exchanges of a bigger model (e.g. a paper's) while training the small one.
   message_bytes: int | None = _key(
     None, meaning="bytes of one model or gradient message (null: the model's own size)"
@@ -279,16 +287,21 @@ class RunConfig:
   """
 
   gradients: int = _key(4000, meaning="worker gradients in the whole run (the budget)")
-  max_time: float | None = _key(None, meaning="stop at this simulated time in seconds, if earlier (null: no limit)")
+  max_time: float | None = _key(
+    None, meaning="stop at this simulated time in seconds, if earlier (null: no limit)"
+  )
   eval_every: int | None = _key(100, meaning="server updates between evaluations (or use eval_every_time)")
   eval_every_time: float | None = _key(
     None, meaning="simulated seconds between evaluations: fair to strategies of different update rates"
   )
   chunk: int = _key(500, meaning="events per compiled chunk and per metrics.jsonl train line")
   checkpoint_every: int | None = _key(
-    None, meaning="events between checkpoints, a multiple of chunk (null: every 10 chunks); one is saved at the end"
+    None,
+    meaning="events between checkpoints, a multiple of chunk (null: every 10 chunks); one is saved at the end",
   )
-  target_accuracy: float | None = _key(0.9, meaning="the accuracy whose time and updates to reach the summary reports")
+  target_accuracy: float | None = _key(
+    0.9, meaning="the accuracy whose time and updates to reach the summary reports"
+  )
   gradient_batch: int | None = _key(
     None, meaning="an asynchronous strategy's gradients computed together (null: 1 on a CPU, K on a GPU/TPU)"
   )
@@ -329,7 +342,9 @@ class RunConfig:
 class CompareConfig:
   """What ``jaxsync compare`` runs: strategies, seeds, and per-strategy option overrides."""
 
-  strategies: list[str] = _key(meaning="the strategies jaxsync compare runs (empty: strategy.name)", factory=list)
+  strategies: list[str] = _key(
+    meaning="the strategies jaxsync compare runs (empty: strategy.name)", factory=list
+  )
   seeds: int = _key(3, meaning="seeds per strategy (seed, seed + 1, ...)")
   options: dict[str, Any] = _key(
     meaning="per-strategy option overrides, e.g. {asp: {learning_rate: 0.01}}", factory=dict
@@ -354,7 +369,9 @@ class Config:
   """A whole run: data, model, strategy, cluster and run length (and what ``compare`` varies)."""
 
   name: str = _key("run", meaning="the run's name: its directory is runs/NAME unless --out says otherwise")
-  seed: int = _key(0, meaning="the seed of the data order, the model's initialization and the cluster's jitter")
+  seed: int = _key(
+    0, meaning="the seed of the data order, the model's initialization and the cluster's jitter"
+  )
   data: DataConfig = _key(meaning="the data", factory=DataConfig)
   model: ModelConfig = _key(meaning="the model", factory=ModelConfig)
   strategy: StrategyConfig = _key(meaning="the synchronization strategy", factory=StrategyConfig)
