@@ -9,8 +9,8 @@ all its local devices (InHAD's workers through their node's
 in every process. :func:`initialize` joins a run
 (explicit, from ``jaxsync launch``, or a detected SLURM / TPU / Kubernetes
 cluster) and :func:`launch` starts N local processes. ``jaxsync launch`` and
-``jaxsync train`` on a cluster put these together; see the README's
-"Multi-process runs".
+``jaxsync train`` on a cluster put these together; see the documentation's
+user guide, "Multi-process runs".
 """
 
 from jaxsync._src.distributed.cluster import (

@@ -403,10 +403,6 @@ def test_an_existing_out_is_refused_before_anything_is_built(capsys, tmp_path, m
   assert (taken / "notes.txt").read_text() == "mine"
 
 
-def _ignore_sigint():
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
 @pytest.mark.parametrize(
   "when, started_by",
   [
@@ -419,25 +415,11 @@ def _ignore_sigint():
 )
 def test_ctrl_c_names_the_run_directory_to_resume_and_ends_the_bar_line(tmp_path, when, started_by):
   out = tmp_path / "r"
-  proc = subprocess.Popen(
-    [
-      sys.executable,
-      "-m",
-      "jaxsync.cli",
-      "train",
-      QUICKSTART,
-      *FAST,
-      "--set",
-      "run.gradients=1000000",
-      "--out",
-      out,
-    ],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.PIPE,
-    text=True,
-    cwd=ROOT,
-    preexec_fn=_ignore_sigint if started_by == "a background job" else None,
-  )
+  command = [sys.executable, "-m", "jaxsync.cli", "train", QUICKSTART, *FAST]
+  command += ["--set", "run.gradients=1000000", "--out", out]
+  if started_by == "a background job":  # what `cmd &` in a script does: SIGINT ignored, then exec
+    command = ["sh", "-c", 'trap "" INT; exec "$@"', "sh", *map(str, command)]
+  proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
   try:
     deadline = time.monotonic() + 240
     metrics = out / "metrics.jsonl"

@@ -86,3 +86,29 @@ def test_the_metadata_note_filter_drops_only_this_directorys_notes(tmp_path):
   with checkpoints._step_metadata_notes_dropped(mine):
     assert len(absl.filters) == len(before) + 1
   assert absl.filters == before
+
+
+def test_asyncio_reports_of_abandoned_checkpoint_reads_are_dropped_and_nothing_else():
+  import logging
+  import sys
+
+  from jaxsync._src.train import checkpoints
+
+  def record(error):
+    try:
+      raise error
+    except type(error):
+      info = sys.exc_info()
+    return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Future exception was never retrieved", (), info)
+
+  failed = "/tmp/a-run/checkpoints/400"
+  checkpoints._FAILED_RESTORES.add(failed)
+  try:
+    keep = checkpoints._LeftoverFutureFilter().filter
+    assert not keep(record(ValueError(f'DATA_LOSS: Error reading "x" at local file "{failed}/state/"')))
+    assert not keep(record(RuntimeError("cannot schedule new futures after shutdown")))
+    assert keep(record(ValueError('DATA_LOSS: at local file "/tmp/another-run/checkpoints/400/state/"')))
+    assert keep(record(RuntimeError("something else")))
+    assert keep(logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Executing a slow callback", (), None))
+  finally:
+    checkpoints._FAILED_RESTORES.discard(failed)

@@ -153,6 +153,7 @@ class RunCheckpoints:
         )
       records = EventRecord(**jax.tree.map(np.asarray, out.records))
     except Exception as err:  # corrupt array files surface as several exception types
+      _FAILED_RESTORES.add(str(where))
       raise CheckpointError(f"checkpoint {str(where)!r} is corrupt: {_first_line(err)}") from None
     if len(records.time) != step:
       raise CheckpointError(
@@ -244,17 +245,34 @@ def _interrupts_deferred():
 _LEFTOVER_ERRORS = ("Event loop is closed", "cannot schedule new futures after shutdown")
 
 
+# Checkpoint directories whose restore failed (and was reported in one line): the reads of their other
+# arrays, abandoned, end as asyncio futures whose exception nobody retrieves.
+_FAILED_RESTORES: set[str] = set()
+
+
 def _is_leftover(error: BaseException | None) -> bool:
-  return isinstance(error, RuntimeError) and str(error) in _LEFTOVER_ERRORS
+  if isinstance(error, RuntimeError) and str(error) in _LEFTOVER_ERRORS:
+    return True
+  return isinstance(error, ValueError) and any(directory in str(error) for directory in _FAILED_RESTORES)
+
+
+class _LeftoverFutureFilter(logging.Filter):
+  """Drops asyncio's "exception was never retrieved" reports of checkpoint operations left in flight."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    if "exception was never retrieved" not in record.getMessage():
+      return True
+    return not (record.exc_info and _is_leftover(record.exc_info[1]))
 
 
 def _ignore_operations_left_in_flight() -> None:
   """Silences the errors of checkpoint operations that outlived their call (see ``_LEFTOVER_ERRORS``).
 
   Python reports them through ``sys.unraisablehook`` (a callback in a
-  tensorstore thread) or ``threading.excepthook`` (an executor thread): a
-  dozen tracebacks after a one-line error or an interruption. Those and only
-  those are dropped; everything else is reported as before.
+  tensorstore thread), ``threading.excepthook`` (an executor thread) or
+  asyncio's logger (a future nobody awaited any more): a dozen tracebacks
+  after a one-line error or an interruption. Those and only those are
+  dropped; everything else is reported as before.
   """
   previous_unraisable = sys.unraisablehook
   if getattr(previous_unraisable, "_jaxsync_drops_leftovers", False):
@@ -273,3 +291,4 @@ def _ignore_operations_left_in_flight() -> None:
   unraisable_hook._jaxsync_drops_leftovers = True
   sys.unraisablehook = unraisable_hook
   threading.excepthook = thread_hook
+  logging.getLogger("asyncio").addFilter(_LeftoverFutureFilter())
