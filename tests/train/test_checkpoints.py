@@ -99,7 +99,9 @@ def test_asyncio_reports_of_abandoned_checkpoint_reads_are_dropped_and_nothing_e
       raise error
     except type(error):
       info = sys.exc_info()
-    return logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Future exception was never retrieved", (), info)
+    return logging.LogRecord(
+      "asyncio", logging.ERROR, __file__, 1, "Future exception was never retrieved", (), info
+    )
 
   failed = "/tmp/a-run/checkpoints/400"
   checkpoints._FAILED_RESTORES.add(failed)
@@ -109,6 +111,8 @@ def test_asyncio_reports_of_abandoned_checkpoint_reads_are_dropped_and_nothing_e
     assert not keep(record(RuntimeError("cannot schedule new futures after shutdown")))
     assert keep(record(ValueError('DATA_LOSS: at local file "/tmp/another-run/checkpoints/400/state/"')))
     assert keep(record(RuntimeError("something else")))
-    assert keep(logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Executing a slow callback", (), None))
+    assert keep(
+      logging.LogRecord("asyncio", logging.ERROR, __file__, 1, "Executing a slow callback", (), None)
+    )
   finally:
     checkpoints._FAILED_RESTORES.discard(failed)
