@@ -309,7 +309,7 @@ def test_adaptive_k_with_bb_and_momentum_trains_the_quickstart():
 
   cfg = config.load(
     pathlib.Path(__file__).parents[2] / "configs" / "quickstart.yaml",
-    ["strategy.name=adaptive_k", "strategy.options.bb_step_size=true"],
+    ["strategy.name=adaptive_k", "strategy.options.bb_step_size=true", "run.eval_every=1000"],
   )
   exp = experiment.build(cfg)
   simulator = exp.simulator()
