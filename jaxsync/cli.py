@@ -12,7 +12,9 @@ Exit codes: 0 on success, 2 for a bad command line, config, data path or run
 directory (one line on stderr, no traceback; ``--traceback`` anywhere on the
 line shows it, with the same exit code), 3 when a multi-process run loses a
 process it cannot go on without (one line naming it), 1 for anything else,
-130 when interrupted (the line says how to continue the run).
+130 when interrupted (the line says how to continue the run), 75 when a
+simulated run stopped on SIGTERM (a preemption notice) after writing a
+checkpoint at its next chunk boundary (``jaxsync resume`` continues it exactly).
 """
 
 from __future__ import annotations
@@ -280,17 +282,22 @@ def _dispatch(args: argparse.Namespace) -> int:
   reporter = progress.make(args.progress)
   group = _group(args) if args.command in ("train", "resume") else None  # compare: the simulator only
   if args.command == "resume":
-    result = commands.resume(args.run_dir, reporter=reporter, group=group)
+    stop = _PreemptionNotice() if group is None else None  # a multi-process run: issue of its own
+    result = commands.resume(args.run_dir, reporter=reporter, group=group, stop_requested=stop)
   else:
     if args.command == "train":
-      result = commands.train(cfg, out, overwrite=args.overwrite, reporter=reporter, group=group)
+      stop = _PreemptionNotice() if group is None else None
+      result = commands.train(
+        cfg, out, overwrite=args.overwrite, reporter=reporter, group=group, stop_requested=stop
+      )
     else:
       if args.seeds is not None and args.seeds < 1:
         raise config_lib.ConfigError(f"--seeds={args.seeds} is invalid; expected a positive integer.")
       names = [n.strip() for n in args.strategies.split(",") if n.strip()] if args.strategies else None
       result = commands.compare(
-        cfg, out, strategy_names=names, seeds=args.seeds, overwrite=args.overwrite, reporter=reporter
-      )
+        cfg, out, strategy_names=names, seeds=args.seeds, overwrite=args.overwrite, reporter=reporter,
+        stop_requested=_PreemptionNotice(),
+      )  # fmt: skip
   if result is None:
     return 0
   runs = [r for rs in result["results"].values() for r in rs] if isinstance(result, dict) else [result]
@@ -337,6 +344,35 @@ def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
   return 0
 
 
+# The exit code of a run stopped by a preemption notice, its checkpoint written: "try again later"
+# (EX_TEMPFAIL of sysexits.h), so that a scheduler or a script can tell it from a failure and resume.
+EXIT_PREEMPTED = 75
+
+
+class _PreemptionNotice:
+  """SIGTERM asks a simulated run to stop at its next safe point, with a checkpoint.
+
+  SLURM, Kubernetes and TPU VMs send SIGTERM, with a grace period, before they
+  take a machine. The first SIGTERM is noted and the run stops after the chunk
+  it is in (``run.chunk`` events; before the first chunk, after it: compiling
+  first), writing a checkpoint there; a second SIGTERM ends the process at
+  once, as SIGTERM does by default.
+  """
+
+  def __init__(self):
+    self.received = False
+    if threading.current_thread() is threading.main_thread():
+      signal.signal(signal.SIGTERM, self._note)
+
+  def _note(self, signum, frame):
+    if self.received:
+      raise SystemExit(128 + signum)
+    self.received = True
+
+  def __call__(self) -> bool:
+    return self.received
+
+
 def _stop_on_ctrl_c() -> None:
   """Makes SIGINT raise ``KeyboardInterrupt`` even where the process started with it ignored.
 
@@ -353,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
   args = _parser().parse_args(argv)  # --help, --version and a bad command line exit here
   _stop_on_ctrl_c()
   from jaxsync._src.distributed.cluster import RunFaultError
+  from jaxsync._src.train.training import PreemptedError
 
   user_errors = _user_errors()
   show = getattr(args, "traceback", False) or os.environ.get("JAXSYNC_TRACEBACK")
@@ -362,6 +399,13 @@ def main(argv: list[str] | None = None) -> int:
   except BrokenPipeError:  # `jaxsync strategies | head`: the reader has what it wanted
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
     return 0
+  except PreemptedError as err:
+    print(
+      f"jaxsync: preempted (SIGTERM) after {err.done} events, all of them in the run's last checkpoint; "
+      f"continue the run with `jaxsync resume {args.run_dir_in_use}`.",
+      file=sys.stderr,
+    )
+    return EXIT_PREEMPTED
   except KeyboardInterrupt:
     run_dir = getattr(args, "run_dir_in_use", None)
     if run_dir is not None and pathlib.Path(run_dir, "config.yaml").is_file():

@@ -91,24 +91,56 @@ def test_readme_main_command_on_a_shortened_quickstart_leaves_a_complete_run_dir
   assert RunCheckpoints(out / "checkpoints").latest_step() == 400
 
 
-@pytest.mark.heavy
-def test_a_run_killed_with_sigkill_and_resumed_ends_exactly_like_an_uninterrupted_one(tmp_path):
-  long = ["--set", "run.gradients=1600", "--set", "run.chunk=100", "--set", "run.checkpoint_every=200"]
-  common = [*long, "--set", "model.name=mlp", "--set", "model.hidden=[64]", "--progress", "quiet"]
-  whole, killed = tmp_path / "whole", tmp_path / "killed"
-  _jaxsync("train", QUICKSTART, *common, "--out", whole)
+_LONG = ["--set", "run.gradients=1600", "--set", "run.chunk=100", "--set", "run.checkpoint_every=200"]
+_LONG += ["--set", "model.name=mlp", "--set", "model.hidden=[64]", "--progress", "quiet"]
 
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  whole = tmp_path_factory.mktemp("uninterrupted") / "whole"
+  _jaxsync("train", QUICKSTART, *_LONG, "--out", whole)
+  return whole
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("how", ["SIGKILL", "SIGTERM"])
+def test_a_run_killed_or_preempted_and_resumed_ends_exactly_like_an_uninterrupted_one(
+  tmp_path, uninterrupted, how
+):
+  """SIGKILL loses what came after the last checkpoint; SIGTERM (a preemption notice) checkpoints at the
+  end of the chunk it arrives in and exits 75. Either way `jaxsync resume` ends in the same files."""
+  whole, killed = uninterrupted, tmp_path / "killed"
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  cmd = [sys.executable, "-m", "jaxsync.cli", "train", str(QUICKSTART), *common, "--out", str(killed)]
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-  deadline = time.monotonic() + 240
-  while not (killed / "checkpoints" / "400" / "commit_success.txt").exists():
-    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
-    assert time.monotonic() < deadline, "no checkpoint within 240 s"
-    time.sleep(0.05)
-  proc.send_signal(signal.SIGKILL)
-  proc.wait(timeout=30)
-  assert not (killed / "summary.json").exists(), "the run finished before it was killed"
+  cmd = [sys.executable, "-m", "jaxsync.cli", "train", str(QUICKSTART), *_LONG, "--out", str(killed)]
+  proc = subprocess.Popen(
+    cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+  )
+  try:
+    deadline = time.monotonic() + 240
+    metrics = killed / "metrics.jsonl"
+    ready = {
+      "SIGKILL": lambda: (killed / "checkpoints" / "400" / "commit_success.txt").exists(),
+      # Between two periodic checkpoints (every 200 events): the preemption's own may land off that grid.
+      "SIGTERM": lambda: metrics.exists() and '"event": 300' in metrics.read_text(),
+    }[how]
+    while not ready():
+      assert proc.poll() is None, proc.stderr.read()[-2000:]
+      assert time.monotonic() < deadline, "the run did not get there within 240 s"
+      time.sleep(0.01)
+    proc.send_signal(getattr(signal, how))
+    _, err = proc.communicate(timeout=60)
+  finally:
+    proc.kill()
+    proc.communicate()
+  assert not (killed / "summary.json").exists(), "the run finished before it was stopped"
+  if how == "SIGTERM":
+    assert proc.returncode == 75, err
+    done = int(re.search(r"preempted \(SIGTERM\) after (\d+) events", err)[1])
+    assert err.endswith(f"continue the run with `jaxsync resume {killed}`.\n") and err.count("\n") == 1, err
+    assert done % 100 == 0 and 300 <= done < 1600, done  # the chunk boundary after the notice
+    assert RunCheckpoints(killed / "checkpoints").latest_step() == done
+  else:
+    assert proc.returncode == -signal.SIGKILL
 
   resumed = _jaxsync("resume", killed, "--progress", "quiet")
   assert resumed.returncode == 0

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import pathlib
 import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,13 +64,24 @@ def _build(config: config_lib.Config, reporter: Reporter) -> experiment.Experime
     raise
 
 
+def _simulate(exp: experiment.Experiment, run_dir: pathlib.Path, reporter: Reporter, stop_requested):
+  return training.train(
+    exp.simulator(), exp.model.params, run_dir, reporter=reporter, stop_requested=stop_requested,
+    **exp.train_kwargs(),
+  )  # fmt: skip
+
+
 def _run_one(
-  config: config_lib.Config, run_dir: pathlib.Path, reporter: Reporter, group: ProcessGroup | None = None
+  config: config_lib.Config,
+  run_dir: pathlib.Path,
+  reporter: Reporter,
+  group: ProcessGroup | None = None,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> training.RunResult | None:
   exp = _build(config, reporter)
   if group is not None:
     return _run_distributed(exp, run_dir, group, reporter)
-  return training.train(exp.simulator(), exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+  return _simulate(exp, run_dir, reporter, stop_requested)
 
 
 def train(
@@ -79,17 +91,20 @@ def train(
   overwrite: bool,
   reporter: Reporter,
   group: ProcessGroup | None = None,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> training.RunResult | None:
   """Validates and builds everything, creates ``out``, writes ``config.yaml`` and trains.
 
   With a process ``group`` every process of a multi-process run calls this;
   process 0 creates ``out`` and returns the result, a worker returns None.
+  ``stop_requested``: asked between chunks of a simulated run; True saves a
+  checkpoint there and raises ``training.PreemptedError``.
   """
   exp = _build(config, reporter)  # every config error surfaces before anything is written
   if group is None:
     run_dir = run_directory.create(out, overwrite=overwrite)
     write_config(run_dir, config)
-    return training.train(exp.simulator(), exp.model.params, run_dir, reporter=reporter, **exp.train_kwargs())
+    return _simulate(exp, run_dir, reporter, stop_requested)
   check_processes(exp.strategy, group.count, config.cluster.servers)
   if group.is_primary:
     run_dir = run_directory.create(out, overwrite=overwrite)
@@ -142,13 +157,17 @@ def train_config(
 
 
 def resume(
-  run_dir: pathlib.Path, *, reporter: Reporter, group: ProcessGroup | None = None
+  run_dir: pathlib.Path,
+  *,
+  reporter: Reporter,
+  group: ProcessGroup | None = None,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> training.RunResult | dict[str, Any] | None:
   """Continues a run (or every run of a compare directory) from its latest checkpoint."""
   run_dir = pathlib.Path(run_dir)
   if (run_dir / _COMPARE_MARKER).is_file():
-    return _compare_runs(run_dir, reporter)
-  return _run_one(_read_config(run_dir), run_dir, reporter, group)
+    return _compare_runs(run_dir, reporter, stop_requested)
+  return _run_one(_read_config(run_dir), run_dir, reporter, group, stop_requested)
 
 
 def launched_processes(run_dir: pathlib.Path) -> int | None:
@@ -277,6 +296,7 @@ def compare(
   seeds: int | None,
   overwrite: bool,
   reporter: Reporter,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> dict[str, Any]:
   """Runs every strategy of ``strategy_names`` (default ``compare.strategies``) with ``seeds`` seeds."""
   names = strategy_names or config.compare.strategies or [config.strategy.name]
@@ -302,7 +322,7 @@ def compare(
     (run_dir / sub).mkdir(parents=True)
     write_config(run_dir / sub, run_config)
   run_directory.write_json(run_dir / _COMPARE_MARKER, {"runs": list(plan)})
-  return _compare_runs(run_dir, reporter)
+  return _compare_runs(run_dir, reporter, stop_requested)
 
 
 def _plan(config: config_lib.Config) -> dict[str, config_lib.Config]:
@@ -314,11 +334,13 @@ def _plan(config: config_lib.Config) -> dict[str, config_lib.Config]:
   return plan
 
 
-def _compare_runs(run_dir: pathlib.Path, reporter: Reporter) -> dict[str, Any]:
+def _compare_runs(
+  run_dir: pathlib.Path, reporter: Reporter, stop_requested: Callable[[], bool] | None = None
+) -> dict[str, Any]:
   runs = json.loads((run_dir / _COMPARE_MARKER).read_text())["runs"]
   results: dict[str, list[training.RunResult]] = {}
   for sub in runs:
-    result = _run_one(_read_config(run_dir / sub), run_dir / sub, reporter)
+    result = _run_one(_read_config(run_dir / sub), run_dir / sub, reporter, stop_requested=stop_requested)
     results.setdefault(sub.split("/")[0], []).append(result)
   table = results_table(results)
   (run_dir / "results.md").write_text(table)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import pathlib
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -51,6 +52,18 @@ class RunResult:
   history: History
   summary: dict[str, Any]
   run_dir: pathlib.Path
+
+
+class PreemptedError(Exception):
+  """A run stopped at a safe point on request (a preemption notice): its last checkpoint holds ``done`` events.
+
+  Attributes:
+    done: the events the checkpoint holds; ``resume`` continues from there, exactly.
+  """
+
+  def __init__(self, done: int):
+    super().__init__(f"preempted after {done} events, all of them in the run's last checkpoint")
+    self.done = done
 
 
 class _Progress(NamedTuple):
@@ -98,8 +111,13 @@ def _run_chunks(
   write,
   save,
   reporter: Reporter,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> _Progress:
-  """Advances ``run`` chunk by chunk until ``num_events`` or ``max_time``; writes rows, saves checkpoints."""
+  """Advances ``run`` chunk by chunk until ``num_events`` or ``max_time``; writes rows, saves checkpoints.
+
+  Between two chunks (a safe point: the rows written, nothing in flight) a true ``stop_requested()``
+  saves a checkpoint there and raises :class:`PreemptedError`.
+  """
   state, records, done, stopped_by = run.state, list(run.records), run.done, run.stopped_by
   last_eval = dict(run.initial_metrics)
   if stopped_by is None and done >= num_events:
@@ -129,9 +147,14 @@ def _run_chunks(
       raise EmptyRunError(
         f"train: max_time={max_time!r} is invalid; expected a time after the first event (no event ran)."
       )
-    if stopped_by is not None or (checkpoint_every and done // checkpoint_every > before // checkpoint_every):
-      # A chunk that ran nothing (max_time hit on a chunk boundary) re-saves the same step as finished.
+    periodic = bool(checkpoint_every) and done // checkpoint_every > before // checkpoint_every
+    preempted = stopped_by is None and stop_requested is not None and stop_requested()
+    if stopped_by is not None or periodic or preempted:
+      # A chunk that ran nothing (max_time hit on a chunk boundary) re-saves the same step as finished;
+      # a preempted run saves an unfinished one, which resume continues exactly from here.
       save(done, state, records, stopped_by)
+    if preempted:
+      raise PreemptedError(done)
   return run._replace(state=state, records=records, done=done, stopped_by=stopped_by)
 
 
@@ -193,6 +216,7 @@ def train(
   tensorboard: bool = True,
   make_plots: bool = True,
   primary: bool = True,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> RunResult:
   """Trains (or continues training) a run into ``run_dir``.
 
@@ -221,6 +245,9 @@ def train(
     primary: this process writes the run directory. The other processes of
       a multi-process synchronous run pass False: they run the same chunks,
       restore from the same checkpoint and write nothing.
+    stop_requested: asked between chunks; when it returns True (a preemption
+      notice arrived) the run saves a checkpoint there and raises
+      :class:`PreemptedError`, to be continued exactly by a later call.
 
   Returns:
     A :class:`RunResult`.
@@ -289,6 +316,7 @@ def train(
       write=writers.write,
       save=save,
       reporter=reporter,
+      stop_requested=stop_requested,
     )
   except BaseException:
     writers.close()
