@@ -12,9 +12,11 @@ Exit codes: 0 on success, 2 for a bad command line, config, data path or run
 directory (one line on stderr, no traceback; ``--traceback`` anywhere on the
 line shows it, with the same exit code), 3 when a multi-process run loses a
 process it cannot go on without (one line naming it), 1 for anything else,
-130 when interrupted (the line says how to continue the run), 75 when a
-simulated run stopped on SIGTERM (a preemption notice) after writing a
-checkpoint at its next chunk boundary (``jaxsync resume`` continues it exactly).
+75 when a run stopped on SIGTERM (a preemption notice) after writing a
+checkpoint at its next chunk boundary (``jaxsync resume`` continues it
+exactly), 130 when interrupted (Ctrl-C: the first stops the run at its next
+chunk boundary with a checkpoint, as SIGTERM does; a second stops it at once;
+the line says how to continue the run).
 """
 
 from __future__ import annotations
@@ -88,6 +90,16 @@ def _parser() -> argparse.ArgumentParser:
       help="a live progress bar (default), JSON lines on stdout, or nothing",
     )
 
+  def restarts_option(p):
+    p.add_argument(
+      "--max-restarts",
+      type=int,
+      default=0,
+      metavar="N",
+      help="restart what fails, N times at most: a parameter-server worker alone, else every process from "
+      "the last checkpoint (RUN_DIR/restarts.jsonl lists them; default 0)",
+    )
+
   def process_options(p):
     g = p.add_argument_group(
       "multi-process runs",
@@ -117,6 +129,7 @@ def _parser() -> argparse.ArgumentParser:
   launch.add_argument(
     "--bind", default="127.0.0.1", help="the interface every socket binds to (default: loopback only)"
   )
+  restarts_option(launch)
   run_options(launch, config=True)
   compare = sub.add_parser(
     "compare",
@@ -157,6 +170,7 @@ def _parser() -> argparse.ArgumentParser:
   )
   resume.add_argument("run_dir", type=pathlib.Path, help="a directory written by train or compare")
   run_options(resume, config=False)
+  restarts_option(resume)
   process_options(resume)
   sub.add_parser(
     "strategies",
@@ -210,10 +224,15 @@ def _config(args: argparse.Namespace) -> str:
   return yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
 
 
-def _launch(args: argparse.Namespace, run_args: list[str]) -> int:
+def _launch(args: argparse.Namespace, run_args: list[str], run_dir: pathlib.Path, alone) -> int:
   from jaxsync._src.distributed import launch
 
-  return launch.launch(args.num_processes, run_args, bind=args.bind)
+  if args.max_restarts < 0:
+    from jaxsync._src.app.config import ConfigError
+
+    raise ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
+  policy = launch.RestartPolicy(max_restarts=args.max_restarts, run_dir=run_dir, alone=alone)
+  return launch.launch(args.num_processes, run_args, bind=args.bind, restarts=policy)
 
 
 def _group(args: argparse.Namespace):
@@ -250,13 +269,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
-    commands.check_launch(cfg, args.num_processes)
+    alone = commands.check_launch(cfg, args.num_processes)
     out = args.out or commands.default_out(cfg.name)
     run_directory.check_available(out, overwrite=args.overwrite)
     args.run_dir_in_use = out
     run_args = ["train", str(args.config), "--out", str(out), "--progress", args.progress]
     run_args += [f"--set={o}" for o in args.overrides] + (["--overwrite"] if args.overwrite else [])
-    return _launch(args, run_args)
+    return _launch(args, run_args, out, alone)
   if args.command == "resume":
     args.run_dir_in_use = args.run_dir
     processes = commands.launched_processes(args.run_dir)
@@ -268,7 +287,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if processes and not on_cluster:
       # A multi-process run directory, resumed from a shell: start its processes again, locally.
       args.num_processes, args.bind = processes, "127.0.0.1"
-      return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress])
+      alone = commands.check_launch(commands.read_config(args.run_dir), processes)
+      return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress], args.run_dir, alone)
   cfg = out = None
   if args.command in ("train", "compare", "advise"):
     cfg = config_lib.load(args.config, args.overrides)
@@ -282,11 +302,11 @@ def _dispatch(args: argparse.Namespace) -> int:
   reporter = progress.make(args.progress)
   group = _group(args) if args.command in ("train", "resume") else None  # compare: the simulator only
   if args.command == "resume":
-    stop = _PreemptionNotice() if group is None else None  # a multi-process run: issue of its own
+    stop = _PreemptionNotice()
     result = commands.resume(args.run_dir, reporter=reporter, group=group, stop_requested=stop)
   else:
     if args.command == "train":
-      stop = _PreemptionNotice() if group is None else None
+      stop = _PreemptionNotice()
       result = commands.train(
         cfg, out, overwrite=args.overwrite, reporter=reporter, group=group, stop_requested=stop
       )
@@ -350,27 +370,42 @@ EXIT_PREEMPTED = 75
 
 
 class _PreemptionNotice:
-  """SIGTERM asks a simulated run to stop at its next safe point, with a checkpoint.
+  """SIGTERM (or Ctrl-C) asks a run to stop at its next safe point, with a checkpoint.
 
   SLURM, Kubernetes and TPU VMs send SIGTERM, with a grace period, before they
-  take a machine. The first SIGTERM is noted and the run stops after the chunk
-  it is in (``run.chunk`` events; before the first chunk, after it: compiling
-  first), writing a checkpoint there; a second SIGTERM ends the process at
-  once, as SIGTERM does by default.
+  take a machine. The first SIGTERM or SIGINT is noted and the run stops after
+  the chunk it is in (``run.chunk`` events; before the first chunk, after it:
+  compiling first), writing a checkpoint there; a second one ends the process
+  at once (SIGTERM as it does by default, SIGINT with ``KeyboardInterrupt``).
+  In a multi-process run every process asks its own notice: the processes of
+  a synchronous run stop together at the round where the first notice is seen,
+  a parameter server (process 0) at its chunk's end, telling its workers to
+  stop; a worker alone waits for the server's stop for a grace period.
   """
 
+  by: int | None = None  # the signal that asked (class-wide: one notice per process)
+
   def __init__(self):
-    self.received = False
+    _PreemptionNotice.by = None
     if threading.current_thread() is threading.main_thread():
       signal.signal(signal.SIGTERM, self._note)
+      signal.signal(signal.SIGINT, self._note)
 
   def _note(self, signum, frame):
-    if self.received:
+    if _PreemptionNotice.by is not None:
+      if signum == signal.SIGINT:
+        raise KeyboardInterrupt
       raise SystemExit(128 + signum)
-    self.received = True
+    _PreemptionNotice.by = signum
+    if signum == signal.SIGINT:
+      print(
+        "\njaxsync: stopping at the end of this chunk, with a checkpoint (Ctrl-C again to stop now).",
+        file=sys.stderr,
+        flush=True,
+      )
 
   def __call__(self) -> bool:
-    return self.received
+    return _PreemptionNotice.by is not None
 
 
 def _stop_on_ctrl_c() -> None:
@@ -400,12 +435,17 @@ def main(argv: list[str] | None = None) -> int:
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit's flush
     return 0
   except PreemptedError as err:
+    how = "interrupted (Ctrl-C)" if _PreemptionNotice.by == signal.SIGINT else "preempted (SIGTERM)"
+    if err.done is None:  # a worker of a parameter-server run: it holds nothing the server has not
+      print(f"jaxsync: {err}.", file=sys.stderr)
+      sys.stderr.flush()
+      os._exit(EXIT_PREEMPTED)  # as a killed worker leaves: it may be started again to rejoin
     print(
-      f"jaxsync: preempted (SIGTERM) after {err.done} events, all of them in the run's last checkpoint; "
+      f"jaxsync: {how} after {err.done} events, all of them in the run's last checkpoint; "
       f"continue the run with `jaxsync resume {args.run_dir_in_use}`.",
       file=sys.stderr,
     )
-    return EXIT_PREEMPTED
+    return 130 if _PreemptionNotice.by == signal.SIGINT else EXIT_PREEMPTED
   except KeyboardInterrupt:
     run_dir = getattr(args, "run_dir_in_use", None)
     if run_dir is not None and pathlib.Path(run_dir, "config.yaml").is_file():

@@ -436,16 +436,18 @@ def test_an_existing_out_is_refused_before_anything_is_built(capsys, tmp_path, m
 
 
 @pytest.mark.parametrize(
-  "when, started_by",
+  "when, started_by, presses",
   [
-    ("training", "a terminal"),
+    ("training", "a terminal", 1),
     # A background job of a non-interactive shell (a script's `cmd &`, a CI job, a test harness) starts
     # with SIGINT ignored, which Python keeps ignored unless told otherwise: the run went on for 28
-    # minutes. Interrupted while it compiles, before the first chunk.
-    ("compiling", "a background job"),
+    # minutes. Interrupted while it compiles, before the first chunk: twice, to stop at once.
+    ("compiling", "a background job", 2),
   ],
 )
-def test_ctrl_c_names_the_run_directory_to_resume_and_ends_the_bar_line(tmp_path, when, started_by):
+def test_ctrl_c_stops_at_the_chunks_end_with_a_checkpoint_or_at_once_when_pressed_twice(
+  tmp_path, when, started_by, presses
+):
   out = tmp_path / "r"
   command = [sys.executable, "-m", "jaxsync.cli", "train", QUICKSTART, *FAST]
   command += ["--set", "run.gradients=1000000", "--out", out]
@@ -462,7 +464,9 @@ def test_ctrl_c_names_the_run_directory_to_resume_and_ends_the_bar_line(tmp_path
     while not ready():
       assert proc.poll() is None and time.monotonic() < deadline
       time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
+    for press in range(presses):
+      time.sleep(0.5 * press)  # the first press is noted before the second comes
+      proc.send_signal(signal.SIGINT)
     interrupted = time.monotonic()
     _, err = proc.communicate(timeout=120)
     assert time.monotonic() - interrupted < 60  # seconds, not the rest of a million gradients
@@ -470,10 +474,15 @@ def test_ctrl_c_names_the_run_directory_to_resume_and_ends_the_bar_line(tmp_path
     proc.kill()
     proc.communicate()
   assert proc.returncode == 130
+  assert "jaxsync: stopping at the end of this chunk, with a checkpoint (Ctrl-C again to stop now)." in err
+  if presses == 1:
+    done = int(re.search(r"interrupted \(Ctrl-C\) after (\d+) events", err)[1])
+    assert RunCheckpoints(out / "checkpoints").latest_step() == done > 0
+    last = f"all of them in the run's last checkpoint; continue the run with `jaxsync resume {out}`."
+  else:
+    last = f"jaxsync: interrupted; continue the run with `jaxsync resume {out}`."
   # The last line, on a line of its own (the bar's line ended before it).
-  assert ("\n" + err).endswith(f"\njaxsync: interrupted; continue the run with `jaxsync resume {out}`.\n"), (
-    err[-500:]
-  )
+  assert ("\n" + err).endswith(f"{last}\n") and err.splitlines()[-1].startswith("jaxsync: "), err[-500:]
 
 
 def test_the_bar_says_it_is_compiling_until_the_first_chunk():

@@ -389,3 +389,65 @@ def test_a_server_sharded_over_two_processes_equals_the_simulator_for_one_worker
   assert sorted(evaluated) == sorted(simulated) == [20, 40, 60]
   for version, accuracy in simulated.items():
     assert abs(evaluated[version] - accuracy) < 0.01, (evaluated, simulated)
+
+
+def _fingerprints(log: str) -> dict[str, str]:
+  return dict(re.findall(r"\[p\d\] process (\d): final parameters sha256 (\w+)", log))
+
+
+def test_a_sync_run_restarts_itself_after_a_killed_worker_and_resumes_exactly_after_a_preemption(tmp_path):
+  """`jaxsync launch -n 3 --max-restarts 2`: a SIGKILLed worker restarts the run from process 0's checkpoint
+  of every completed round (none is lost); SIGTERM to the launcher then stops every process at one chunk's
+  end with a checkpoint (exit 75), and `jaxsync resume` finishes the run. The final parameters equal an
+  uninterrupted run's, bit for bit."""
+  overrides = ["strategy.name=allreduce", "cluster.num_workers=3", "run.gradients=3000", "run.chunk=50"]
+  code, log = _launch(3, tmp_path / "whole", overrides)
+  assert code == 0, log[-3000:]
+  reference = _fingerprints(log)
+  assert set(reference) == {"0", "1", "2"} and len(set(reference.values())) == 1, log[-2000:]
+
+  out, log_path = tmp_path / "faulted", tmp_path / "faulted.log"
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  command = ["launch", "-n", "3", str(helpers.QUICKSTART), *sets, "--out", str(out), "--max-restarts", "2"]
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
+  with open(log_path, "w") as log_file:
+    launcher = subprocess.Popen(
+      [sys.executable, "-m", "jaxsync.cli", *command, "--progress", "quiet"],
+      stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+      _wait_for_rows(out, "train", 3, 180)
+      _process(launcher, 2).send_signal(signal.SIGKILL)
+      deadline = time.monotonic() + 120
+      while not (out / "restarts.jsonl").exists():
+        assert launcher.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+        time.sleep(0.1)
+      restart = json.loads((out / "restarts.jsonl").read_text())
+      _wait_for_rows(out, "train", restart["checkpoint"] // 50 + 2, 180)  # the restarted run goes on
+      launcher.send_signal(signal.SIGTERM)
+      launcher.wait(timeout=120)
+    finally:
+      if launcher.poll() is None:
+        _kill_tree(launcher)
+  log = log_path.read_text()
+  assert launcher.returncode == 75, log[-3000:]
+  assert {k: restart[k] for k in ("restart", "process", "ended", "scope")} == {
+    "restart": 1, "process": 2, "ended": "signal 9", "scope": "run",
+  }, restart  # fmt: skip
+  # Peer recovery: the checkpoint the run restarted from holds every round completed before the fault,
+  # written then (the first periodic one, every 10 chunks, would be at round 500).
+  completed = {int(n) for n in re.findall(r"\[p[01]\] .* after (\d+) completed rounds", log)}
+  assert completed == {restart["checkpoint"]} and 150 <= restart["checkpoint"] < 500, (completed, restart)
+  assert restart["down_seconds"] < 60, restart
+  preempted = {int(n) for n in re.findall(r"\[p\d\] jaxsync: preempted \(SIGTERM\) after (\d+) events", log)}
+  assert len(preempted) == 1 and restart["checkpoint"] < min(preempted) < 1000, log[-3000:]
+  assert not (out / "summary.json").exists()
+
+  resumed = _start("resume", str(out), out=out)
+  log, _ = resumed.communicate(timeout=240)
+  assert resumed.returncode == 0, log[-3000:]
+  assert _fingerprints(log) == reference, log[-2000:]
+  assert _summary(out)["updates"] == 1000
+  events = [json.loads(r)["event"] for r in (out / "metrics.jsonl").read_text().splitlines()]
+  events = [e for e, r in zip(events, (out / "metrics.jsonl").read_text().splitlines()) if '"train"' in r]
+  assert events == sorted(set(events)) and events[-1] == 1000, events  # each chunk's row once

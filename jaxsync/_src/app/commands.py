@@ -46,7 +46,7 @@ def write_config(run_dir: pathlib.Path, config: config_lib.Config) -> None:
   (run_dir / "config.yaml").write_text(yaml.safe_dump(config_lib.to_dict(config), sort_keys=False))
 
 
-def _read_config(run_dir: pathlib.Path) -> config_lib.Config:
+def read_config(run_dir: pathlib.Path) -> config_lib.Config:
   path = run_dir / "config.yaml"
   if not path.is_file():
     raise run_directory.RunDirectoryError(
@@ -80,7 +80,7 @@ def _run_one(
 ) -> training.RunResult | None:
   exp = _build(config, reporter)
   if group is not None:
-    return _run_distributed(exp, run_dir, group, reporter)
+    return _run_distributed(exp, run_dir, group, reporter, stop_requested)
   return _simulate(exp, run_dir, reporter, stop_requested)
 
 
@@ -97,8 +97,10 @@ def train(
 
   With a process ``group`` every process of a multi-process run calls this;
   process 0 creates ``out`` and returns the result, a worker returns None.
-  ``stop_requested``: asked between chunks of a simulated run; True saves a
-  checkpoint there and raises ``training.PreemptedError``.
+  ``stop_requested``: asked between chunks (in a multi-process run, by every
+  process: a synchronous run stops when any asks, a parameter server when
+  process 0 does); True saves a checkpoint there and raises
+  ``training.PreemptedError``.
   """
   exp = _build(config, reporter)  # every config error surfaces before anything is written
   if group is None:
@@ -110,7 +112,7 @@ def train(
     run_dir = run_directory.create(out, overwrite=overwrite)
     write_config(run_dir, config)
     run_directory.write_json(run_dir / _LAUNCH_RECORD, {"num_processes": group.count, "how": group.how})
-  return _run_distributed(exp, pathlib.Path(out), group, reporter)
+  return _run_distributed(exp, pathlib.Path(out), group, reporter, stop_requested)
 
 
 def train_config(
@@ -167,7 +169,7 @@ def resume(
   run_dir = pathlib.Path(run_dir)
   if (run_dir / _COMPARE_MARKER).is_file():
     return _compare_runs(run_dir, reporter, stop_requested)
-  return _run_one(_read_config(run_dir), run_dir, reporter, group, stop_requested)
+  return _run_one(read_config(run_dir), run_dir, reporter, group, stop_requested)
 
 
 def launched_processes(run_dir: pathlib.Path) -> int | None:
@@ -231,12 +233,15 @@ def check_processes(
       )
 
 
-def check_launch(config: config_lib.Config, num_processes: int) -> None:
+def check_launch(config: config_lib.Config, num_processes: int) -> frozenset[int]:
   """Checks a ``jaxsync launch -n N`` of ``config`` before any process starts; raises ConfigError.
 
   The whole config is built (data, model, strategy), so what every process
   would find wrong is said once, here, in a second or two: not N times after
   the processes have joined, followed by the coordination service's abort.
+
+  Returns:
+    The processes a failure restarts alone (``roles.restarted_alone``).
   """
   if not isinstance(num_processes, int) or num_processes < 1:
     raise config_lib.ConfigError(
@@ -249,10 +254,17 @@ def check_launch(config: config_lib.Config, num_processes: int) -> None:
   check_processes(
     exp.strategy, num_processes, config.cluster.servers, num_devices=num_processes * jax.local_device_count()
   )
+  from jaxsync._src.distributed import roles
+
+  return roles.restarted_alone(exp.strategy, num_processes, config.cluster.servers)
 
 
 def _run_distributed(
-  exp: experiment.Experiment, run_dir: pathlib.Path, group: ProcessGroup, reporter: Reporter
+  exp: experiment.Experiment,
+  run_dir: pathlib.Path,
+  group: ProcessGroup,
+  reporter: Reporter,
+  stop_requested: Callable[[], bool] | None = None,
 ) -> training.RunResult | None:
   """One process's part of a multi-process run: its role (server, shard, worker) from ``roles``."""
   from jaxsync._src.distributed import roles
@@ -271,12 +283,13 @@ def _run_distributed(
       run_dir,
       reporter=reporter if primary else Reporter(),
       primary=primary,
+      stop_requested=stop_requested,
       **kwargs,
     )
 
   result = roles.run_process(
     exp.strategy, exp.loss_fn, exp.data, exp.model.params, group=group, servers=exp.config.cluster.servers,
-    evaluation=exp.evaluation(), drive=drive,
+    evaluation=exp.evaluation(), drive=drive, stop_requested=stop_requested,
   )  # fmt: skip
   if result is not None and roles.serves(exp.strategy):
     run_directory.write_json(run_dir / "summary.json", result.summary)  # with the server's fault counts
@@ -340,7 +353,7 @@ def _compare_runs(
   runs = json.loads((run_dir / _COMPARE_MARKER).read_text())["runs"]
   results: dict[str, list[training.RunResult]] = {}
   for sub in runs:
-    result = _run_one(_read_config(run_dir / sub), run_dir / sub, reporter, stop_requested=stop_requested)
+    result = _run_one(read_config(run_dir / sub), run_dir / sub, reporter, stop_requested=stop_requested)
     results.setdefault(sub.split("/")[0], []).append(result)
   table = results_table(results)
   (run_dir / "results.md").write_text(table)

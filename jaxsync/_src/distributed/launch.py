@@ -1,18 +1,37 @@
-"""``jaxsync launch -n N``: N local processes of one run, their logs streamed with a process prefix.
+"""``jaxsync launch -n N``: N local processes of one run, their logs streamed, restarted when they fail.
 
 The launcher picks a free port on the bind interface (loopback by default),
 hands every process the coordinator address, the process count and its id
 through the environment (:mod:`cluster` reads them), and prefixes every line
 a process prints with ``[pI]``. It returns process 0's exit code: process 0
-is the run (the parameter server, or the primary of a synchronous run). A
-worker that dies is reported; once process 0 has exited, the others get
-``grace`` seconds to finish before they are terminated, so a launch never
-hangs on a process that lost its coordinator.
+is the run (the parameter server, or the primary of a synchronous run). Once
+process 0 has exited, the others get ``grace`` seconds to finish before they
+are terminated, so a launch never hangs on a process that lost its
+coordinator.
+
+It is also the run's supervisor. With ``max_restarts`` it restarts what
+failed (a process killed by a signal, or ended by an error other than a bad
+config or an interrupt), without a person:
+
+* a worker process of a parameter-server run alone, with its own command
+  line: it rejoins the running server, which went on without it;
+* every process otherwise (a synchronous run, a server or shard, an InHAD
+  worker), with ``jaxsync resume RUN_DIR`` on a fresh coordinator port, from
+  the run's last checkpoint. A synchronous run's process 0 writes one of every
+  completed round when it loses a peer, so a worker fault costs no completed
+  round (process 0's own loss costs what came after the last periodic one).
+
+Every restart is a line of ``RUN_DIR/restarts.jsonl``. SIGTERM to the launcher
+(a preemption notice) and the first Ctrl-C are passed on to every process,
+which stop at their next chunk with a checkpoint; a second one kills them.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import pathlib
 import re
 import signal
 import socket
@@ -53,6 +72,198 @@ def _stream(process: subprocess.Popen, prefix: str, out) -> None:
     out.flush()
 
 
+# Exit codes after which nothing is restarted: success, a bad config or command line (it would fail
+# again), an interrupt by a person. The cli's codes.
+_NOT_FAILURES = (0, 2, 130)
+EXIT_PREEMPTED = 75  # cli.EXIT_PREEMPTED: stopped on a notice, checkpoint written
+RESTARTS_FILE = "restarts.jsonl"
+SETTLE_SECONDS = 90.0  # what a restart waits for process 0 to write its checkpoint and leave
+
+
+@dataclasses.dataclass(frozen=True)
+class RestartPolicy:
+  """What the launcher restarts, and how.
+
+  Attributes:
+    max_restarts: restarts allowed in the whole launch (``0``: none).
+    run_dir: the run directory (``restarts.jsonl`` goes there; ``jaxsync
+      resume`` continues it).
+    alone: processes restarted alone when they fail (the workers of a
+      parameter-server run); a failure of any other restarts every process.
+  """
+
+  max_restarts: int = 0
+  run_dir: pathlib.Path | None = None
+  alone: frozenset[int] = frozenset()
+
+  def __post_init__(self):
+    if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+      raise ValueError(f"launch: {self.max_restarts=} is invalid; expected an integer >= 0.")
+    if self.max_restarts and self.run_dir is None:
+      raise ValueError("launch: max_restarts needs run_dir (the run `jaxsync resume` continues).")
+
+
+def latest_checkpoint(run_dir: pathlib.Path | None) -> int | None:
+  """The newest complete checkpoint step in ``run_dir/checkpoints`` (orbax names each by its step)."""
+  if run_dir is None:
+    return None
+  steps = [int(d.name) for d in pathlib.Path(run_dir, "checkpoints").glob("*") if d.name.isdigit()]
+  return max(steps, default=None)
+
+
+def describe_exit(code: int) -> str:
+  return f"signal {-code}" if code < 0 else f"exit code {code}"
+
+
+class _Supervisor:
+  """The processes of one launch, started, watched, restarted, stopped."""
+
+  def __init__(self, num_processes, args, bind, out, env, policy: RestartPolicy):
+    self.n, self.args, self.bind, self.out, self.env, self.policy = (
+      num_processes,
+      args,
+      bind,
+      out,
+      env,
+      policy,
+    )
+    self.processes: list[subprocess.Popen] = []
+    self.commands: list[tuple[list[str], dict[str, str]]] = []
+    self.streams: list[threading.Thread] = []
+    self.restarts = 0
+    self.reported: set[int] = set()  # ids of Popen objects whose end was reported
+
+  def say(self, line: str) -> None:
+    self.out.write(f"jaxsync launch: {line}\n")
+    self.out.flush()
+
+  def start_all(self, args: list[str]) -> None:
+    coordinator = f"{self.bind}:{free_port(self.bind)}"
+    self.say(f"{self.n} processes, coordinator {coordinator}")
+    self.processes, self.commands = [], []
+    for i in range(self.n):
+      process_env = {
+        **os.environ,
+        **(self.env or {}),
+        cluster.ENV_COORDINATOR: coordinator,
+        cluster.ENV_NUM_PROCESSES: str(self.n),
+        cluster.ENV_PROCESS_ID: str(i),
+        cluster.ENV_BIND: self.bind,
+        "PYTHONUNBUFFERED": "1",
+      }
+      self.commands.append(([sys.executable, "-m", "jaxsync.cli", *args], process_env))
+      self.processes.append(self._start(i))
+
+  def _start(self, i: int) -> subprocess.Popen:
+    command, env = self.commands[i]
+    p = subprocess.Popen(
+      command,
+      env=env,
+      stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT,
+      text=True,
+      start_new_session=True,  # a Ctrl-C reaches the launcher, which passes it on once
+    )
+    t = threading.Thread(target=_stream, args=(p, f"[p{i}] ", self.out), daemon=True)
+    t.start()
+    self.streams.append(t)
+    return p
+
+  def signal_all(self, signum: int) -> None:
+    for p in self.processes:
+      if p.poll() is None:
+        with _no_such_process():
+          p.send_signal(signum)
+
+  def kill_all(self, *, after: float = 0.0) -> None:
+    """Waits ``after`` seconds for every process to end by itself, then SIGKILLs the rest."""
+    deadline = time.monotonic() + after
+    for p in self.processes:
+      try:
+        p.wait(timeout=max(0.0, deadline - time.monotonic()))
+      except subprocess.TimeoutExpired:
+        with _no_such_process():
+          p.kill()
+        p.wait()
+
+  def failed(self, i: int) -> int | None:
+    """Process ``i``'s exit code if it ended in a failure that a restart may fix, else None."""
+    code = self.processes[i].poll()
+    if code is None or code in _NOT_FAILURES:
+      return None
+    if code == EXIT_PREEMPTED and i not in self.policy.alone:  # the run stopped on its notice
+      return None
+    return code
+
+  def can_restart(self) -> bool:
+    return self.restarts < self.policy.max_restarts
+
+  def record(self, i: int, code: int, scope: str, noticed: float) -> None:
+    self.restarts += 1
+    entry = {
+      "restart": self.restarts,
+      "time": time.time(),
+      "process": i,
+      "ended": describe_exit(code),
+      "scope": scope,
+      "checkpoint": latest_checkpoint(self.policy.run_dir),
+      "down_seconds": round(time.monotonic() - noticed, 3),
+    }
+    with open(pathlib.Path(self.policy.run_dir, RESTARTS_FILE), "a") as f:
+      f.write(json.dumps(entry) + "\n")
+    what = (
+      "it alone rejoins the run"
+      if scope == "process"
+      else (f"every process resumes from checkpoint {entry['checkpoint']}")
+    )
+    self.say(
+      f"process {i} ended with {describe_exit(code)}; restart {self.restarts} of "
+      f"{self.policy.max_restarts}: {what}"
+    )
+
+  def restart_alone(self, i: int, code: int) -> None:
+    noticed = time.monotonic()
+    self.record(i, code, "process", noticed)
+    self.processes[i] = self._start(i)
+
+  def restart_all(self, i: int, code: int) -> None:
+    """Lets process 0 save what it holds and leave, stops the rest, and resumes the run."""
+    noticed = time.monotonic()
+    self.say(f"process {i} ended with {describe_exit(code)}; stopping the others to restart the run")
+    try:
+      self.processes[0].wait(timeout=SETTLE_SECONDS)  # a synchronous run's process 0 saves its rounds
+    except subprocess.TimeoutExpired:
+      pass
+    self.signal_all(signal.SIGKILL)
+    self.kill_all(after=10.0)
+    self.record(i, code, "run", noticed)
+    self.start_all(["resume", str(self.policy.run_dir), *_progress_args(self.args)])
+
+  def report_ends(self) -> None:
+    for i, p in enumerate(self.processes):
+      if i and p.returncode not in (0, None) and id(p) not in self.reported:
+        self.reported.add(id(p))
+        self.say(f"process {i} ended with {describe_exit(p.returncode)}")
+
+
+def _progress_args(args: list[str]) -> list[str]:
+  """The ``--progress MODE`` of the launched command line, for the restarted ``resume``."""
+  for j, a in enumerate(args):
+    if a == "--progress" and j + 1 < len(args):
+      return ["--progress", args[j + 1]]
+  return []
+
+
+class _no_such_process:
+  """Ignores signalling a process that has just ended."""
+
+  def __enter__(self):
+    return self
+
+  def __exit__(self, kind, value, tb):
+    return kind is ProcessLookupError
+
+
 def launch(
   num_processes: int,
   args: list[str],
@@ -61,6 +272,7 @@ def launch(
   grace: float = 30.0,
   out=None,
   env: dict[str, str] | None = None,
+  restarts: RestartPolicy | None = None,
 ) -> int:
   """Runs ``jaxsync ARGS`` in ``num_processes`` local processes of one run; returns process 0's exit code.
 
@@ -71,66 +283,78 @@ def launch(
     grace: seconds the other processes get after process 0 exits.
     out: where the prefixed logs go (default ``sys.stdout``).
     env: extra environment variables for every process.
+    restarts: what to restart when a process fails (default: nothing).
+
+  Returns:
+    Process 0's exit code (75 when the run stopped on a preemption notice).
   """
   if not isinstance(num_processes, int) or num_processes < 1:
     raise ValueError(f"launch: num_processes={num_processes!r} is invalid; expected an integer >= 1.")
-  out = out or sys.stdout
-  coordinator = f"{bind}:{free_port(bind)}"
-  out.write(f"jaxsync launch: {num_processes} processes, coordinator {coordinator}\n")
-  processes, streams = [], []
-  for i in range(num_processes):
-    process_env = {
-      **os.environ,
-      **(env or {}),
-      cluster.ENV_COORDINATOR: coordinator,
-      cluster.ENV_NUM_PROCESSES: str(num_processes),
-      cluster.ENV_PROCESS_ID: str(i),
-      cluster.ENV_BIND: bind,
-      "PYTHONUNBUFFERED": "1",
-    }
-    p = subprocess.Popen(
-      [sys.executable, "-m", "jaxsync.cli", *args],
-      env=process_env,
-      stdout=subprocess.PIPE,
-      stderr=subprocess.STDOUT,
-      text=True,
-      start_new_session=True,  # a Ctrl-C reaches the launcher, which forwards it once
-    )
-    processes.append(p)
-    t = threading.Thread(target=_stream, args=(p, f"[p{i}] ", out), daemon=True)
-    t.start()
-    streams.append(t)
+  policy = restarts or RestartPolicy()
+  run = _Supervisor(num_processes, args, bind, out or sys.stdout, env, policy)
+  notices = []
+
+  def on_sigterm(signum, frame):  # a preemption notice: passed on; a second one kills
+    notices.append(signum)
+    if len(notices) > 1:
+      run.signal_all(signal.SIGKILL)
+    else:
+      run.say("SIGTERM: every process stops at its next chunk, with a checkpoint")
+      run.signal_all(signal.SIGTERM)
+
+  previous = None
+  if threading.current_thread() is threading.main_thread():
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+  run.start_all(args)
   try:
-    code = processes[0].wait()
+    while True:
+      try:
+        code = run.processes[0].wait(timeout=0.2)
+      except subprocess.TimeoutExpired:
+        code = None
+      except KeyboardInterrupt:
+        if notices:
+          raise
+        notices.append(signal.SIGINT)
+        run.say(
+          "interrupted: every process stops at its next chunk, with a checkpoint (Ctrl-C again to stop now)"
+        )
+        run.signal_all(signal.SIGINT)
+        continue
+      if not notices and run.can_restart():
+        failures = [(i, c) for i in range(num_processes) if (c := run.failed(i)) is not None]
+        # While the run goes on (after process 0's success, a worker's end changes nothing).
+        if failures and (code is None or failures[0][0] == 0):
+          i, c = min(failures, key=lambda f: (f[1] >= 0, f[0]))  # the one a signal ended, if any
+          if all(j in policy.alone for j, _ in failures):
+            run.restart_alone(i, c)
+          else:
+            run.restart_all(i, c)
+          continue
+      if code is not None:
+        break
+      run.report_ends()
     deadline = time.monotonic() + grace
-    for i, p in enumerate(processes[1:], start=1):
+    for i, p in enumerate(run.processes[1:], start=1):
       try:
         p.wait(timeout=max(0.1, deadline - time.monotonic()))
       except subprocess.TimeoutExpired:
-        out.write(
-          f"jaxsync launch: process {i} still running {grace:.0f} s after process 0 exited; terminating\n"
-        )
+        run.say(f"process {i} still running {grace:.0f} s after process 0 exited; terminating")
         p.terminate()
         try:
           p.wait(timeout=5)
         except subprocess.TimeoutExpired:
           p.kill()
           p.wait()
-  except KeyboardInterrupt:
-    for p in processes:
-      if p.poll() is None:
-        p.send_signal(signal.SIGINT)
-    for p in processes:
-      try:
-        p.wait(timeout=10)
-      except subprocess.TimeoutExpired:
-        p.kill()
+  except KeyboardInterrupt:  # the second Ctrl-C
+    run.signal_all(signal.SIGKILL)
+    run.kill_all()
     code = 130
-  for t in streams:
+  finally:
+    if previous is not None:
+      signal.signal(signal.SIGTERM, previous)
+  for t in run.streams:
     t.join(timeout=5)
-  for i, p in enumerate(processes):
-    if p.returncode not in (0, None) and i:
-      how = f"signal {-p.returncode}" if p.returncode < 0 else f"exit code {p.returncode}"
-      out.write(f"jaxsync launch: process {i} ended with {how}\n")
-  out.flush()
+  run.report_ends()
+  run.out.flush()
   return code

@@ -51,6 +51,11 @@ log = logging.getLogger("jaxsync.worker")
 _WHAT = "ps_worker"
 
 
+# Seconds a worker that got a preemption notice goes on working, waiting for the server's STOP: the
+# server stops at the end of its chunk when the whole run is preempted (its own notice).
+PREEMPTION_GRACE = 10.0
+
+
 class ServerGoneError(RunFaultError):
   """The server stopped answering (killed, or the network is down)."""
 
@@ -72,6 +77,8 @@ def run_worker(
   server_alive=None,
   devices=None,
   peer: str = "the parameter server (process 0)",
+  stop_requested=None,
+  preemption_grace: float = PREEMPTION_GRACE,
 ) -> dict[str, Any]:
   """Works for the server at ``address`` until it says STOP; returns counters.
 
@@ -92,15 +99,24 @@ def run_worker(
       ``jax.local_devices()``); with several, each gradient is computed
       data-parallel over them (:mod:`local_devices`), the batch split evenly.
     peer: what ``address`` is, in errors (InHAD's workers talk to their node's aggregator).
+    stop_requested: optional ``() -> bool``, True once a preemption notice
+      (SIGTERM) reached this process. The worker goes on until the server says
+      STOP (the whole run is being preempted: the server stops at its next
+      chunk), or leaves ``preemption_grace`` seconds after the notice (only
+      this machine is being taken: the server goes on without it, as after a
+      kill, and nothing it applied is lost).
+    preemption_grace: see ``stop_requested``.
 
   Returns:
-    ``{"pushes": n, "wall_seconds": s, "compute_seconds": [per step], "devices": D}``.
+    ``{"pushes": n, "wall_seconds": s, "compute_seconds": [per step], "devices": D,
+    "preempted": whether it left on its notice rather than on the server's STOP}``.
 
   Raises:
     ServerGoneError: no reply within ``reply_timeout`` or the server is dead.
     RejectedError: the server rejected a message.
   """
   worker = validation.check_int(_WHAT, "worker", worker, low=0)
+  preemption_grace = validation.check_real(_WHAT, "preemption_grace", preemption_grace, low=0.0)
   flat_like, unravel = ravel_pytree(params_like)
   count, dtype = int(flat_like.size), str(flat_like.dtype)
   devices = list(jax.local_devices() if devices is None else devices)
@@ -119,6 +135,7 @@ def run_worker(
     socket.connect(at)
     sockets.append(socket)
   link = _Link(sockets, layout, token, worker, dtype, reply_timeout, (peer, server_alive))
+  link.leave_when = _Notice(stop_requested, preemption_grace)
   link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
   loop = _elastic_loop if server_step.mode(strategy) == "elastic" else _gradient_loop
   start = time.perf_counter()
@@ -132,11 +149,30 @@ def run_worker(
     "wall_seconds": time.perf_counter() - start,
     "compute_seconds": compute_times,  # per step, the first one includes compilation
     "devices": len(devices),
+    "preempted": link.leave_when.left,
   }
 
 
 class _Stop(Exception):
-  """The server said STOP."""
+  """The server said STOP (or the worker leaves on its preemption notice)."""
+
+
+class _Notice:
+  """Raises :class:`_Stop` ``grace`` seconds after ``stop_requested()`` first said True."""
+
+  def __init__(self, stop_requested, grace: float):
+    self.stop_requested, self.grace = stop_requested, grace
+    self.since: float | None = None
+    self.left = False
+
+  def check(self) -> None:
+    if self.stop_requested is None or not self.stop_requested():
+      return
+    now = time.perf_counter()
+    self.since = now if self.since is None else self.since
+    if now - self.since >= self.grace:
+      self.left = True
+      raise _Stop
 
 
 class _Link:
@@ -152,6 +188,7 @@ class _Link:
       self.pollers[-1].register(socket, zmq.POLLIN)
     self.itemsize = np.dtype(wire.numpy_dtype(dtype)).itemsize
     self.inbox = wire.Inbox(wire.max_message_bytes(self.count, dtype))
+    self.leave_when = _Notice(None, 0.0)  # run_worker sets the process's preemption notice
 
   def send(self, header: wire.Header, payload=None) -> None:
     """To every shard (the others before the leader, so their slices are there when it orders them
@@ -187,6 +224,7 @@ class _Link:
     leader's decides which, and each other shard's slice is the one of its
     replies with the same header.
     """
+    self.leave_when.check()
     _wait(self.pollers[0], self.reply_timeout, *self.peer)
     reply = self._receive(0)
     while newest and self.pollers[0].poll(0):
@@ -201,6 +239,7 @@ class _Link:
 
   def check_stop(self) -> None:
     """Raises :class:`_Stop` (or the rejection) if the server has said something since."""
+    self.leave_when.check()
     while self.pollers[0].poll(0):
       self._receive(0)
 

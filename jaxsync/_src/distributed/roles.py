@@ -31,6 +31,7 @@ from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.distributed import cluster, node_aggregator, ps_worker, sync_runtime
 from jaxsync._src.distributed.cluster import ProcessGroup
 from jaxsync._src.distributed.server import param_server, shards
+from jaxsync._src.interface.runtime import PreemptedError
 from jaxsync._src.strategies.strategy import Strategy
 
 serves = param_server.serves
@@ -46,6 +47,7 @@ def run_process(
   servers: int,
   evaluation: dict[str, Any],
   drive: Callable[[Any, bool], Any],
+  stop_requested: Callable[[], bool] | None = None,
 ) -> Any:
   """Plays this process's role in the run until the run ends; process 0's result, None elsewhere.
 
@@ -61,6 +63,9 @@ def run_process(
     drive: ``drive(runtime, primary)`` runs the host loop over ``runtime``
       (the training layer's ``train``) and returns its result; ``primary`` is
       True in the process that writes the run directory.
+    stop_requested: ``() -> bool``, True once this process got a preemption
+      notice (the drive asks it too, between chunks); a parameter-server
+      worker asks it while it works (:func:`ps_worker.run_worker`).
 
   Returns:
     What ``drive`` returned in process 0 (with the parameter server's fault
@@ -73,8 +78,23 @@ def run_process(
     return _sync_worker(strategy, loss_fn, data, group, client, evaluation, drive)
   if group.index < servers:
     return _serve(strategy, group, servers, client, evaluation, drive)
-  _ps_worker(strategy, loss_fn, data, params, group, servers, client)
+  _ps_worker(strategy, loss_fn, data, params, group, servers, client, stop_requested)
   return None
+
+
+def restarted_alone(strategy: Strategy, num_processes: int, servers: int) -> frozenset[int]:
+  """The processes a supervisor may restart alone when they fail: the rest of the run goes on meanwhile.
+
+  A worker of a parameter-server run rejoins the running server (which
+  drops it while it is gone and sends it the current parameters and its data
+  step when it says HELLO). Every other process is part of what the run
+  cannot go on without: a synchronous run's every worker, a server shard, an
+  InHAD worker (its node's aggregator, or a member the aggregator dropped
+  with its node); their failure restarts the whole run from its checkpoint.
+  """
+  if not serves(strategy) or node_aggregator.aggregates(strategy):
+    return frozenset()
+  return frozenset(range(servers, num_processes))
 
 
 def _log_to_stderr() -> None:
@@ -91,13 +111,19 @@ def _sync_worker(strategy, loss_fn, data, group: ProcessGroup, client, evaluatio
   client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
   liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
   runtime = sync_runtime.SyncRuntime(strategy, loss_fn, data, liveness=liveness, **evaluation)
-  result = drive(runtime, group.is_primary)
+  try:
+    result = drive(runtime, group.is_primary)
+  except PreemptedError:  # every process stopped at the same round (SyncRuntime.agree_to_stop)
+    _leave_in_order(client, group)
+    raise
   print(f"process {group.index}: final parameters sha256 {runtime.fingerprint(result.params)}", flush=True)
   _leave_in_order(client, group)
   return result if group.is_primary else None
 
 
-def _ps_worker(strategy, loss_fn, data, params, group: ProcessGroup, servers: int, client) -> None:
+def _ps_worker(
+  strategy, loss_fn, data, params, group: ProcessGroup, servers: int, client, stop_requested
+) -> None:
   """A worker process of a parameter-server run (and, for InHAD, its node's aggregator)."""
   heartbeat = cluster.Heartbeat(client, group.index).start()
   # Process 0 may still compile; the other shards publish once the leader's token is out.
@@ -121,17 +147,23 @@ def _ps_worker(strategy, loss_fn, data, params, group: ProcessGroup, servers: in
     peer = f"node {node}'s aggregator (process {lead})"
   done = ps_worker.run_worker(
     strategy, loss_fn, data, params, worker=worker, address=addresses, token=token,
-    server_alive=server_alive, peer=peer,
+    server_alive=server_alive, peer=peer, stop_requested=stop_requested,
   )  # fmt: skip
   if aggregator is not None:
     aggregator.stop()
   heartbeat.stop()
+  import jax
+
+  if done["preempted"]:  # the server goes on without it, as after a kill; it may be started again
+    raise PreemptedError(
+      None,
+      f"worker {worker} left {ps_worker.PREEMPTION_GRACE:.0f} s after its preemption notice (SIGTERM), "
+      f"after {done['pushes']} pushes; the server applied every one it received and goes on without it",
+    )
   print(
     f"worker {worker}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "
     f"{done['devices']} device(s); the server said stop"
   )
-  import jax
-
   jax.distributed.shutdown()  # before process 0, which waits for this worker's heartbeat to go
 
 
@@ -154,6 +186,8 @@ def _serve(strategy, group: ProcessGroup, servers: int, client, evaluation, driv
   if not group.is_primary:
     try:
       drive(server, False)
+    except PreemptedError:  # the leader's: it stopped at its chunk's end, and this shard with it
+      pass
     finally:
       server.stop()
     print(f"server shard {group.index}: done", flush=True)
@@ -161,23 +195,33 @@ def _serve(strategy, group: ProcessGroup, servers: int, client, evaluation, driv
 
     jax.distributed.shutdown()
     return None
+  preempted = None
   try:
     result = drive(server, True)
+  except PreemptedError as err:  # its checkpoint is written; the workers are told to stop, and leave first
+    preempted = err
   finally:
     server.stop()
+  if preempted is not None:
+    _wait_for_workers_to_leave(monitor, server)
+    raise preempted
   result.summary.update(
     lost_workers=server.lost,
     rejected_messages=dict(server.rejected_messages),
     dropped_gradients=server.dropped_gradients,
   )
-  # Process 0 hosts the coordinator: it leaves last, once the workers have left.
+  _wait_for_workers_to_leave(monitor, server)
+  return result
+
+
+def _wait_for_workers_to_leave(monitor, server) -> None:
+  """Process 0 hosts the coordinator: it leaves last, once the workers have left (15 s at most)."""
   lost = {x["process"] for x in server.lost}
   deadline = time.monotonic() + 15.0
   # A worker killed near the end leaves its key behind: it stops counting once its beats stop.
   while monitor.live(set(monitor.beats()) - lost) and time.monotonic() < deadline:
     time.sleep(0.2)
   time.sleep(1.0)
-  return result
 
 
 def _leave_in_order(client, group: ProcessGroup) -> None:

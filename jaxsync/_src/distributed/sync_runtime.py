@@ -38,7 +38,7 @@ from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.interface.history import RunTotals
-from jaxsync._src.interface.runtime import RuntimeBase
+from jaxsync._src.interface.runtime import FaultAfterProgress, RuntimeBase
 from jaxsync._src.rules import contracts
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import stack_workers
@@ -47,10 +47,15 @@ from jaxsync._src.strategies.strategy import Communication, Engine, Strategy, Wo
 log = logging.getLogger("jaxsync.sync")
 _WHAT = "SyncRuntime"
 _AXES = ("groups", "members")
+_LIVENESS_WAIT = 5.0  # seconds a survivor waits to learn which process was lost
 
 
-class ProcessLostError(RunFaultError):
-  """A process of a synchronous run is gone: the round cannot complete."""
+class ProcessLostError(RunFaultError, FaultAfterProgress):
+  """A process of a synchronous run is gone: the round cannot complete.
+
+  ``completed`` holds the state and records of the rounds of the interrupted
+  ``advance`` that completed in this process (see :class:`FaultAfterProgress`).
+  """
 
 
 def _collective_failed(err: BaseException) -> bool:
@@ -330,18 +335,57 @@ class SyncRuntime(RuntimeBase):
         now = multihost_utils.broadcast_one_to_all(
           np.float32(self._clock_offset + time.perf_counter() - self._started)
         )
-        s, row = self._round(
+        after, row = self._round(
           s, jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()), *self._inputs
         )
+        # Reading the row waits for the round: a collective that failed raises here, and ``s`` stays
+        # the last round that completed.
         rows.append(jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), row))
+        s = after
       local = self._local(s)
     except (jax.errors.JaxRuntimeError, ValueError) as err:
       # A collective whose peer died raises JaxRuntimeError from a compiled round, but ValueError
       # ("UNKNOWN: Gloo all-reduce failed ...") from the clock's broadcast: both mean a lost process.
       if isinstance(err, ValueError) and not _collective_failed(err):
         raise
-      raise ProcessLostError(self._lost_message(err)) from None
-    return local, jax.tree.map(lambda *xs: np.stack(xs), *rows)
+      lost = ProcessLostError(self._lost_message(err, int(state.event) + len(rows)))
+      lost.completed = self._completed(s, rows)
+      raise lost from None
+    return local, self._stack(rows)
+
+  @staticmethod
+  def _stack(rows: list):
+    return jax.tree.map(lambda *xs: np.stack(xs), *rows)
+
+  def _completed(self, s: SyncState, rows: list):
+    """This process's copy of the last completed round's state and the records, without a collective.
+
+    Replicated values are read from this process's devices. Local SGD's worker models equal the
+    average after a round; the workers' optimizer states live on their own processes: a run whose
+    worker rule keeps one (momentum) cannot be rebuilt here (None).
+    """
+    if not rows or jax.tree.leaves(s.worker_state):  # no round completed: the chunk's start is the host's
+      return None
+    try:
+      replicated = {k: v for k, v in s._asdict().items() if k not in ("worker_params", "worker_state")}
+      local = jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), replicated)
+      worker_params = (
+        stack_workers(local["params"], self.strategy.num_workers) if jax.tree.leaves(s.worker_params) else ()
+      )
+      local = SyncState(**local, worker_params=jax.tree.map(np.asarray, worker_params), worker_state=())
+      return local, self._stack(rows)
+    except Exception:  # noqa: BLE001 - a round's output that never completed: fall back to the last chunk
+      return None
+
+  def agree_to_stop(self, requested: bool) -> bool:
+    """True on every process when any process asks (a preemption notice reaches one host, or all)."""
+    try:
+      votes = multihost_utils.process_allgather(np.int32(bool(requested)))
+    except (jax.errors.JaxRuntimeError, ValueError) as err:
+      if isinstance(err, ValueError) and not _collective_failed(err):
+        raise
+      raise ProcessLostError(self._lost_message(err, None)) from None
+    return bool(np.any(votes))
 
   @staticmethod
   def fingerprint(params) -> str:
@@ -351,7 +395,7 @@ class SyncRuntime(RuntimeBase):
       digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
     return digest.hexdigest()[:16]
 
-  def _lost_message(self, err: Exception) -> str:
+  def _lost_message(self, err: Exception, rounds: int | None) -> str:
     lost = ""
     if self._liveness is not None:
       # get_live_nodes returns once every survivor asks (they all hit the failed collective) or the
@@ -361,13 +405,17 @@ class SyncRuntime(RuntimeBase):
       answer: list = []
       asking = threading.Thread(target=lambda: answer.append(self._liveness()), daemon=True)
       asking.start()
-      asking.join(timeout=60.0)
+      # With several survivors the answer can take a minute: the checkpoint of the completed rounds, and
+      # the restart, do not wait that long for a name (the launcher names the process that ended).
+      asking.join(timeout=_LIVENESS_WAIT)
       if answer:
         gone = sorted(set(range(jax.process_count())) - set(answer[0]))
         if gone:
           lost = f"process {', '.join(map(str, gone))} is lost; "
     first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    after = "" if rounds is None else f" after {rounds} completed rounds"
     return (
-      f"{lost}a synchronous round cannot complete without every process ({first}). "
-      "Resume from the last checkpoint with `jaxsync resume RUN_DIR`."
+      f"{lost}a synchronous round cannot complete without every process{after} ({first}). The completed "
+      "rounds are in the run's checkpoint (process 0 writes it unless it is the process lost); resume with "
+      "`jaxsync resume RUN_DIR`, or let `jaxsync launch --max-restarts N` restart the run."
     )

@@ -25,6 +25,37 @@ from jaxsync._src.steps.records import EvalSchedule, EventRecord
 CLOCKS = ("simulated", "wall")
 
 
+class PreemptedError(Exception):
+  """A process stopped on request (a preemption notice) at a safe point, losing nothing.
+
+  Attributes:
+    done: the events the run's last checkpoint holds (``resume`` continues
+      from there, exactly), or None for a process that holds no part of the
+      run's state (a worker of a parameter-server run: its applied work is on
+      the server).
+  """
+
+  def __init__(self, done: int | None, message: str | None = None):
+    super().__init__(message or f"preempted after {done} events, all of them in the run's last checkpoint")
+    self.done = done
+
+
+class FaultAfterProgress(Exception):
+  """A runtime's fault that came after some events of an ``advance`` had completed.
+
+  A multi-process runtime raises an error of this kind (as a mixin, next to its
+  own error class) when a peer is lost mid-chunk. ``completed`` is
+  ``(state, records)`` as ``advance`` would have returned them after the last
+  event that completed (``records`` may hold no event), or None where the
+  runtime cannot rebuild them in this process. The host loop writes those
+  events' rows and saves a checkpoint of them (or, with None, of the last
+  chunk's end) before the error goes on, so that a restart redoes no completed
+  event (with None: none of the completed chunks).
+  """
+
+  completed: tuple[Any, EventRecord] | None = None
+
+
 @runtime_checkable
 class Runtime(Protocol):
   """What a host loop needs from a runtime (simulated or real).
@@ -46,6 +77,9 @@ class Runtime(Protocol):
     self, records: list[EventRecord], state: Any, *, initial_metrics: dict[str, float] | None = None
   ) -> History:
     """The :class:`History` of the records of one or more ``advance`` calls, ending in ``state``."""
+
+  def agree_to_stop(self, requested: bool) -> bool:
+    """Whether the run stops at this safe point (between chunks), given this process's ``requested``."""
 
   def saved_state(self, state: Any) -> Any:
     """What a checkpoint of ``state`` holds (the state less what can be computed again)."""
@@ -121,6 +155,14 @@ class RuntimeBase:
   def totals(self, state: Any) -> RunTotals:
     """Per-worker and per-run totals read off ``state``."""
     raise NotImplementedError
+
+  def agree_to_stop(self, requested: bool) -> bool:
+    """Whether the run stops at this safe point, given this process's ``requested``.
+
+    One process decides alone; the processes of a synchronous run must all stop
+    at the same round, so that runtime stops when any of them asks.
+    """
+    return requested
 
   def saved_state(self, state: Any) -> Any:
     """What a checkpoint of ``state`` holds: all of it, unless a subclass says otherwise."""

@@ -28,7 +28,7 @@ import optax
 
 from jaxsync._src.core import validation
 from jaxsync._src.interface.history import History
-from jaxsync._src.interface.runtime import Runtime
+from jaxsync._src.interface.runtime import FaultAfterProgress, PreemptedError, Runtime
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.train import plots, run_directory
 from jaxsync._src.train.checkpoints import RunCheckpoints
@@ -52,18 +52,6 @@ class RunResult:
   history: History
   summary: dict[str, Any]
   run_dir: pathlib.Path
-
-
-class PreemptedError(Exception):
-  """A run stopped at a safe point on request (a preemption notice): its last checkpoint holds ``done`` events.
-
-  Attributes:
-    done: the events the checkpoint holds; ``resume`` continues from there, exactly.
-  """
-
-  def __init__(self, done: int):
-    super().__init__(f"preempted after {done} events, all of them in the run's last checkpoint")
-    self.done = done
 
 
 class _Progress(NamedTuple):
@@ -120,13 +108,11 @@ def _run_chunks(
   """
   state, records, done, stopped_by = run.state, list(run.records), run.done, run.stopped_by
   last_eval = dict(run.initial_metrics)
-  if stopped_by is None and done >= num_events:
-    # A checkpoint at or past this run's budget (e.g. saved when EA-wild's group steps counted one
-    # gradient each, and a budget now counts G): nothing is left to run.
-    stopped_by = "events"
-  while stopped_by is None:
-    before, n = done, min(log_every, num_events - done)
-    state, rec = runtime.advance(state, n, max_time=max_time)
+  saved = done
+
+  def absorb(rec) -> int:
+    """Writes a chunk's rows and keeps its records; returns its number of events."""
+    nonlocal done, last_eval
     rec = jax.tree.map(np.asarray, rec)
     ran = len(rec.time)
     if ran:
@@ -139,22 +125,44 @@ def _run_chunks(
         last_eval = {k: v for k, v in evals[-1].items() if k not in _ROW_KEYS}
       snapshot = {k: v for k, v in rows[-1].items() if k != "kind"}  # the train row: loss is the batch loss
       reporter.update({**snapshot, **{k: v for k, v in last_eval.items() if k != "loss"}})
-    if ran < n:
-      stopped_by = "max_time"
-    elif done >= num_events:
-      stopped_by = "events"
-    if not records:
-      raise EmptyRunError(
-        f"train: max_time={max_time!r} is invalid; expected a time after the first event (no event ran)."
-      )
-    periodic = bool(checkpoint_every) and done // checkpoint_every > before // checkpoint_every
-    preempted = stopped_by is None and stop_requested is not None and stop_requested()
-    if stopped_by is not None or periodic or preempted:
-      # A chunk that ran nothing (max_time hit on a chunk boundary) re-saves the same step as finished;
-      # a preempted run saves an unfinished one, which resume continues exactly from here.
-      save(done, state, records, stopped_by)
-    if preempted:
-      raise PreemptedError(done)
+    return ran
+
+  if stopped_by is None and done >= num_events:
+    # A checkpoint at or past this run's budget (e.g. saved when EA-wild's group steps counted one
+    # gradient each, and a budget now counts G): nothing is left to run.
+    stopped_by = "events"
+  try:
+    while stopped_by is None:
+      before, n = done, min(log_every, num_events - done)
+      state, rec = runtime.advance(state, n, max_time=max_time)
+      ran = absorb(rec)
+      if ran < n:
+        stopped_by = "max_time"
+      elif done >= num_events:
+        stopped_by = "events"
+      if not records:
+        raise EmptyRunError(
+          f"train: max_time={max_time!r} is invalid; expected a time after the first event (no event ran)."
+        )
+      periodic = bool(checkpoint_every) and done // checkpoint_every > before // checkpoint_every
+      # Every process of a synchronous run asks, stop or not: they must all stop at the same round.
+      preempted = stopped_by is None and runtime.agree_to_stop(bool(stop_requested and stop_requested()))
+      if stopped_by is not None or periodic or preempted:
+        # A chunk that ran nothing (max_time hit on a chunk boundary) re-saves the same step as finished;
+        # a preempted run saves an unfinished one, which resume continues exactly from here.
+        save(done, state, records, stopped_by)
+        saved = done
+      if preempted:
+        raise PreemptedError(done)
+  except FaultAfterProgress as fault:
+    # A peer lost mid-chunk: the events that completed before it are written and saved, so that the
+    # restart (by hand or by `jaxsync launch --max-restarts`) redoes none of them.
+    if fault.completed is not None:
+      state, rec = fault.completed
+      absorb(rec)
+    if done > saved and records:  # else the last chunk's end, which no checkpoint holds yet
+      save(done, state, records, None)
+    raise
   return run._replace(state=state, records=records, done=done, stopped_by=stopped_by)
 
 

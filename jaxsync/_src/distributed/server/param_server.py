@@ -55,7 +55,7 @@ from jaxsync._src.distributed.server.server_step import ServerState
 from jaxsync._src.distributed.server.state_changes import StateChanges
 from jaxsync._src.distributed.server.transport import Transport
 from jaxsync._src.interface.history import RunTotals
-from jaxsync._src.interface.runtime import RuntimeBase
+from jaxsync._src.interface.runtime import FaultAfterProgress, PreemptedError, RuntimeBase
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.strategies.strategy import Engine, Strategy
 
@@ -66,8 +66,12 @@ KEY_TOKEN = "jaxsync/server/token"
 _WHAT = "ParameterServer"
 
 
-class WorkerLostError(RunFaultError):
-  """Every worker process is gone: the run cannot go on."""
+class WorkerLostError(RunFaultError, FaultAfterProgress):
+  """Every worker process is gone, or a shard: the run cannot go on.
+
+  From a single server, ``completed`` holds every update it applied in the
+  interrupted chunk: the checkpoint written then loses none of them.
+  """
 
 
 def serves(strategy: Strategy) -> bool:
@@ -326,6 +330,8 @@ class ParameterServer(RuntimeBase):
       except BaseException as err:
         if self._leader is not None:  # the other shards stop with the leader's reason
           self._leader.order(shards.Command(shards.Op.ABORT, message=str(err) or type(err).__name__))
+        elif isinstance(err, WorkerLostError) and rows:
+          err.completed = (self._steps.to_host(self._state), self._records(rows))
         raise
       if self._leader is not None:
         self._leader.order(shards.Command(shards.Op.END))
@@ -334,8 +340,20 @@ class ParameterServer(RuntimeBase):
     self._state = state
     if not rows:
       return self._steps.to_host(state), self._steps.no_records(state)
+    return self._steps.to_host(state), self._records(rows)
+
+  @staticmethod
+  def _records(rows: list[EventRecord]) -> EventRecord:
     rows = [jax.tree.map(host_value, r) for r in rows]
-    return self._steps.to_host(state), jax.tree.map(lambda *xs: np.stack(xs), *rows)
+    return jax.tree.map(lambda *xs: np.stack(xs), *rows)
+
+  def agree_to_stop(self, requested: bool) -> bool:
+    """The leading shard decides on its own notice and orders the others to stop with it; they ask nothing."""
+    if not self.leads:
+      return False  # its own notice waits for the leader's STOP (the launcher sends SIGTERM to every process)
+    if requested and self._leader is not None:
+      self._leader.order(shards.Command(shards.Op.STOP))
+    return requested
 
   def _now(self) -> float:
     return self._clock_offset + time.perf_counter() - self._started
@@ -362,6 +380,7 @@ class ParameterServer(RuntimeBase):
       if max_time is not None and self._now() >= max_time:
         break
       state = self._check_liveness(state, rows)
+      self._state = state  # with the rows so far (a round closed for its lost workers adds one)
       if self._transport.deferred:  # messages that came during an InHAD pull
         frames = self._transport.deferred.popleft()
       elif self._transport.poll(100):
@@ -482,6 +501,8 @@ class ParameterServer(RuntimeBase):
         return state
       if command.op == shards.Op.ABORT:
         raise WorkerLostError(f"shard {self.shard}: the leading shard stopped: {command.message}")
+      if command.op == shards.Op.STOP:
+        raise PreemptedError(None, f"shard {self.shard}: the leading shard stopped on a preemption notice")
       state, row = self._changes.apply(state, command, payload)
       if row is not None:
         rows.append(row)

@@ -212,6 +212,7 @@ class Op(enum.IntEnum):
   LATE = 7  # a message that is never applied (too late), counted
   END = 8  # the leader's ``advance`` is over: return
   ABORT = 9  # the leader failed: stop with its message
+  STOP = 10  # the leader stopped on a preemption notice, its checkpoint written: stop too
 
 
 _COMMAND = struct.Struct("<Biqqfff?Q")
