@@ -1,10 +1,10 @@
-"""A fault campaign against the parameter server: fuzzed frames, killed and stopped workers, a killed server.
+"""A fault campaign against every runtime: fuzzed frames, killed, stopped and preempted processes.
 
-Four parts, each counted, none of them trusted to the process under test:
+Nine parts, each counted, none of them trusted to the process under test:
 
-1. **Fuzzing.** A :class:`ParameterServer` (``asp``, two workers, one
+1. **Fuzzing** (``fuzz``). A :class:`ParameterServer` (``asp``, two workers, one
    1,000-element float32 vector) served in this process, and a separate client
-   process that sends it thousands of messages over ZeroMQ: random bytes,
+   process that sends it tens of thousands of messages over ZeroMQ: random bytes,
    empty and truncated frames, valid headers with one field mutated (magic,
    kind, dtype code, reason code, token, worker id out of range or not the
    connection's, a version in the future or in the past, the element count, the
@@ -18,35 +18,61 @@ Four parts, each counted, none of them trusted to the process under test:
    server's ``rejected_messages`` by reason, the ERROR replies each connection
    got (in order), the non-finite arrivals the rule rejected, the oversized
    frames whose connections ZeroMQ closed, the server's version and parameters.
-2. **Worker faults** on real runs (``jaxsync launch``: one server and three
-   worker processes, ``asp`` and ``ssp`` in turn): at random points of the
-   run, SIGKILL a random worker, or SIGSTOP one for 1-5 s and SIGCONT it
-   (``JAXSYNC_HEARTBEAT_TIMEOUT=3``, so a stop may outlast the heartbeat
-   timeout). One worker of each run is left alone. Checked: the run exits 0
-   within its timeout (else a hang), the summary's events, gradients and
-   updates agree (every accepted arrival applied, none lost), what became of
-   each stopped worker and of its stale push.
-3. **A worker that rejoins.** Two workers of one run are killed; one is
-   started again with the launcher's own command line and environment, the
-   other with the same environment through the worker loop alone (joining
-   the coordination service, reading the server's address and the run token,
-   saying HELLO), to tell what the coordination service accepts from what
-   jaxsync's own start-up does.
-4. **Server kill and resume.** Process 0 is killed with SIGKILL after a
-   checkpoint, the run is resumed with ``jaxsync resume RUN_DIR``, and the
-   version its workers are sent on joining is compared with the last
-   checkpoint's: the updates lost are those applied after it.
+2. **Worker faults, no restarts** (``workers``: ``jaxsync launch``, one server
+   and three worker processes, ``asp`` and ``ssp`` in turn): SIGKILL a random
+   worker, or SIGSTOP one for 1-5 s and SIGCONT it (``JAXSYNC_HEARTBEAT_TIMEOUT=3``,
+   so a stop may outlast the heartbeat timeout). One worker of each run is left
+   alone. Checked: the run exits 0 within its timeout (else a hang), the
+   summary's events, gradients and updates agree (every accepted arrival
+   applied, none lost), what became of each stopped worker and of its stale push.
+3. **A worker that rejoins** (``rejoin``): two workers killed; one started again
+   with the launcher's own command line and environment, the other through the
+   worker loop alone.
+4. **Server kill, resumed by hand** (``server``): process 0 SIGKILLed after a
+   checkpoint, then ``jaxsync resume RUN_DIR``; the updates lost are those
+   applied after the last checkpoint.
+5-8. **Supervised runs** (``jaxsync launch --max-restarts``), faults at random
+   times (a random delay after the run recovered from the fault before):
+   ``supervised`` (single server, asp/ssp: worker SIGKILL, SIGSTOP/SIGCONT,
+   SIGTERM; a server SIGKILL per run, a server SIGTERM in every other run),
+   ``sharded`` (asp on 2 server shards: worker faults and a shard SIGKILL),
+   ``inhad`` (InHAD on 2 nodes: a worker stopped, a worker and an aggregator
+   killed, the server killed), ``sync`` (allreduce and bsp on 3 processes: a
+   peer and process 0 killed, a process stopped, a process sent SIGTERM, the
+   launcher sent SIGTERM). Checked per run: it finishes (exit 0, its full
+   count of events) within its timeout, every restart (``restarts.jsonl``) and
+   every exit 75 has a fault that explains it, no Python traceback, the
+   parameter server's totals agree; per fault: the work lost past the
+   checkpoint the run restarted from (0 unless the fault was the death of the
+   process that writes the checkpoints: process 0 or a shard), the launcher's
+   ``down_seconds``, the time to the next progress row, a restarted worker's
+   time to rejoin.
+9. **Preemption** (``preempt``): SIGTERM to the launcher (asp with 1 worker, asp
+   on 2 shards with 1 worker, allreduce, asp with 3 workers), then ``jaxsync
+   resume``; the deterministic runs' final parameters are compared with an
+   uninterrupted run of the same config, the others' totals checked.
 
-Sizes: tiny (``--quick``: 1,000 frames and one worker-fault run, under a
-minute), default (5,000 frames, six worker-fault runs, one rejoin run, two
-server kills; about 5 minutes on 2 CPU cores), full (20,000 frames, 20 runs,
-5 server kills). The RNG seed (``--seed``) picks the fuzzed messages, which
-workers are faulted, how and when; it is printed and written to the results.
+The low-communication strategies (DiLoCo and the like) do not exist in jaxsync
+yet: the results say so.
 
-    python benchmarks/fault_campaign.py [--size tiny|default|full] [--quick] [--frames N] [--runs N]
-                                        [--server-kills N] [--seed N] [--parts fuzz,workers,rejoin,server]
+Sizes: tiny (``--quick``: 1,000 frames, one worker-fault run, one synchronous
+run with one killed peer; about 3 minutes on 2 CPU cores), default (50,000
+frames and over 100 process faults; about an hour), full (100,000 frames,
+about 250 faults). The RNG seed (``--seed``) and each run's part and index
+pick the fuzzed messages, which processes are faulted, how and when; it is
+printed and written to the results.
 
-It exits 1 when a check failed (the results file lists which).
+Every finished run is appended at once to ``RESULTS_DIR/fault_campaign_runs.jsonl``
+(keyed by part, run index, seed and size, with the run's parameters): a rerun
+skips the runs the store holds, so an interrupted campaign loses at most the
+run in progress, and ``--report-only`` writes the results from the store alone.
+
+    python benchmarks/fault_campaign.py [--size tiny|default|full] [--quick] [--seed N]
+        [--parts fuzz,workers,rejoin,server,supervised,sharded,inhad,sync,preempt]
+        [--frames N] [--runs N] [--server-kills N] [--report-only] [--fresh] [--store PATH]
+
+It exits 1 when a check failed (the results file lists which), or when
+``--report-only`` finds planned runs missing from the store.
 """
 
 from __future__ import annotations
@@ -78,14 +104,30 @@ import zmq.utils.monitor
 from jaxsync._src.distributed import wire
 
 NAME = "fault_campaign"
-TITLE = "Fault campaign: fuzzed frames, killed and stopped workers, a killed server"
+TITLE = "Fault campaign: fuzzed frames; killed, stopped and preempted processes of every runtime"
 HERE = pathlib.Path(__file__).resolve().parent
-PARTS = ("fuzz", "workers", "rejoin", "server")
+PARTS = ("fuzz", "workers", "rejoin", "server", "supervised", "sharded", "inhad", "sync", "preempt")
+ALL_PREEMPT = ("asp, 1 worker", "asp, 2 shards, 1 worker", "allreduce, 3 processes", "asp, 3 workers")
 SIZES = {
-  "tiny": {"frames": 1000, "runs": 1, "server_kills": 0, "gradients": 2000, "parts": ("fuzz", "workers")},
-  "default": {"frames": 5000, "runs": 6, "server_kills": 2, "gradients": 4000, "parts": PARTS},
-  "full": {"frames": 20000, "runs": 20, "server_kills": 5, "gradients": 6000, "parts": PARTS},
-}
+  "tiny": {
+    "frames": 1000, "runs": 1, "server_kills": 0, "gradients": 2000,
+    "supervised": 0, "sharded": 0, "inhad": 0, "sync": 1, "preempt": (),
+    "gradients_supervised": 0, "gradients_sharded": 0, "gradients_inhad": 0, "gradients_sync": 800,
+    "gradients_preempt": (0, 0), "parts": ("fuzz", "workers", "sync"),
+  },
+  "default": {
+    "frames": 50000, "runs": 8, "server_kills": 2, "gradients": 4000,
+    "supervised": 3, "sharded": 3, "inhad": 3, "sync": 3, "preempt": ALL_PREEMPT,
+    "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 4500,
+    "gradients_preempt": (4000, 1500), "parts": PARTS,
+  },
+  "full": {
+    "frames": 100000, "runs": 20, "server_kills": 5, "gradients": 6000,
+    "supervised": 8, "sharded": 8, "inhad": 8, "sync": 8, "preempt": ALL_PREEMPT,
+    "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 4500,
+    "gradients_preempt": (4000, 1500), "parts": PARTS,
+  },
+}  # fmt: skip
 HEARTBEAT_TIMEOUT = 3  # seconds; a stop of 1-5 s falls on either side of it
 RUN_TIMEOUT = 240.0  # seconds a launched run may take before it counts as a hang
 COUNT = 1000  # elements of the fuzzed server's parameters
@@ -344,6 +386,8 @@ class _Client:
         sock.send_multipart([rng.bytes(size), good])
       self.oversize += 1
       self.oversize_sockets.append((sock, monitor))
+      if len(self.oversize_sockets) >= 50:  # a long campaign would run out of file descriptors
+        self.close_oversized()
     else:
       raise ValueError(f"unknown case {name!r}")
     self.sent[name] += 1
@@ -361,6 +405,10 @@ class _Client:
       if self.stranger.poll(100):
         self.drain(self.stranger, "stranger")
     self.drain(self.member, "member")
+    self.close_oversized()
+
+  def close_oversized(self) -> None:
+    """Counts the oversized frames' connections ZeroMQ closed, and closes them (each holds descriptors)."""
     for sock, monitor in self.oversize_sockets:
       closed = monitor.poll(5000) and zmq.utils.monitor.recv_monitor_message(monitor)
       self.oversize_closed += bool(closed and closed["event"] == zmq.EVENT_DISCONNECTED)
@@ -369,6 +417,7 @@ class _Client:
       sock.disable_monitor()
       monitor.close()
       sock.close()
+    self.oversize_sockets = []
 
   def report(self) -> dict[str, Any]:
     return {
@@ -599,7 +648,7 @@ class Launched:
 
   def _read(self) -> None:
     for line in self.process.stdout:
-      self.lines.append((time.monotonic(), line))
+      self.lines.append((time.time(), line))
 
   @property
   def log(self) -> str:
@@ -1156,6 +1205,847 @@ def server_kill_run(
   return result
 
 
+# -- parts 5-8: supervised runs (`jaxsync launch --max-restarts`), every runtime -----------------------------
+
+MAX_RESTARTS = 20  # per launch: more than any run's faults, so that no run ends for want of restarts
+CAMPAIGN_RESUMES = 8  # `jaxsync resume` after an exit 75 (a preemption), at most, per run
+RECOVERY_TIMEOUT = 150.0  # seconds a run may take to make progress again after a fault
+
+
+class Progress:
+  """Polls ``run_dir/metrics.jsonl``: every change of its last train row, with its time (unix seconds)."""
+
+  def __init__(self, run_dir: pathlib.Path):
+    self.path = run_dir / "metrics.jsonl"
+    self.changes: list[tuple[float, int, int]] = []  # (time, event, updates) of each new last row
+    self.finished_at: float | None = None  # when summary.json first appeared: the run's end
+    self._seen = None
+    self._stop = threading.Event()
+    self._thread = threading.Thread(target=self._poll, daemon=True)
+    self._thread.start()
+
+  def _poll(self) -> None:
+    stamp = None
+    while not self._stop.wait(0.1):
+      if self.finished_at is None and self.path.with_name("summary.json").exists():
+        self.finished_at = time.time()
+      try:
+        st = self.path.stat()
+      except FileNotFoundError:
+        continue
+      if (st.st_size, st.st_mtime_ns) == stamp:
+        continue
+      stamp = (st.st_size, st.st_mtime_ns)
+      rows = metrics_rows(self.path.parent)
+      if rows and (rows[-1]["event"], rows[-1]["updates"]) != self._seen:
+        self._seen = (rows[-1]["event"], rows[-1]["updates"])
+        self.changes.append((time.time(), *self._seen))
+
+  def stop(self) -> None:
+    self._stop.set()
+    self._thread.join(timeout=5)
+
+  @property
+  def event(self) -> int | None:
+    return self.changes[-1][1] if self.changes else None
+
+  def progressed_after(self, t: float) -> float | None:
+    """The time of the first new train row after ``t`` that moved the run forward (a later event)."""
+    for (_, before, _), (when, event, _) in zip(self.changes, self.changes[1:]):
+      if when > t and event > before:
+        return when
+    return None
+
+
+@dataclasses.dataclass
+class Injected:
+  """One fault of a supervised run, and what came of it."""
+
+  kind: str  # kill (SIGKILL), stop (SIGSTOP, SIGCONT after `seconds`), term (SIGTERM), launcher_term
+  role: str  # worker, server, shard, aggregator, node worker, peer, primary, process, launcher
+  process: int | None  # JAXSYNC_PROCESS_ID (None: the launcher)
+  at: float  # unix seconds
+  since_start: float  # seconds since the run's first launch
+  event: int | None  # the last logged event (train row) at the fault
+  updates: int | None  # the updates at that row
+  seconds: float = 0.0  # of a stop
+  restart: int | None = None  # the restarts.jsonl entry it caused
+  scope: str | None = None  # process (restarted alone) | run (every process) | resume (by the campaign)
+  ended: str | None = None  # how the process ended, as restarts.jsonl says
+  checkpoint: int | None = None  # the checkpoint the restart or resume started from
+  down_seconds: float | None = None  # restarts.jsonl: from the death noticed to the restart
+  recovered_seconds: float | None = None  # from the fault to the next progress row after the restart
+  rejoined_seconds: float | None = None  # from the fault to the restarted worker joining the server
+  completed: int | None = None  # rounds the survivors of a synchronous run said were complete
+  lost: int | None = None  # updates (rounds) done before the fault that the run restarted without
+  note: str = ""
+
+
+@dataclasses.dataclass
+class SupervisedRun:
+  """A run under `jaxsync launch --max-restarts` with faults at random times."""
+
+  part: str
+  runtime: str  # single, sharded, inhad, sync
+  strategy: str
+  processes: int
+  gradients: int
+  events: int  # the run's full count of events (a synchronous run's are rounds of all its workers)
+  faults: list[Injected]
+  planned: int
+  restarts: list[dict[str, Any]]
+  resumes: list[dict[str, Any]]  # the campaign's `jaxsync resume` after an exit 75
+  code: int | None  # the last launch's exit code (None: a hang)
+  summary: dict[str, Any] | None
+  consistent: bool | None  # the run's totals agree (parameter-server runs)
+  unexplained: list[str]  # restarts (process deaths) no injected fault explains
+  after_end: list[str]  # restarts of a process after the run had ended (its summary written)
+  tracebacks: int
+  params: str | None  # sha256 of the final parameters
+  seconds: float
+  problems: list[str]
+  label: str = ""  # the preemption part's name of its config
+
+  @property
+  def finished(self) -> bool:
+    return self.code == 0 and self.summary is not None and self.summary.get("events") == self.events
+
+  @property
+  def hung(self) -> bool:
+    return self.code is None
+
+  @property
+  def crashed(self) -> bool:
+    return (self.code not in (0, None)) or bool(self.unexplained) or self.tracebacks > 0
+
+
+class Session:
+  """One run directory's launches: the first `jaxsync launch`, and `jaxsync resume` after each exit 75."""
+
+  def __init__(self, out: pathlib.Path, launch_args: list[str], max_restarts: int = MAX_RESTARTS):
+    self.out, self.max_restarts = out, max_restarts
+    if out.exists():
+      shutil.rmtree(out)
+    self.started = time.time()
+    self.launches = [
+      Launched.jaxsync("launch", *launch_args, "--out", str(out), "--max-restarts", str(max_restarts))
+    ]
+    self.resumes: list[dict[str, Any]] = []
+
+  @property
+  def current(self) -> Launched:
+    return self.launches[-1]
+
+  def tick(self) -> bool:
+    """Resumes a run that stopped on a preemption notice; True while a launch is running."""
+    code = self.current.process.poll()
+    if code is None:
+      return True
+    if code == 75 and not (self.out / "summary.json").exists() and len(self.resumes) < CAMPAIGN_RESUMES:
+      self.current.wait(10)
+      self.resumes.append(
+        {"time": time.time(), "checkpoint": latest_checkpoint(self.out), "event": last_event(self.out)}
+      )
+      self.launches.append(
+        Launched.jaxsync("resume", str(self.out), "--max-restarts", str(self.max_restarts))
+      )
+      return True
+    return False
+
+  def processes(self) -> dict[int, Any]:
+    return self.current.processes() if self.current.process.poll() is None else {}
+
+  def wait_end(self, timeout: float) -> int | None:
+    """The exit code of the run's last launch, or None (every process then killed) after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+      if not self.tick():
+        return self.current.wait(10)
+      time.sleep(0.2)
+    self.kill()
+    return None
+
+  def kill(self) -> None:
+    for launched in self.launches:
+      if launched.process.poll() is None:
+        launched.kill_tree()
+
+  def lines(self) -> list[tuple[float, str]]:
+    return [x for launched in self.launches for x in launched.lines]
+
+  @property
+  def log(self) -> str:
+    return "".join(line for _, line in self.lines())
+
+
+def latest_checkpoint(run_dir: pathlib.Path) -> int | None:
+  steps = [int(p.name) for p in (run_dir / "checkpoints").glob("*") if p.name.isdigit()]
+  return max(steps, default=None)
+
+
+def last_event(run_dir: pathlib.Path) -> int | None:
+  rows = metrics_rows(run_dir)
+  return rows[-1]["event"] if rows else None
+
+
+def read_restarts(run_dir: pathlib.Path) -> list[dict[str, Any]]:
+  path = run_dir / "restarts.jsonl"
+  if not path.exists():
+    return []
+  return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def params_digest(run_dir: pathlib.Path) -> str | None:
+  """sha256 of the final checkpoint's parameters (every leaf's bytes, in tree order)."""
+  import hashlib
+
+  import jax
+  import orbax.checkpoint as ocp
+
+  step = latest_checkpoint(run_dir)
+  if step is None:
+    return None
+  try:
+    state = ocp.StandardCheckpointer().restore(run_dir / "checkpoints" / str(step) / "state")
+  except Exception as err:  # noqa: BLE001 - reported, not raised
+    return f"unreadable: {type(err).__name__}"
+  params = state["params"] if isinstance(state, dict) and "params" in state else state
+  digest = hashlib.sha256()
+  for leaf in jax.tree.leaves(params):
+    digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
+  return digest.hexdigest()[:16]
+
+
+_COMPLETED = re.compile(r"after (\d+) completed rounds")
+
+
+@dataclasses.dataclass
+class Layout:
+  """Which process plays which role in a launched run."""
+
+  runtime: str
+  processes: int
+  servers: int = 1  # parameter-server runs: processes 0..servers-1
+  nodes: int = 0  # InHAD: nodes of `local` workers; a node's first worker process runs its aggregator
+  local: int = 0
+
+  def workers(self) -> list[int]:
+    return list(range(self.servers, self.processes)) if self.runtime != "sync" else []
+
+  def worker_of(self, process: int) -> int:
+    return process - self.servers
+
+  def aggregators(self) -> list[int]:
+    return [self.servers + n * self.local for n in range(self.nodes)]
+
+
+def _choose(
+  rng: np.random.Generator, layout: Layout, role: str, spared: int | None, out: set[int], *, draw: bool = True
+) -> int:
+  """A process for ``role``: never the spared worker, never one in ``out`` (gone for good, or rejoining);
+  -1 if none is left. ``draw=False``: whether one is left, without drawing from ``rng``."""
+  if role in ("primary", "server"):
+    return 0
+  if role == "shard":
+    choices = list(range(layout.servers))
+  elif role in ("peer", "process"):
+    choices = list(range(1 if role == "peer" else 0, layout.processes))
+  elif role == "aggregator":
+    choices = [p for p in layout.aggregators() if p != spared and p not in out]
+  elif role == "node worker":
+    choices = [p for p in layout.workers() if p not in layout.aggregators() and p != spared and p not in out]
+  else:  # any worker, as long as another stays up: the server stops once every worker is lost
+    up = [p for p in layout.workers() if p not in out]
+    choices = [p for p in up if p != spared] if len(up) >= 2 else []
+  if not draw:
+    return 0 if choices else -1
+  return pick(rng, choices) if choices else -1
+
+
+def supervised_run(
+  part: str,
+  out: pathlib.Path,
+  layout: Layout,
+  strategy: str,
+  launch_args: list[str],
+  gradients: int,
+  plan: list[tuple[str, str]],
+  rng: np.random.Generator,
+  *,
+  delay: tuple[float, float] = (2.0, 6.0),
+  stop_seconds: tuple[float, float] = (1.0, 5.0),
+  first_at: int = 0,
+  last_fraction: float = 0.8,
+  timeout: float = RUN_TIMEOUT,
+) -> SupervisedRun:
+  """Launches a run under supervision and injects ``plan``'s faults, ``(kind, role)``, one after another.
+
+  Each fault comes a random delay (``delay`` seconds) after the run has recovered from the one before
+  (every process up, a restarted worker rejoined, a new progress row), or after the run's ``first_at``-th
+  event for the first. A planned fault the run ends before is not injected (``planned`` counts them all).
+  """
+  started = time.monotonic()
+  events = gradients // layout.processes if layout.runtime == "sync" else gradients
+  session = Session(out, launch_args)
+  progress = Progress(out)
+  faults: list[Injected] = []
+  problems: list[str] = []
+  timers: list[threading.Timer] = []
+  # One worker never faulted when there are three or more: its death would be the runtime's doing.
+  spared = pick(rng, layout.workers()) if len(layout.workers()) >= 3 and layout.runtime != "inhad" else None
+  gone: set[int] = set()  # InHAD workers that are not restarted
+
+  def restarted_after(t: float) -> float | None:
+    """The time of the first restart of every process (the launcher's, or the campaign's resume) after ``t``."""
+    times = [r["time"] for r in read_restarts(out) if r["scope"] == "run"] + [
+      r["time"] for r in session.resumes
+    ]
+    return min((x for x in times if x > t), default=None)
+
+  def healthy(since: float, expect: str | None) -> bool:
+    """Every process up (but those gone for good), the expected restart done, a progress row since."""
+    if expect == "run":
+      since = restarted_after(since)
+      if since is None:
+        return False
+    # An InHAD worker a stop ended (JAX aborts a process the coordination service marked dead) is gone
+    # for good too: only the server must be up.
+    required = {0} if layout.runtime == "inhad" else set(range(layout.processes)) - gone
+    if not required <= set(session.processes()):
+      return False
+    return progress.progressed_after(since) is not None and (progress.event or 0) >= first_at
+
+  def rejoining() -> set[int]:
+    """Processes restarted alone that have not rejoined the server yet (not faulted again till then)."""
+    for process, at in list(pending.items()):
+      pattern = re.compile(rf"worker {layout.worker_of(process)} joined")
+      if any(when > at and pattern.search(line) for when, line in session.lines()):
+        del pending[process]
+    return set(pending)
+
+  def wait(seconds: float, until=None) -> bool:
+    """Waits ``seconds`` (or until ``until()``); False if the run ended."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+      if not session.tick() or (session.out / "summary.json").exists():
+        return False
+      if until is not None and until():
+        return True
+      time.sleep(0.1)
+    return until is None
+
+  try:
+    since, expect = session.started, None
+    pending: dict[int, float] = {}  # a worker process restarted alone: when it was faulted
+    for kind, role in plan:
+      if not wait(RECOVERY_TIMEOUT, lambda s=since, e=expect: healthy(s, e)):
+        if session.current.process.poll() is None and not (out / "summary.json").exists():
+          problems.append(f"no recovery within {RECOVERY_TIMEOUT:.0f} s of the fault before a planned {kind}")
+        break
+      if not wait(float(rng.uniform(*delay))):
+        break
+      if (progress.event or 0) > last_fraction * events:
+        break  # a process restarted now would rejoin a run that has ended
+      if role in ("worker", "node worker", "aggregator"):  # one that is up: wait for one to rejoin
+        if not wait(
+          RECOVERY_TIMEOUT,
+          lambda r=role: _choose(rng, layout, r, spared, gone | rejoining(), draw=False) >= 0,
+        ):
+          break
+      procs = session.processes()
+      victim = None if role == "launcher" else _choose(rng, layout, role, spared, gone | rejoining())
+      target = session.current.process if victim is None else procs.get(victim)
+      if target is None:
+        problems.append(f"no process {victim} ({role}) to fault")
+        continue
+      now = time.time()
+      rows = metrics_rows(out)
+      fault = Injected(
+        kind, role, victim, now, now - session.started,
+        rows[-1]["event"] if rows else None, rows[-1]["updates"] if rows else None,
+      )  # fmt: skip
+      if kind == "stop":
+        fault.seconds = float(rng.uniform(*stop_seconds))
+        _signal(target, signal.SIGSTOP)
+        timer = threading.Timer(fault.seconds, _signal, (target, signal.SIGCONT))
+        timer.start()
+        timers.append(timer)
+      else:
+        _signal(
+          target, {"kill": signal.SIGKILL, "term": signal.SIGTERM, "launcher_term": signal.SIGTERM}[kind]
+        )
+      faults.append(fault)
+      since, expect = now, None
+      if kind == "stop":  # a stop past the heartbeat timeout may end the process: let the launcher see it
+        since = now + fault.seconds + HEARTBEAT_TIMEOUT + 1.0
+      elif victim is not None and victim in layout.workers():
+        if layout.runtime == "inhad":  # not restarted: the run goes on without it (and its node)
+          gone.add(victim)
+          if role == "aggregator":  # its node's other workers cannot reach the server without it
+            gone.update(range(victim, victim + layout.local))
+        else:  # restarted alone: it rejoins the server
+          pending[victim] = now
+      else:  # the launcher, a server or shard, or a process of a synchronous run: every process again
+        expect = "run"
+        gone.clear()
+        pending.clear()
+    code = session.wait_end(timeout)
+  finally:
+    for timer in timers:  # a stopped process is never left stopped
+      timer.join()
+    session.kill()
+    progress.stop()
+  log = session.log
+  lines = session.lines()
+  (out / "campaign.log").write_text(log)  # the launches' output, for a look at what happened
+  restarts = read_restarts(out)
+  summary = _summary(out)
+  ended_at = progress.finished_at
+  after_end = [
+    f"restart {r['restart']}: process {r['process']} ({r['ended']}) {r['time'] - ended_at:.1f} s after the run's end"
+    for r in restarts
+    if ended_at is not None and r["time"] > ended_at
+  ]
+  unexplained = _attribute(
+    faults, [r for r in restarts if ended_at is None or r["time"] <= ended_at], session.resumes, layout
+  )
+  for fault in faults:
+    _recovery(fault, progress, lines, layout)
+  consistent = None
+  if layout.runtime != "sync" and summary is not None:
+    consistent, why = _ps_totals(out, summary, gradients, strategy)
+    problems += why
+  tracebacks = len(re.findall(r"^\[p\d+\] Traceback", log, re.M))
+  if tracebacks:
+    problems.append(f"{tracebacks} Python traceback(s) in the log")
+  if unexplained:
+    problems.append(f"process deaths no fault explains: {'; '.join(unexplained)}")
+  if after_end:
+    problems.append(f"the launcher restarted a process after the run had ended: {'; '.join(after_end)}")
+  if code is None:
+    problems.append(f"a hang: the run did not end within {timeout:.0f} s")
+  elif code != 0:
+    problems.append(f"exit {code}: {log[-1500:]}")
+  elif summary is None or summary.get("events") != events:
+    problems.append(
+      f"the run ended at {None if summary is None else summary.get('events')} of {events} events"
+    )
+  for fault in faults:
+    if fault.lost and not _may_lose(fault, layout):
+      problems.append(
+        f"{fault.kind} of process {fault.process} ({fault.role}): {fault.lost} lost past the checkpoint"
+      )
+  return SupervisedRun(
+    part=part,
+    runtime=layout.runtime,
+    strategy=strategy,
+    processes=layout.processes,
+    gradients=gradients,
+    events=events,
+    faults=faults,
+    planned=len(plan),
+    restarts=restarts,
+    resumes=session.resumes,
+    code=code,
+    summary=_small(summary),
+    consistent=consistent,
+    unexplained=unexplained,
+    after_end=after_end,
+    tracebacks=tracebacks,
+    params=params_digest(out) if summary is not None else None,
+    seconds=time.monotonic() - started,
+    problems=problems,
+  )
+
+
+def _may_lose(fault: Injected, layout: Layout) -> bool:
+  """Whether a fault may cost work past the last periodic checkpoint: the death of the process that writes
+  the checkpoints (process 0, a server shard). A worker's fault, a preemption (SIGTERM) must cost none."""
+  return fault.kind in ("kill", "stop") and fault.process is not None and fault.process < layout.servers
+
+
+def _attribute(
+  faults: list[Injected], restarts: list[dict], resumes: list[dict], layout: Layout
+) -> list[str]:
+  """Ties each restart (and each campaign resume) to the fault that caused it; returns those no fault explains."""
+  unexplained = []
+  free = list(faults)
+  for r in restarts:
+    # A fault explains a restart that comes after it, within the time a run may take to recover.
+    before = [
+      f for f in free if r["time"] - RECOVERY_TIMEOUT <= f.at <= r["time"] + 0.5 and f.kind != "launcher_term"
+    ]
+    mine = [f for f in before if f.process == r["process"]]
+    # A run restarted for a death its fault caused elsewhere (process 0 killed: the others abort).
+    fault = (mine or (before if r["scope"] == "run" else []) or [None])[-1]
+    if fault is None:
+      unexplained.append(f"restart {r['restart']}: process {r['process']} ended with {r['ended']}")
+      continue
+    free.remove(fault)
+    fault.restart, fault.scope, fault.ended = r["restart"], r["scope"], r["ended"]
+    fault.checkpoint, fault.down_seconds = r["checkpoint"], r["down_seconds"]
+    fault._restart_time = r["time"]  # noqa: SLF001 - for _recovery, not stored
+  for r in resumes:
+    before = [f for f in free if f.at <= r["time"] and f.kind in ("term", "launcher_term")]
+    if not before:
+      unexplained.append(f"an exit 75 (preempted) no SIGTERM explains at event {r['event']}")
+      continue
+    fault = before[-1]
+    free.remove(fault)
+    fault.scope, fault.checkpoint, fault.ended = "resume", r["checkpoint"], "exit code 75"
+    fault._restart_time = r["time"]  # noqa: SLF001
+    fault.lost = None if r["event"] is None or r["checkpoint"] is None else r["event"] - r["checkpoint"]
+  return unexplained
+
+
+def _recovery(fault: Injected, progress: Progress, lines: list[tuple[float, str]], layout: Layout) -> None:
+  """Time to recover, and what a restart of every process lost past its checkpoint."""
+  restarted = getattr(fault, "_restart_time", None)
+  after = restarted if fault.scope in ("run", "resume") and restarted else fault.at + fault.seconds
+  when = progress.progressed_after(after)
+  fault.recovered_seconds = None if when is None else round(when - fault.at, 2)
+  if fault.scope == "process" and restarted:
+    w = layout.worker_of(fault.process)
+    joined = [t for t, line in lines if t > restarted and re.search(rf"worker {w} joined", line)]
+    fault.rejoined_seconds = round(joined[0] - fault.at, 2) if joined else None
+  if fault.scope != "run":
+    return
+  if layout.runtime == "sync":
+    said = [
+      int(m) for t, line in lines if fault.at <= t <= (restarted or t) for m in _COMPLETED.findall(line)
+    ]
+    fault.completed = max(said) if said else None
+    done = fault.completed if fault.completed is not None else fault.event
+    if fault.completed is None:
+      fault.note = "no survivor said how many rounds were complete: the last logged row counts"
+    fault.lost = None if done is None or fault.checkpoint is None else max(0, done - fault.checkpoint)
+  else:  # the server's updates logged before the fault, against those at the checkpoint it resumed from
+    at = {}
+    for t, event, updates in progress.changes:
+      if t <= fault.at:
+        at[event] = updates
+    base = at.get(fault.checkpoint, 0 if fault.checkpoint is None else None)
+    fault.lost = None if base is None or fault.updates is None else fault.updates - base
+
+
+def _ps_totals(out: pathlib.Path, summary: dict, gradients: int, strategy: str) -> tuple[bool, list[str]]:
+  """Whether a parameter-server run's totals agree: every accepted arrival's update is in its end state."""
+  records = final_records(out)
+  rows = metrics_rows(out)
+  if records is None:
+    return False, ["no final checkpoint"]
+  accepted = int((~records["rejected"]).sum())
+  checks = {
+    "events": summary["events"] == gradients == len(records["version"]),
+    "version": int(records["version"][-1]) == summary["updates"] == int(records["released"].sum()),
+    "versions step by released": bool(np.all(np.diff(records["version"]) == records["released"][1:])),
+    "last row": bool(rows) and rows[-1]["updates"] == summary["updates"],
+  }
+  if strategy in ("asp", "ssp"):  # every accepted arrival is an update
+    checks["accepted = updates"] = accepted == summary["updates"]
+  bad = [k for k, ok in checks.items() if not ok]
+  if bad:
+    totals = {k: summary.get(k) for k in ("events", "gradients", "updates", "rejected", "dropped_gradients")}
+    return False, [f"totals disagree ({', '.join(bad)}): {totals}"]
+  return True, []
+
+
+_SUMMARY_KEYS = (
+  "events", "gradients", "updates", "rejected", "dropped_gradients", "lost_workers", "rejected_messages",
+  "max_staleness", "mean_staleness", "final_loss", "final_accuracy",
+)  # fmt: skip
+
+
+def _small(summary: dict[str, Any] | None) -> dict[str, Any] | None:
+  """The summary's keys the results use (the store keeps these only)."""
+  if summary is None:
+    return None
+  return {k: summary[k] for k in _SUMMARY_KEYS if k in summary}
+
+
+# -- the store of finished runs: a campaign continues where it stopped ---------------------------------------
+
+STORE_NAME = "fault_campaign_runs.jsonl"
+
+
+class RunStore:
+  """Finished runs' outcomes, one JSON line each, keyed by (part, run index, seed, size).
+
+  A line is appended (and synced) as soon as a run ends, so an interrupted campaign loses at most the run
+  in progress; a rerun skips the runs the store holds for the same key and the same ``spec`` (the run's
+  parameters); ``--report-only`` writes the results from the store alone. A later line of the same key
+  replaces an earlier one.
+  """
+
+  def __init__(self, path: pathlib.Path):
+    self.path = path
+    self.records: dict[str, dict[str, Any]] = {}
+    if path.exists():
+      for line in path.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError, KeyError, TypeError):
+          record = json.loads(line)
+          self.records[self.key(record["part"], record["index"], record["seed"], record["size"])] = record
+
+  @staticmethod
+  def key(part: str, index, seed: int, size: str) -> str:
+    return json.dumps([part, index, seed, size])
+
+  def get(self, part: str, index, seed: int, size: str, spec: dict[str, Any]) -> dict[str, Any] | None:
+    record = self.records.get(self.key(part, index, seed, size))
+    return record["outcome"] if record is not None and record.get("spec") == spec else None
+
+  def put(
+    self, part: str, index, seed: int, size: str, spec: dict[str, Any], outcome: dict[str, Any]
+  ) -> None:
+    record = {
+      "part": part,
+      "index": index,
+      "seed": seed,
+      "size": size,
+      "spec": spec,
+      "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+      "outcome": outcome,
+    }
+    self.records[self.key(part, index, seed, size)] = record
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    with open(self.path, "a") as f:
+      f.write(json.dumps(record, separators=(",", ":"), default=_json_default) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+
+
+def _json_default(value):
+  if isinstance(value, np.generic):
+    return value.item()
+  if isinstance(value, np.ndarray):
+    return value.tolist()
+  raise TypeError(f"not JSON: {type(value).__name__}")
+
+
+_CLASSES = {"fuzz": "FuzzResult", "workers": "WorkerRun", "rejoin": "RejoinRun", "server": "ServerKill"}
+
+
+def encode(part: str, result) -> dict[str, Any]:
+  """A part's result as the JSON the store keeps (the summary's used keys only; no logs)."""
+  out = json.loads(json.dumps(dataclasses.asdict(result), default=_json_default))
+  if part == "fuzz":
+    out["client"].pop("legit_sum", None)
+  if part == "rejoin":
+    out.pop("log", None)
+  if "summary" in out:
+    out["summary"] = _small(out["summary"])
+  return out
+
+
+def decode(part: str, data: dict[str, Any]):
+  """The result ``encode`` stored."""
+  data = dict(data)
+  if part == "fuzz":
+    return FuzzResult(**data)
+  if part == "workers":
+    data["faults"] = [Fault(**f) for f in data["faults"]]
+    return WorkerRun(**data)
+  if part == "rejoin":
+    return RejoinRun(**data)
+  if part == "server":
+    return ServerKill(**data)
+  data["faults"] = [Injected(**f) for f in data["faults"]]
+  return SupervisedRun(**data)
+
+
+# -- the campaign's plan: which runs, with which faults -------------------------------------------------------
+
+OPTIONS = {
+  "asp": "{learning_rate: 0.05}",
+  "ssp": "{learning_rate: 0.05, staleness_bound: 3}",
+  "inhad": "{local_workers: 2, learning_rate: 0.1}",
+  "allreduce": "{learning_rate: 0.05}",
+  "bsp": "{learning_rate: 0.05}",
+}
+
+
+def launch_args(
+  processes: int,
+  strategy: str,
+  workers: int,
+  gradients: int,
+  *,
+  servers: int = 1,
+  chunk: int = 100,
+  checkpoint_every: int = 1000,
+) -> list[str]:
+  """``jaxsync launch``'s arguments for a small run of the quickstart config (digits MLP)."""
+  sets = {
+    "model.name": "mlp",
+    "strategy.name": strategy,
+    "strategy.options": OPTIONS[strategy],
+    "cluster.num_workers": workers,
+    "run.gradients": gradients,
+    "run.chunk": chunk,
+    "run.eval_every": 500,
+    "run.target_accuracy": 0.9,
+    "run.checkpoint_every": checkpoint_every,
+  }
+  if servers > 1:
+    sets["cluster.servers"] = servers
+  return ["-n", str(processes), "configs/quickstart.yaml", *(f"--set={k}={v}" for k, v in sets.items())]
+
+
+def _worker_faults(rng: np.random.Generator, count: int) -> list[tuple[str, str]]:
+  """``count`` faults of parameter-server workers: SIGKILL, SIGSTOP/SIGCONT or SIGTERM (a preemption)."""
+  kinds = rng.choice(["kill", "stop", "term"], size=count, p=[0.45, 0.35, 0.2])
+  return [(str(k), "worker") for k in kinds]
+
+
+def _insert(rng: np.random.Generator, plan: list, fault: tuple[str, str]) -> list:
+  """``fault`` at a random place of ``plan``, never first (the run is under way, its workers up)."""
+  at = int(rng.integers(1, len(plan) + 1)) if plan else 0
+  return [*plan[:at], fault, *plan[at:]]
+
+
+# Per part: the runs' shape. `faults`: faults per run; gradients sized so that a run outlasts them.
+PARTS_SPEC = {
+  "supervised": {"processes": 4, "workers": 3, "faults": 9, "delay": (1.0, 3.0)},
+  "sharded": {"processes": 4, "workers": 2, "servers": 2, "faults": 6, "delay": (1.0, 3.0)},
+  "inhad": {"processes": 5, "workers": 4, "delay": (2.0, 5.0)},
+  "sync": {"processes": 3, "workers": 3, "delay": (2.0, 5.0)},
+}
+PREEMPT = {  # name: (strategy, processes, workers, servers, deterministic)
+  "asp, 1 worker": ("asp", 2, 1, 1, True),
+  "asp, 2 shards, 1 worker": ("asp", 3, 1, 2, True),
+  "allreduce, 3 processes": ("allreduce", 3, 3, 1, True),
+  "asp, 3 workers": ("asp", 4, 3, 1, False),
+}
+
+
+@dataclasses.dataclass
+class Planned:
+  """One run of the campaign: its store key (part, index), its parameters (spec), and how to run it."""
+
+  part: str
+  index: Any
+  spec: dict[str, Any]
+  run: Any  # (rng, runs_dir) -> result
+
+
+def _supervised_planned(part: str, index: int, gradients: int, tiny: bool = False) -> Planned:
+  shape = PARTS_SPEC[part]
+  n, workers = shape["processes"], shape["workers"]
+  if tiny:  # the test suite's: the lightest run that restarts every process
+    n, workers = 2, 2
+  if part == "supervised":
+    strategy = ("asp", "ssp")[index % 2]
+    layout = Layout("single", n)
+  elif part == "sharded":
+    strategy = "asp"
+    layout = Layout("sharded", n, servers=shape["servers"])
+  elif part == "inhad":
+    strategy = "inhad"
+    layout = Layout("inhad", n, nodes=2, local=2)
+  else:
+    strategy = ("allreduce", "bsp")[index % 2]
+    layout = Layout("sync", n)
+  spec = {"strategy": strategy, "processes": n, "gradients": gradients, "tiny": tiny, "version": 1}
+
+  def plan(rng: np.random.Generator) -> list[tuple[str, str]]:
+    if part == "supervised":
+      faults = _insert(rng, _worker_faults(rng, shape["faults"]), ("kill", "server"))
+      return _insert(rng, faults, ("term", "server")) if index % 2 else faults
+    if part == "sharded":
+      return _insert(rng, _worker_faults(rng, shape["faults"]), ("kill", "shard"))
+    if part == "inhad":
+      faults = [("stop", "worker"), ("kill", "node worker"), ("kill", "aggregator"), ("kill", "server")]
+      return [faults[i] for i in rng.permutation(len(faults))] + [("stop", "worker")]
+    if tiny:
+      return [("kill", "peer")]
+    faults = [("kill", "peer"), ("kill", "primary"), ("stop", "process"), ("term", "process")]
+    return _insert(rng, [faults[i] for i in rng.permutation(len(faults))], ("launcher_term", "launcher"))
+
+  def run(rng: np.random.Generator, runs_dir: pathlib.Path) -> SupervisedRun:
+    args = launch_args(
+      n, strategy, workers, gradients, servers=layout.servers,
+      chunk=50 if part == "sync" else 100, checkpoint_every=200 if part == "sync" else 1000,
+    )  # fmt: skip
+    return supervised_run(
+      part, runs_dir / f"{part}{index}_{strategy}", layout, strategy, args, gradients, plan(rng), rng,
+      delay=shape["delay"],
+    )  # fmt: skip
+
+  return Planned(part, index, spec, run)
+
+
+def _preempt_planned(name: str, reference: bool, gradients: int) -> list[Planned]:
+  strategy, n, workers, servers, deterministic = PREEMPT[name]
+  runtime = "sync" if strategy == "allreduce" else "sharded" if servers > 1 else "single"
+  layout = Layout(runtime, n, servers=servers)
+  chunk = 50 if runtime == "sync" else 100
+  spec = {
+    "strategy": strategy,
+    "processes": n,
+    "workers": workers,
+    "servers": servers,
+    "gradients": gradients,
+  }
+  slug = re.sub(r"[^a-z0-9]+", "_", name).strip("_")
+
+  def make(ref: bool):
+    def run(rng: np.random.Generator, runs_dir: pathlib.Path) -> SupervisedRun:
+      args = launch_args(
+        n, strategy, workers, gradients, servers=servers, chunk=chunk, checkpoint_every=10**6
+      )
+      plan = [] if ref else [("launcher_term", "launcher")]
+      out = runs_dir / f"preempt_{slug}{'_reference' if ref else ''}"
+      r = supervised_run("preempt", out, layout, strategy, args, gradients, plan, rng, delay=(1.0, 6.0))
+      r.label = name
+      return r
+
+    return run
+
+  planned = [Planned("preempt", name, {**spec, "preempted": True}, make(False))]
+  if reference and deterministic:
+    planned.append(Planned("preempt", f"{name} (uninterrupted)", {**spec, "preempted": False}, make(True)))
+  return planned
+
+
+def plan_campaign(size: dict[str, Any], parts: tuple[str, ...], tiny: bool) -> list[Planned]:
+  """Every run of the campaign, in order."""
+  planned: list[Planned] = []
+  g = size["gradients"]
+  if "fuzz" in parts:
+    frames = size["frames"]
+    planned.append(
+      Planned("fuzz", 0, {"frames": frames}, lambda rng, _d, f=frames: fuzz(f, int(rng.integers(2**31))))
+    )
+  if "workers" in parts:
+    for i in range(size["runs"]):
+      strategy = ("asp", "ssp")[i % 2]
+      planned.append(
+        Planned(
+          "workers",
+          i,
+          {"strategy": strategy, "gradients": g},
+          lambda rng, d, i=i, s=strategy: worker_fault_run(d / f"workers{i}_{s}", s, g, random_faults(rng)),
+        )  # fmt: skip
+      )
+  if "rejoin" in parts:
+    planned.append(
+      Planned("rejoin", 0, {"gradients": 3 * g}, lambda rng, d: rejoin_run(d / "rejoin", 3 * g, rng))
+    )
+  if "server" in parts:
+    for i in range(size["server_kills"]):
+      planned.append(
+        Planned("server", i, {"gradients": g}, lambda rng, d, i=i: server_kill_run(d / f"server{i}", g, rng))
+      )
+  for part in ("supervised", "sharded", "inhad", "sync"):
+    if part in parts:
+      for i in range(size[part]):
+        planned.append(_supervised_planned(part, i, size["gradients_" + part], tiny))
+  if "preempt" in parts:
+    for name in size["preempt"]:
+      planned += _preempt_planned(name, True, size["gradients_preempt"][PREEMPT[name][0] == "allreduce"])
+  return planned
+
+
 # -- the results file ----------------------------------------------------------------------------------------
 
 
@@ -1181,90 +2071,408 @@ def _stop_outcome(f: Fault) -> str:
   return f"w{f.worker}: {lost}{stale}; {end}"
 
 
-def write_results(args, argv, seed, fuzz_result, worker_runs, rejoin, kills, wall) -> tuple[str, int]:
+def _worker_runs_summary(worker_runs: list[WorkerRun]) -> str:
+  """The stopped workers' first pushes and the version rejections, over the part's runs."""
+  stops = [f for r in worker_runs for f in r.faults if f.kind == "stop"]
+  lost = [f for f in stops if f.declared_lost]
+  applied = [f.stale_push for f in lost if f.stale_push is not None]
+  dropped = [f.dropped_staleness for f in lost if f.dropped_staleness is not None]
+  version = sum(r.rejections.get("version", 0) for r in worker_runs)
+  return "\n".join(
+    [
+      f"- The first push after SIGCONT of a stopped worker the server declared lost: {len(lost)} such stops; "
+      f"dropped, coming after the declaration, {len(dropped)}"
+      + (f" (up to {max(dropped)} versions late)" if dropped else "")
+      + f"; applied, coming before it {len(applied)}"
+      + (f" (at staleness up to {max(applied)})" if applied else "")
+      + f"; none pushed {len(lost) - len(dropped) - len(applied)}.",
+      f"- Applied updates lost: {sum(r.lost_updates or 0 for r in worker_runs)}; pushes rejected for their "
+      f"version: {version}.",
+    ]
+  )
+
+
+RUNTIMES = {
+  "single": "single parameter server",
+  "sharded": "sharded parameter server (2 shards)",
+  "inhad": "InHAD (2 nodes of 2 workers)",
+  "sync": "synchronous loop (allreduce, bsp)",
+}
+SIGNALS = {"kill": "SIGKILL", "stop": "SIGSTOP/SIGCONT", "term": "SIGTERM", "launcher_term": "SIGTERM"}
+
+
+def _fault_label(kind: str, role: str) -> str:
+  return f"{SIGNALS[kind]} of the launcher" if kind == "launcher_term" else f"{SIGNALS[kind]} of a {role}"
+
+
+def _runtime_of(part: str, result) -> str:
+  return result.runtime if isinstance(result, SupervisedRun) else "single"
+
+
+def _median_max(values: list[float]) -> str:
+  values = [v for v in values if v is not None]
+  if not values:
+    return "-"
+  return f"{float(np.median(values)):.1f} / {max(values):.1f}"
+
+
+def _runtime_rows(results: dict[str, list]) -> list[list[str]]:
+  """The per-runtime summary: faults by kind, runs, restarts, hangs, crashes, work lost, time to recover."""
+  rows = []
+  for runtime, title in RUNTIMES.items():
+    faults: collections.Counter[str] = collections.Counter()
+    runs = finished = hangs = crashes = 0
+    restarts: collections.Counter[str] = collections.Counter()
+    zero_lost: list[int] = []  # worker faults and preemptions: must be 0
+    server_lost: list[str] = []  # the checkpoint writer's death: back to the last periodic checkpoint
+    down, recovered, rejoined = [], [], []
+    for part, items in results.items():
+      for r in items:
+        if part == "fuzz" or _runtime_of(part, r) != runtime:
+          continue
+        runs += 1
+        if isinstance(r, WorkerRun):
+          for f in r.faults:
+            faults[_fault_label(f.kind, "worker")] += 1
+          finished += r.finished
+          hangs += r.hung
+          crashes += r.crashed
+          if r.lost_updates is not None:
+            zero_lost.append(r.lost_updates)
+        elif isinstance(r, RejoinRun):
+          faults[_fault_label("kill", "worker")] += 2
+          finished += r.code == 0
+          hangs += r.code is None
+          crashes += r.crashed
+          restarts["by hand (alone)"] += 2
+        elif isinstance(r, ServerKill):
+          faults[_fault_label("kill", "server")] += 1
+          finished += r.finished
+          hangs += r.resume_code is None
+          crashes += r.crashed
+          restarts["by hand (`jaxsync resume`)"] += 1
+          if r.lost_updates is not None:
+            server_lost.append(f"{r.lost_updates} updates")
+        else:
+          for f in r.faults:
+            faults[_fault_label(f.kind, f.role)] += 1
+            if f.scope is not None:
+              restarts[
+                {"process": "alone", "run": "all processes", "resume": "`jaxsync resume` after exit 75"}[
+                  f.scope
+                ]
+              ] += 1
+            down.append(f.down_seconds)
+            recovered.append(f.recovered_seconds)
+            rejoined.append(f.rejoined_seconds)
+            unit = "rounds" if runtime == "sync" else "updates"
+            if f.lost is not None:
+              if _may_lose(f, Layout(r.runtime, r.processes, servers=2 if runtime == "sharded" else 1)):
+                server_lost.append(f"{f.lost} {unit}")
+              else:
+                zero_lost.append(f.lost)
+          restarts["unexplained"] += len(r.unexplained)
+          finished += r.finished
+          hangs += r.hung
+          crashes += r.crashed
+          if runtime != "sync" and r.consistent is False:
+            zero_lost.append(-1)
+    total = sum(faults.values())
+    rows.append(
+      [
+        title,
+        f"{total}: " + ", ".join(f"{n} {k}" for k, n in sorted(faults.items())) if total else "0",
+        str(runs),
+        str(finished),
+        ", ".join(f"{n} {k}" for k, n in restarts.items() if n) or "0",
+        str(hangs),
+        str(crashes),
+        (str(sum(x for x in zero_lost if x > 0)) if -1 not in zero_lost else "totals disagree")
+        if zero_lost
+        else "-",
+        ", ".join(server_lost) or "-",
+        _median_max(down),
+        _median_max(recovered),
+        _median_max(rejoined),
+      ]
+    )
+  rows.append(
+    ["low-communication strategies (DiLoCo, ...)", "not in jaxsync yet: no runtime to fault"] + ["-"] * 10
+  )
+  return rows
+
+
+RUNTIME_HEADER = [
+  "runtime",
+  "process faults injected",
+  "runs",
+  "runs finished",
+  "restarts",
+  "hangs",
+  "crashes",
+  "updates / rounds lost past the last checkpoint: worker faults, preemptions",
+  "lost past the last periodic checkpoint: the checkpoint writer killed",
+  "down s (restart), median / max",
+  "fault to next progress row s, median / max",
+  "fault to restarted worker rejoined s, median / max",
+]
+
+
+def _fault_text(f: Injected) -> str:
+  who = "the launcher" if f.process is None else f"p{f.process} ({f.role})"
+  stop = f" {f.seconds:.1f} s" if f.kind == "stop" else ""
+  return f"{SIGNALS[f.kind]}{stop} {who} @ event {f.event}"
+
+
+def _outcome_text(f: Injected) -> str:
+  if f.scope == "process":
+    return f"{f.ended}; restarted alone (restart {f.restart})"
+  if f.scope == "run":
+    return f"{f.ended}; every process restarted from checkpoint {f.checkpoint} (restart {f.restart})"
+  if f.scope == "resume":
+    return f"exit 75; `jaxsync resume` from checkpoint {f.checkpoint}"
+  return "no restart"
+
+
+def _supervised_text(part: str, runs: list[SupervisedRun]) -> str:
+  run_rows, fault_rows = [], []
+  for i, r in enumerate(runs):
+    s = r.summary or {}
+    scopes = collections.Counter(f.scope for f in r.faults if f.scope)
+    run_rows.append(
+      [
+        str(i) if not r.label else r.label,
+        r.strategy,
+        str(r.processes),
+        f"{len(r.faults)} of {r.planned}",
+        "hang" if r.hung else str(r.code),
+        f"{s.get('events', '-')} / {s.get('updates', '-')}",
+        ", ".join(f"{n} {k}" for k, n in scopes.items()) or "-",
+        "-" if r.consistent is None else "yes" if r.consistent else "no",
+        "; ".join(r.unexplained) or "-",
+        f"{r.seconds:.0f}",
+      ]
+    )
+    for f in r.faults:
+      fault_rows.append(
+        [
+          str(i) if not r.label else r.label,
+          _fault_text(f),
+          _outcome_text(f),
+          "-" if f.completed is None else str(f.completed),
+          "-" if f.lost is None else str(f.lost),
+          "-" if f.down_seconds is None else f"{f.down_seconds:.1f}",
+          "-" if f.recovered_seconds is None else f"{f.recovered_seconds:.1f}",
+          "-" if f.rejoined_seconds is None else f"{f.rejoined_seconds:.1f}",
+          f.note or "-",
+        ]
+      )
+  runs_table = _harness.table(
+    [
+      "run",
+      "strategy",
+      "processes",
+      "faults injected (of planned)",
+      "exit",
+      "events / updates",
+      "restarts",
+      "totals agree",
+      "deaths no fault explains",
+      "s",
+    ],
+    run_rows,
+  )
+  faults_table = _harness.table(
+    [
+      "run",
+      "fault (at the last logged event)",
+      "what followed",
+      "rounds complete (survivors)",
+      "lost past the checkpoint",
+      "down s",
+      "to next progress row s",
+      "to rejoined s",
+      "note",
+    ],
+    fault_rows,
+  )
+  return f"{runs_table}\n\n{faults_table}"
+
+
+_PART_INTRO = {
+  "supervised": (
+    "`jaxsync launch -n 4 --max-restarts {restarts}`, asp and ssp in turn (1 server, 3 workers), "
+    "`JAXSYNC_HEARTBEAT_TIMEOUT={hb}`: workers SIGKILLed, stopped (SIGSTOP, SIGCONT 1-5 s later) or sent "
+    "SIGTERM (a preemption notice: the worker leaves about 10 s later with exit 75), the server killed once "
+    "per run and sent SIGTERM in every other run; one worker of each run is never faulted. Each fault comes "
+    "a random 1-3 s after the run recovered from the one before (a worker restarted alone is not faulted again until it has rejoined, and the last worker up is never faulted: the server stops once every worker is lost). A dead worker is restarted alone and "
+    "rejoins; a dead server restarts every process from the last checkpoint (one every 1,000 events)."
+  ),
+  "sharded": (
+    "`jaxsync launch -n 4 --set cluster.servers=2 --max-restarts {restarts}`: asp on 2 server shards "
+    "(processes 0, 1) and 2 workers; worker faults as above, and one shard (0 or 1) killed per run: every "
+    "process restarts from the last checkpoint."
+  ),
+  "inhad": (
+    "`jaxsync launch -n 5 --max-restarts {restarts}`: InHAD, 2 nodes of 2 workers, each node's aggregator "
+    "in its first worker's process. Per run, in a random order: a worker stopped, a worker that is not an "
+    "aggregator killed, an aggregator killed (its node is dropped whole), the server killed (every process "
+    "restarts from the last checkpoint, the dropped nodes with it); then another stop. Dead InHAD workers "
+    "are not restarted: the run goes on without them."
+  ),
+  "sync": (
+    "`jaxsync launch -n 3 --max-restarts {restarts}`, allreduce and bsp in turn (3 workers, one per "
+    "process), a checkpoint every 200 rounds, a metrics row every 50: per run, in a random order, a process "
+    "other than 0 killed, process 0 killed, a process stopped 1-5 s, a process sent SIGTERM (the processes "
+    "agree to stop at the chunk's end with a checkpoint: exit 75, then `jaxsync resume`), and SIGTERM to "
+    "the launcher. A death restarts every process from the last checkpoint; when a process other than 0 "
+    "dies, process 0 first saves every completed round ('rounds complete': what the survivors said), so "
+    "nothing is lost; process 0's own death loses what came after the last periodic checkpoint."
+  ),
+}
+
+
+def _preempt_text(runs: list[SupervisedRun]) -> tuple[str, list[str]]:
+  """The preempted runs against their uninterrupted twins; returns the text and the failed checks."""
+  by_label = {r.label: r for r in runs}
+  rows, problems = [], []
+  for r in runs:
+    if r.label.endswith("(uninterrupted)"):
+      continue
+    ref = by_label.get(f"{r.label} (uninterrupted)")
+    stop = next((f for f in r.faults if f.kind == "launcher_term"), None)
+    same = "-"
+    if ref is not None:
+      same = "yes" if r.params is not None and r.params == ref.params else "no"
+      if same == "no":
+        problems.append(
+          f"preempt {r.label}: final parameters {r.params} differ from the uninterrupted run's {ref.params}"
+        )
+    rows.append(
+      [
+        r.label,
+        "-" if stop is None else str(stop.event),
+        "-" if stop is None else str(stop.checkpoint),
+        "-" if stop is None or stop.lost is None else str(stop.lost),
+        "hang" if r.hung else str(r.code),
+        f"{(r.summary or {}).get('events', '-')} / {(r.summary or {}).get('updates', '-')}",
+        same if ref is not None else "not deterministic: totals checked instead",
+        "-" if r.consistent is None else "yes" if r.consistent else "no",
+        f"{r.seconds:.0f}",
+      ]
+    )
+    if stop is None:
+      problems.append(f"preempt {r.label}: the launcher was never sent SIGTERM")
+    elif stop.scope != "resume":
+      problems.append(f"preempt {r.label}: SIGTERM to the launcher did not end the run with exit 75")
+  table = _harness.table(
+    [
+      "run",
+      "last logged event at SIGTERM",
+      "checkpoint at the stop",
+      "events lost",
+      "exit after `jaxsync resume`",
+      "final events / updates",
+      "final parameters = the uninterrupted run's",
+      "totals agree",
+      "s",
+    ],
+    rows,
+  )
+  intro = (
+    "SIGTERM to the launcher at a random point of the run: it passes the notice on, every process stops at "
+    "its next chunk boundary with a checkpoint, the launcher exits 75; then `jaxsync resume RUN_DIR`. The "
+    "runs whose runtime is deterministic (the synchronous loop, a parameter server with one worker) are "
+    "compared with an uninterrupted run of the same config (sha256 of the final parameters); with 3 "
+    "asynchronous workers the order of arrivals is the machine's, so the totals are checked instead: the "
+    "resumed run's events are the checkpoint's plus the rest, every accepted arrival an update."
+  )
+  return f"{intro}\n\n{table}", problems
+
+
+def write_results(
+  args, argv, seed: int, results: dict[str, list], wall: float, *, missing: list[str] = (), reused: int = 0
+) -> tuple[str, int]:
   """Writes the results file; returns its text and the number of checks that failed."""
   namespace = argparse.Namespace(
     size=args.size, seeds=None, runs_dir=args.runs_dir, results_dir=args.results_dir
   )
   bench = _harness.Benchmark(NAME, TITLE, namespace, argv, seeds=0)
   bench.started = time.perf_counter() - wall
-  bench.run_count = len(worker_runs) + (rejoin is not None) + 2 * len(kills)
+  fuzz_result = (results.get("fuzz") or [None])[0]
+  worker_runs = results.get("workers", [])
+  rejoin = (results.get("rejoin") or [None])[0]
+  kills = results.get("server", [])
+  supervised = {p: results.get(p, []) for p in ("supervised", "sharded", "inhad", "sync")}
+  preempt = results.get("preempt", [])
+  real = sum(len(v) for k, v in results.items() if k != "fuzz")
+  bench.run_count = real + len(kills)  # a server kill is a run and its resume
   bench.keeps_run_dirs = False
-  faults = collections.Counter(f.kind for r in worker_runs for f in r.faults)
-  faults["kill"] += 2 if rejoin else 0
-  runs = len(worker_runs) + (rejoin is not None) + len(kills)
-  finished = (
-    sum(r.finished for r in worker_runs)
-    + (rejoin is not None and rejoin.code == 0)
-    + sum(k.finished for k in kills)
+  problems = list(fuzz_result.problems if fuzz_result else []) + [p for r in worker_runs for p in r.problems]
+  problems += (rejoin.problems if rejoin else []) + [p for k in kills for p in k.problems]
+  for part, runs in [*supervised.items(), ("preempt", preempt)]:
+    problems += [f"{part} {r.label or i}: {p}" for i, r in enumerate(runs) for p in r.problems]
+  preempt_text, preempt_problems = _preempt_text(preempt) if preempt else ("", [])
+  problems += preempt_problems
+  process_faults = (
+    sum(len(r.faults) for r in worker_runs)
+    + (2 if rejoin else 0)
+    + len(kills)
+    + sum(len(r.faults) for runs in [*supervised.values(), preempt] for r in runs)
   )
-  hangs = sum(r.hung for r in worker_runs) + (rejoin is not None and rejoin.code is None)
-  hangs += sum(k.resume_code is None for k in kills)
-  crashes = (
-    sum(r.crashed for r in worker_runs) + bool(rejoin and rejoin.crashed) + sum(k.crashed for k in kills)
-  )
-  worker_lost = [r.lost_updates for r in worker_runs if r.lost_updates is not None]
-  kill_lost = [k.lost_updates for k in kills if k.lost_updates is not None]
+  complete = not missing
+  if args.size != "tiny" and complete and set(results) >= set(PARTS) and process_faults < 100:
+    problems.append(f"{process_faults} process faults injected; the campaign's size asks for at least 100")
+  if missing:
+    problems.append(f"the campaign is not complete: {len(missing)} planned runs are not in the store")
   rows = [
     ["RNG seed", str(seed)],
+    ["process faults injected (SIGKILL, SIGSTOP/SIGCONT, SIGTERM)", str(process_faults)],
+    ["fuzzed messages", str(fuzz_result.messages if fuzz_result else 0)],
+    ["runs (real, through `jaxsync launch`)", str(real)],
     [
-      "faults injected",
-      f"{faults['kill']} SIGKILL of a worker, {faults['stop']} SIGSTOP/SIGCONT of a worker, "
-      f"{len(kills)} SIGKILL of the server, {fuzz_result.messages if fuzz_result else 0} fuzzed messages",
+      "runs read back from the store (`fault_campaign_runs.jsonl`)",
+      f"{reused} of {real + bool(fuzz_result)}",
     ],
-    ["runs (real, through `jaxsync launch`)", str(runs)],
-    ["finished (exit 0, full count of events)", str(finished)],
-    [f"hangs (no exit within {RUN_TIMEOUT:.0f} s)", str(hangs)],
-    [
-      "crashes (the server raised or died unasked, a never-faulted worker died)",
-      str(crashes + bool(fuzz_result and fuzz_result.crashed)),
-    ],
-    ["applied updates lost, worker faults", str(sum(worker_lost)) if worker_lost else "-"],
-    [
-      "applied updates lost past the last checkpoint, server kills",
-      ", ".join(map(str, kill_lost)) + " (redone after the resume)" if kill_lost else "-",
-    ],
+    ["checks failed", str(len(problems))],
   ]
-  if worker_runs:
-    stops = [f for r in worker_runs for f in r.faults if f.kind == "stop"]
-    lost = [f for f in stops if f.declared_lost]
-    applied = [f.stale_push for f in lost if f.stale_push is not None]
-    dropped = [f.dropped_staleness for f in lost if f.dropped_staleness is not None]
-    rows.append(
-      [
-        "the first push after SIGCONT of a stopped worker the server declared lost",
-        f"{len(lost)} such stops: dropped, coming after the declaration, {len(dropped)}"
-        + (f" (they were up to {max(dropped)} versions late)" if dropped else "")
-        + f"; applied, coming before it (the worker declared lost later) {len(applied)}"
-        + (f" (at staleness up to {max(applied)})" if applied else "")
-        + f", none pushed {len(lost) - len(dropped) - len(applied)}",
-      ]
-    )
-    rows.append(
-      ["pushes rejected for their version", str(sum(r.rejections.get("version", 0) for r in worker_runs))]
-    )
-  if fuzz_result:
-    rej = fuzz_result.rejected
-    rows.append(
-      [
-        "frames rejected (fuzzing)",
-        ", ".join(f"{k} {rej[k]}" for k in sorted(rej))
-        + f"; non-finite arrivals rejected by the rule {fuzz_result.rule_rejected}"
-        + f"; oversized, dropped by ZeroMQ {fuzz_result.client.get('oversize', 0)}",
-      ]
-    )
-  problems = (fuzz_result.problems if fuzz_result else []) + [p for r in worker_runs for p in r.problems]
-  problems += (rejoin.problems if rejoin else []) + [p for k in kills for p in k.problems]
-  rows.append(["checks failed", str(len(problems))])
   bench.section("Summary", _harness.table(["", "count"], rows))
+  bench.section(
+    "Per runtime",
+    _harness.table(RUNTIME_HEADER, _runtime_rows(results))
+    + "\n\n'restarts': by `jaxsync launch --max-restarts` (its `restarts.jsonl`; a worker alone, or every "
+    "process from the last checkpoint), by the campaign (`jaxsync resume` after an exit 75), or by hand "
+    "(parts 3 and 4). 'down s': from the launcher noticing the death to the restart (for a restart of every "
+    "process it includes process 0 saving its checkpoint and the others being stopped). A hang is a run "
+    f"that did not end within {RUN_TIMEOUT:.0f} s; a crash, a run that did not end with exit 0, a process "
+    "death no injected fault explains, or a Python traceback. The low-communication strategies (DiLoCo and "
+    "the like) do not exist in jaxsync yet: there is nothing of theirs to fault.",
+  )
   if fuzz_result:
     bench.section("1. Fuzzed frames against an in-process server", _fuzz_text(fuzz_result))
   if worker_runs:
-    bench.section("2. Worker faults on real runs", _workers_text(worker_runs))
+    bench.section(
+      "2. Worker faults on real runs, no restarts",
+      _worker_runs_summary(worker_runs) + "\n\n" + _workers_text(worker_runs),
+    )
   if rejoin:
     bench.section("3. A killed worker started again", _rejoin_text(rejoin))
   if kills:
-    bench.section("4. The server killed and resumed", _kills_text(kills))
+    bench.section("4. The server killed and resumed by hand", _kills_text(kills))
+  titles = {
+    "supervised": "5. Supervised runs, single server: worker and server faults, restarts",
+    "sharded": "6. Sharded server: worker faults, a shard killed",
+    "inhad": "7. InHAD: worker, aggregator and server faults",
+    "sync": "8. The synchronous loop: peer, process 0, stop, SIGTERM, launcher SIGTERM",
+  }
+  for part, runs in supervised.items():
+    if runs:
+      intro = _PART_INTRO[part].format(restarts=MAX_RESTARTS, hb=HEARTBEAT_TIMEOUT)
+      bench.section(titles[part], intro + "\n\n" + _supervised_text(part, runs))
+  if preempt:
+    bench.section("9. Preemption: SIGTERM to the launcher, then `jaxsync resume`", preempt_text)
+  if missing:
+    bench.section("Runs not in the store yet", "\n".join(f"- {m}" for m in missing))
   if problems:
     bench.section("Checks that failed", "\n".join(f"- {p}" for p in problems))
   path = bench.write()
@@ -1567,15 +2775,20 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--frames", type=int, default=None, help="fuzzed messages (default: the size's)")
   parser.add_argument("--runs", type=int, default=None, help="worker-fault runs (default: the size's)")
   parser.add_argument("--server-kills", type=int, default=None, help="server kills (default: the size's)")
-  parser.add_argument("--gradients", type=int, default=None, help="gradients per real run")
+  parser.add_argument("--gradients", type=int, default=None, help="gradients per real run of parts 2-4")
   parser.add_argument("--seed", type=int, default=0, help="the campaign's RNG seed")
   parser.add_argument("--parts", default=None, help=f"a subset of {','.join(PARTS)}")
   parser.add_argument("--results-dir", type=pathlib.Path, default=None)
   parser.add_argument("--runs-dir", type=pathlib.Path, default=None)
+  parser.add_argument(
+    "--store", type=pathlib.Path, default=None, help=f"the finished runs (default: RESULTS_DIR/{STORE_NAME})"
+  )
+  parser.add_argument("--report-only", action="store_true", help="write the results from the store alone")
+  parser.add_argument("--fresh", action="store_true", help="run every run again (the store is appended to)")
   args = parser.parse_args(argv)
   if args.quick:
     args.size = "tiny"
-  size = SIZES[args.size]
+  size = dict(SIZES[args.size])
   parts = tuple(args.parts.split(",")) if args.parts else size["parts"]
   if not set(parts) <= set(PARTS):
     parser.error(f"--parts={args.parts}: expected a subset of {','.join(PARTS)}")
@@ -1590,45 +2803,66 @@ def main(argv: list[str]) -> int:
     parser.error(
       f"--gradients={args.gradients}: expected at least 1500 (a server kill comes after a checkpoint)"
     )
-  frames = size["frames"] if args.frames is None else args.frames
-  runs = size["runs"] if args.runs is None else args.runs
-  kills = size["server_kills"] if args.server_kills is None else args.server_kills
-  gradients = size["gradients"] if args.gradients is None else args.gradients
-  tiny = ("tiny",) if args.size == "tiny" else ()
-  runs_dir = args.runs_dir or _harness.REPO.joinpath("runs", "bench", *tiny, NAME)
-  rng = np.random.default_rng(args.seed)
-  print(f"[{NAME}] RNG seed {args.seed}", file=sys.stderr)
+  for key, value in (("frames", args.frames), ("runs", args.runs), ("server_kills", args.server_kills)):
+    if value is not None:
+      size[key] = value
+  if args.gradients is not None:
+    size["gradients"] = args.gradients
+  tiny = args.size == "tiny"
+  runs_dir = args.runs_dir or _harness.REPO.joinpath("runs", "bench", *(("tiny",) if tiny else ()), NAME)
+  results_dir = args.results_dir or (
+    _harness.REPO.joinpath("runs", "bench", "tiny") if tiny else _harness.REPO / "benchmarks" / "results"
+  )
+  store = RunStore(args.store or results_dir / STORE_NAME)
+  print(f"[{NAME}] RNG seed {args.seed}; store {_harness._relative(store.path)}", file=sys.stderr)
   started = time.monotonic()
-  fuzz_result = None
-  if "fuzz" in parts:
-    fuzz_result = fuzz(frames, int(rng.integers(2**31)))
-    print(
-      f"[{NAME}] fuzzing: {fuzz_result.messages} messages, problems {fuzz_result.problems}", file=sys.stderr
+  results: dict[str, list] = {part: [] for part in PARTS if part in parts}
+  missing, reused = [], 0
+  for planned in plan_campaign(size, parts, tiny):
+    name = f"{planned.part} {planned.index}"
+    stored = (
+      None if args.fresh else store.get(planned.part, planned.index, args.seed, args.size, planned.spec)
     )
-  worker_runs = []
-  if "workers" in parts:
-    for i in range(runs):
-      strategy = ("asp", "ssp")[i % 2]
-      r = worker_fault_run(runs_dir / f"workers{i}_{strategy}", strategy, gradients, random_faults(rng))
-      worker_runs.append(r)
-      print(
-        f"[{NAME}] run {i} {strategy}: {_fmt_faults(r.faults)}; exit {r.code}; {r.problems}", file=sys.stderr
-      )
-  rejoin = None
-  if "rejoin" in parts:
-    rejoin = rejoin_run(runs_dir / "rejoin", 3 * gradients, rng)
-    print(f"[{NAME}] rejoin: exit {rejoin.code}; {rejoin.problems}", file=sys.stderr)
-  server_kills = []
-  if "server" in parts:
-    for i in range(kills):
-      k = server_kill_run(runs_dir / f"server{i}", gradients, rng)
-      server_kills.append(k)
-      print(f"[{NAME}] server kill {i}: lost {k.lost_updates}; {k.problems}", file=sys.stderr)
+    if stored is not None:
+      result = decode(planned.part, stored)
+      reused += 1
+    elif args.report_only:
+      missing.append(name)
+      continue
+    else:
+      rng = np.random.default_rng([args.seed, PARTS.index(planned.part), _index_code(planned.index)])
+      result = planned.run(rng, runs_dir)
+      store.put(planned.part, planned.index, args.seed, args.size, planned.spec, encode(planned.part, result))
+    results[planned.part].append(result)
+    print(
+      f"[{NAME} {(time.monotonic() - started) / 60:.1f} min] {name}{' (stored)' if stored is not None else ''}: "
+      f"{_one_line(result)}",
+      file=sys.stderr,
+      flush=True,
+    )
   text, failed = write_results(
-    args, argv, args.seed, fuzz_result, worker_runs, rejoin, server_kills, time.monotonic() - started
+    args, argv, args.seed, results, time.monotonic() - started, missing=missing, reused=reused
   )
   print(text)
   return 1 if failed else 0
+
+
+def _index_code(index) -> int:
+  """A run index as an integer for the RNG (a preemption run's is its name)."""
+  if isinstance(index, int):
+    return index
+  return int.from_bytes(index.encode()[:8].ljust(8, b"\0"), "little") ^ len(index)
+
+
+def _one_line(result) -> str:
+  if isinstance(result, FuzzResult):
+    return f"{result.messages} messages, {result.seconds:.0f} s, problems {result.problems}"
+  if isinstance(result, SupervisedRun):
+    return (
+      f"{len(result.faults)} of {result.planned} faults, {len(result.restarts)} restarts, "
+      f"{len(result.resumes)} resumes, exit {result.code}, {result.seconds:.0f} s; problems {result.problems}"
+    )
+  return f"exit {getattr(result, 'code', None)}; problems {result.problems}"
 
 
 if __name__ == "__main__":

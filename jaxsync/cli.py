@@ -224,14 +224,20 @@ def _config(args: argparse.Namespace) -> str:
   return yaml.safe_dump(config_lib.to_dict(cfg), sort_keys=False)
 
 
-def _launch(args: argparse.Namespace, run_args: list[str], run_dir: pathlib.Path, alone) -> int:
+def _launch(args: argparse.Namespace, run_args: list[str], run_dir: pathlib.Path, roles) -> int:
   from jaxsync._src.distributed import launch
 
   if args.max_restarts < 0:
     from jaxsync._src.app.config import ConfigError
 
     raise ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
-  policy = launch.RestartPolicy(max_restarts=args.max_restarts, run_dir=run_dir, alone=alone)
+  policy = launch.RestartPolicy(
+    max_restarts=args.max_restarts,
+    run_dir=run_dir,
+    alone=roles.alone,
+    kept_down=roles.kept_down,
+    settle=roles.settle,
+  )
   return launch.launch(args.num_processes, run_args, bind=args.bind, restarts=policy)
 
 
@@ -269,13 +275,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
-    alone = commands.check_launch(cfg, args.num_processes)
+    roles = commands.check_launch(cfg, args.num_processes)
     out = args.out or commands.default_out(cfg.name)
     run_directory.check_available(out, overwrite=args.overwrite)
     args.run_dir_in_use = out
     run_args = ["train", str(args.config), "--out", str(out), "--progress", args.progress]
     run_args += [f"--set={o}" for o in args.overrides] + (["--overwrite"] if args.overwrite else [])
-    return _launch(args, run_args, out, alone)
+    return _launch(args, run_args, out, roles)
   if args.command == "resume":
     args.run_dir_in_use = args.run_dir
     processes = commands.launched_processes(args.run_dir)
@@ -287,8 +293,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     if processes and not on_cluster:
       # A multi-process run directory, resumed from a shell: start its processes again, locally.
       args.num_processes, args.bind = processes, "127.0.0.1"
-      alone = commands.check_launch(commands.read_config(args.run_dir), processes)
-      return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress], args.run_dir, alone)
+      roles = commands.check_launch(commands.read_config(args.run_dir), processes)
+      return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress], args.run_dir, roles)
   cfg = out = None
   if args.command in ("train", "compare", "advise"):
     cfg = config_lib.load(args.config, args.overrides)

@@ -60,14 +60,41 @@ def test_every_fuzzed_message_is_rejected_for_its_reason_and_every_legit_push_ap
 
 def test_the_results_file_reports_the_fuzzing_numbers(fuzzed, tmp_path):
   args = argparse.Namespace(size="tiny", runs_dir=tmp_path / "runs", results_dir=tmp_path)
-  text, failed = campaign.write_results(args, ["--quick"], 7, fuzzed, [], None, [], 1.0)
+  text, failed = campaign.write_results(args, ["--quick"], 7, {"fuzz": [fuzzed]}, 1.0)
   assert failed == 0
   assert (tmp_path / "fault_campaign.md").read_text() == text
   assert "| RNG seed | 7 |" in text and "| checks failed | 0 |" in text
-  assert f"{FRAMES} fuzzed messages" in text
+  assert f"| fuzzed messages | {FRAMES} |" in text
   for reason, n in fuzzed.rejected.items():
     assert f"| {reason} | {n} | {n} |" in text  # sent against rejected, per reason
-  assert f"non-finite arrivals rejected by the rule {fuzzed.rule_rejected}" in text
+  assert f"arrivals the rule rejected: {fuzzed.rule_rejected}." in text
+  assert "do not exist in jaxsync yet" in text  # the low-communication strategies, said so
+
+
+def test_the_store_gives_back_what_it_was_given_and_report_only_needs_nothing_else(fuzzed, tmp_path):
+  store = campaign.RunStore(tmp_path / campaign.STORE_NAME)
+  store.put("fuzz", 0, 7, "tiny", {"frames": FRAMES}, campaign.encode("fuzz", fuzzed))
+  again = campaign.RunStore(tmp_path / campaign.STORE_NAME)  # read back from the file
+  assert again.get("fuzz", 0, 7, "tiny", {"frames": 5}) is None  # other parameters: run again
+  assert again.get("fuzz", 0, 8, "tiny", {"frames": FRAMES}) is None  # another seed
+  back = campaign.decode("fuzz", again.get("fuzz", 0, 7, "tiny", {"frames": FRAMES}))
+  assert back.rejected == fuzzed.rejected and back.messages == fuzzed.messages and back.problems == []
+  argv = [
+    "--quick",
+    "--parts",
+    "fuzz",
+    "--seed",
+    "7",
+    "--frames",
+    str(FRAMES),
+    "--results-dir",
+    str(tmp_path),
+  ]
+  assert campaign.main([*argv, "--report-only"]) == 0
+  assert f"| fuzzed messages | {FRAMES} |" in (tmp_path / "fault_campaign.md").read_text()
+  # A planned run the store lacks: the report says so, and it is a failed check.
+  assert campaign.main([*argv[:-2], "--seed", "8", "--results-dir", str(tmp_path), "--report-only"]) == 1
+  assert "the campaign is not complete" in (tmp_path / "fault_campaign.md").read_text()
 
 
 def _trusts_the_version_it_is_told(monkeypatch):
@@ -137,3 +164,18 @@ def test_a_run_with_a_killed_and_a_stopped_worker_finishes_with_every_update(tmp
   assert r.rejections.get("version", 0) == 0 and s["rejected_messages"] == {}
   assert stopped.stale_push is not None and stopped.stale_push > 0
   assert np.isfinite(s["final_loss"])
+
+
+@pytest.mark.heavy
+def test_a_synchronous_run_that_loses_a_peer_is_restarted_without_losing_a_completed_round(tmp_path):
+  """The tiny `sync` part: allreduce on 2 processes under `launch --max-restarts`, process 1 SIGKILLed."""
+  planned = campaign._supervised_planned("sync", 0, 800, tiny=True)
+  r = planned.run(np.random.default_rng(0), tmp_path)
+  assert r.problems == [] and r.finished and not r.crashed and not r.hung, r.problems
+  (fault,) = r.faults
+  assert (fault.kind, fault.process) == ("kill", 1)
+  (restart,) = r.restarts
+  assert restart["scope"] == "run" and restart["ended"] == "signal 9"
+  # Process 0 saved every round the survivors completed: the restart resumed from exactly there.
+  assert fault.completed is not None and fault.checkpoint == fault.completed and fault.lost == 0
+  assert fault.recovered_seconds is not None and r.summary["events"] == 400

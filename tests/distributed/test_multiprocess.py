@@ -247,7 +247,11 @@ def test_sync_run_that_loses_a_process_stops_in_bounded_time_naming_it(tmp_path)
   assert elapsed < 60  # the heartbeat timeout (10 s) plus shutdown, never a hang
 
 
-def test_killed_server_resumes_from_its_checkpoint_and_one_worker_still_equals_the_simulator(tmp_path):
+@pytest.mark.parametrize("fault", ["SIGKILL the server", "SIGTERM the launcher"])
+def test_killed_or_preempted_server_resumes_and_one_worker_still_equals_the_simulator(tmp_path, fault):
+  """A killed server resumes from its last checkpoint; a preempted run (SIGTERM to the launcher, passed on to
+  every process) checkpoints at the server's next chunk and exits 75. Either way, resumed, one worker's run
+  ends in the simulator's parameters."""
   out = tmp_path / "asp1"
   overrides = [
     "strategy.name=asp",
@@ -264,12 +268,20 @@ def test_killed_server_resumes_from_its_checkpoint_and_one_worker_still_equals_t
     while not (out / "checkpoints" / "200").exists() and time.monotonic() < deadline:
       time.sleep(0.05)
     assert (out / "checkpoints" / "200").exists(), "no checkpoint"
-    _process(launcher, 0).send_signal(signal.SIGKILL)
-    launcher.communicate(timeout=120)
+    if fault == "SIGKILL the server":
+      _process(launcher, 0).send_signal(signal.SIGKILL)
+    else:
+      launcher.send_signal(signal.SIGTERM)
+    log, _ = launcher.communicate(timeout=120)
   finally:
     if launcher.poll() is None:
       _kill_tree(launcher)
-  assert not (out / "summary.json").exists()  # it really died mid-run
+  assert not (out / "summary.json").exists()  # it really stopped mid-run
+  if fault == "SIGTERM the launcher":
+    assert launcher.returncode == 75, log[-3000:]
+    done = int(re.search(r"\[p0\] jaxsync: preempted \(SIGTERM\) after (\d+) events", log)[1])
+    assert done % 50 == 0 and RunCheckpoints(out / "checkpoints").latest_step() == done, log[-3000:]
+    assert re.search(r"\[p1\] worker 0: \d+ pushes .* the server said stop", log), log[-3000:]
   resumed = _start("resume", str(out), out=out)
   log, _ = resumed.communicate(timeout=240)
   assert resumed.returncode == 0, log[-3000:]

@@ -233,7 +233,7 @@ def check_processes(
       )
 
 
-def check_launch(config: config_lib.Config, num_processes: int) -> frozenset[int]:
+def check_launch(config: config_lib.Config, num_processes: int):
   """Checks a ``jaxsync launch -n N`` of ``config`` before any process starts; raises ConfigError.
 
   The whole config is built (data, model, strategy), so what every process
@@ -241,7 +241,7 @@ def check_launch(config: config_lib.Config, num_processes: int) -> frozenset[int
   the processes have joined, followed by the coordination service's abort.
 
   Returns:
-    The processes a failure restarts alone (``roles.restarted_alone``).
+    What a supervisor restarts when a process fails (``roles.RestartRoles``).
   """
   if not isinstance(num_processes, int) or num_processes < 1:
     raise config_lib.ConfigError(
@@ -256,7 +256,7 @@ def check_launch(config: config_lib.Config, num_processes: int) -> frozenset[int
   )
   from jaxsync._src.distributed import roles
 
-  return roles.restarted_alone(exp.strategy, num_processes, config.cluster.servers)
+  return roles.restart_roles(exp.strategy, num_processes, config.cluster.servers)
 
 
 def _run_distributed(

@@ -15,9 +15,10 @@ config or an interrupt), without a person:
 
 * a worker process of a parameter-server run alone, with its own command
   line: it rejoins the running server, which went on without it;
-* every process otherwise (a synchronous run, a server or shard, an InHAD
-  worker), with ``jaxsync resume RUN_DIR`` on a fresh coordinator port, from
-  the run's last checkpoint. A synchronous run's process 0 writes one of every
+* every process otherwise (a synchronous run, a server or shard), with
+  ``jaxsync resume RUN_DIR`` on a fresh coordinator port, from the run's last
+  checkpoint (an InHAD worker process is not restarted: the server goes on
+  without its node). A synchronous run's process 0 writes one of every
   completed round when it loses a peer, so a worker fault costs no completed
   round (process 0's own loss costs what came after the last periodic one).
 
@@ -77,7 +78,6 @@ def _stream(process: subprocess.Popen, prefix: str, out) -> None:
 _NOT_FAILURES = (0, 2, 130)
 EXIT_PREEMPTED = 75  # cli.EXIT_PREEMPTED: stopped on a notice, checkpoint written
 RESTARTS_FILE = "restarts.jsonl"
-SETTLE_SECONDS = 90.0  # what a restart waits for process 0 to write its checkpoint and leave
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,12 +89,18 @@ class RestartPolicy:
     run_dir: the run directory (``restarts.jsonl`` goes there; ``jaxsync
       resume`` continues it).
     alone: processes restarted alone when they fail (the workers of a
-      parameter-server run); a failure of any other restarts every process.
+      parameter-server run); a failure of any other restarts every process,
+    kept_down: but these, which are not restarted (InHAD's worker processes:
+      the run goes on without their node).
+    settle: seconds a restart of every process waits for process 0 to save
+      what it holds and leave.
   """
 
   max_restarts: int = 0
   run_dir: pathlib.Path | None = None
   alone: frozenset[int] = frozenset()
+  kept_down: frozenset[int] = frozenset()
+  settle: float = 90.0
 
   def __post_init__(self):
     if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
@@ -189,14 +195,17 @@ class _Supervisor:
   def failed(self, i: int) -> int | None:
     """Process ``i``'s exit code if it ended in a failure that a restart may fix, else None."""
     code = self.processes[i].poll()
-    if code is None or code in _NOT_FAILURES:
+    if code is None or code in _NOT_FAILURES or i in self.policy.kept_down:
       return None
     if code == EXIT_PREEMPTED and i not in self.policy.alone:  # the run stopped on its notice
       return None
     return code
 
   def can_restart(self) -> bool:
-    return self.restarts < self.policy.max_restarts
+    """Restarts are left, and the run is not over (process 0 writes ``summary.json`` at its end: a process
+    that fails after it, leaving, changes nothing)."""
+    over = self.policy.run_dir is not None and pathlib.Path(self.policy.run_dir, "summary.json").exists()
+    return self.restarts < self.policy.max_restarts and not over
 
   def record(self, i: int, code: int, scope: str, noticed: float) -> None:
     self.restarts += 1
@@ -230,10 +239,11 @@ class _Supervisor:
     """Lets process 0 save what it holds and leave, stops the rest, and resumes the run."""
     noticed = time.monotonic()
     self.say(f"process {i} ended with {describe_exit(code)}; stopping the others to restart the run")
-    try:
-      self.processes[0].wait(timeout=SETTLE_SECONDS)  # a synchronous run's process 0 saves its rounds
-    except subprocess.TimeoutExpired:
-      pass
+    if not _stopped(self.processes[0]):  # a stopped process 0 saves nothing: do not wait for it
+      try:
+        self.processes[0].wait(timeout=self.policy.settle)  # a synchronous run's saves its rounds
+      except subprocess.TimeoutExpired:
+        pass
     self.signal_all(signal.SIGKILL)
     self.kill_all(after=10.0)
     self.record(i, code, "run", noticed)
@@ -244,6 +254,15 @@ class _Supervisor:
       if i and p.returncode not in (0, None) and id(p) not in self.reported:
         self.reported.add(id(p))
         self.say(f"process {i} ended with {describe_exit(p.returncode)}")
+
+
+def _stopped(process: subprocess.Popen) -> bool:
+  """Whether ``process`` is stopped (SIGSTOP), from Linux's ``/proc``; False where that cannot be read."""
+  try:
+    stat = pathlib.Path(f"/proc/{process.pid}/stat").read_text()
+  except OSError:
+    return False
+  return stat.rpartition(")")[2].split()[0] in ("T", "t")
 
 
 def _progress_args(args: list[str]) -> list[str]:

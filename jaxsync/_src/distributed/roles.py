@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.distributed import cluster, node_aggregator, ps_worker, sync_runtime
@@ -82,19 +82,40 @@ def run_process(
   return None
 
 
-def restarted_alone(strategy: Strategy, num_processes: int, servers: int) -> frozenset[int]:
-  """The processes a supervisor may restart alone when they fail: the rest of the run goes on meanwhile.
+class RestartRoles(NamedTuple):
+  """What a supervisor does when a process of a run fails (see :mod:`launch`).
 
-  A worker of a parameter-server run rejoins the running server (which
-  drops it while it is gone and sends it the current parameters and its data
-  step when it says HELLO). Every other process is part of what the run
-  cannot go on without: a synchronous run's every worker, a server shard, an
-  InHAD worker (its node's aggregator, or a member the aggregator dropped
-  with its node); their failure restarts the whole run from its checkpoint.
+  Attributes:
+    alone: processes restarted alone; the rest of the run goes on meanwhile.
+    kept_down: processes not restarted: the run goes on without them.
+    settle: seconds to wait for process 0 to save and leave before every
+      process restarts (a synchronous run's process 0 checkpoints every
+      completed round when it loses a peer; a server saves what it can).
   """
-  if not serves(strategy) or node_aggregator.aggregates(strategy):
-    return frozenset()
-  return frozenset(range(servers, num_processes))
+
+  alone: frozenset[int]
+  kept_down: frozenset[int]
+  settle: float
+
+
+def restart_roles(strategy: Strategy, num_processes: int, servers: int) -> RestartRoles:
+  """Which processes of a run a supervisor restarts alone, which it leaves down, and how long to settle.
+
+  A worker of a parameter-server run rejoins the running server (which drops
+  it while it is gone and sends it the current parameters and its data step
+  when it says HELLO): it restarts alone. An InHAD worker process is left down:
+  the server drops its node whole and goes on with the others (a restarted
+  aggregator cannot take its node's place in a running server). Every other
+  process is part of what the run cannot go on without (a synchronous run's
+  every worker, a server shard): its failure restarts the whole run from its
+  checkpoint.
+  """
+  workers = frozenset(range(servers, num_processes))
+  if not serves(strategy):
+    return RestartRoles(frozenset(), frozenset(), settle=90.0)
+  if node_aggregator.aggregates(strategy):
+    return RestartRoles(frozenset(), workers, settle=15.0)
+  return RestartRoles(workers, frozenset(), settle=15.0)
 
 
 def _log_to_stderr() -> None:
