@@ -8,7 +8,8 @@ all its local devices (InHAD's workers through their node's
 :class:`NodeAggregator`); the other synchronous ones on a :class:`SyncRuntime`
 in every process. :func:`initialize` joins a run
 (explicit, from ``jaxsync launch``, or a detected SLURM / TPU / Kubernetes
-cluster) and :func:`launch` starts N local processes. ``jaxsync launch`` and
+cluster) and :func:`launch` starts N local processes and restarts what fails
+(:class:`RestartPolicy`). ``jaxsync launch`` and
 ``jaxsync train`` on a cluster put these together; see the documentation's
 user guide, "Multi-process runs".
 """
@@ -21,7 +22,7 @@ from jaxsync._src.distributed.cluster import (
   RunFaultError,
   initialize,
 )
-from jaxsync._src.distributed.launch import launch
+from jaxsync._src.distributed.launch import RestartPolicy, launch
 from jaxsync._src.distributed.node_aggregator import NodeAggregator
 from jaxsync._src.distributed.ps_worker import RejectedError, ServerGoneError, run_worker
 from jaxsync._src.distributed.server.param_server import ParameterServer, WorkerLostError
@@ -37,6 +38,7 @@ __all__ = [
   "ProcessGroup",
   "ProcessLostError",
   "RejectedError",
+  "RestartPolicy",
   "RunFaultError",
   "ServerGoneError",
   "ServerState",

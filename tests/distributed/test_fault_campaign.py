@@ -164,18 +164,3 @@ def test_a_run_with_a_killed_and_a_stopped_worker_finishes_with_every_update(tmp
   assert r.rejections.get("version", 0) == 0 and s["rejected_messages"] == {}
   assert stopped.stale_push is not None and stopped.stale_push > 0
   assert np.isfinite(s["final_loss"])
-
-
-@pytest.mark.heavy
-def test_a_synchronous_run_that_loses_a_peer_is_restarted_without_losing_a_completed_round(tmp_path):
-  """The tiny `sync` part: allreduce on 2 processes under `launch --max-restarts`, process 1 SIGKILLed."""
-  planned = campaign._supervised_planned("sync", 0, 800, tiny=True)
-  r = planned.run(np.random.default_rng(0), tmp_path)
-  assert r.problems == [] and r.finished and not r.crashed and not r.hung, r.problems
-  (fault,) = r.faults
-  assert (fault.kind, fault.process) == ("kill", 1)
-  (restart,) = r.restarts
-  assert restart["scope"] == "run" and restart["ended"] == "signal 9"
-  # Process 0 saved every round the survivors completed: the restart resumed from exactly there.
-  assert fault.completed is not None and fault.checkpoint == fault.completed and fault.lost == 0
-  assert fault.recovered_seconds is not None and r.summary["events"] == 400

@@ -94,6 +94,14 @@ class RestartPolicy:
       the run goes on without their node).
     settle: seconds a restart of every process waits for process 0 to save
       what it holds and leave.
+
+  Example (what ``jaxsync launch -n 4 --max-restarts 2`` builds for an
+  asynchronous run: processes 1-3 are workers):
+
+    >>> from jaxsync.dist import RestartPolicy
+    >>> policy = RestartPolicy(max_restarts=2, run_dir="runs/asp", alone=frozenset({1, 2, 3}), settle=15.0)
+    >>> 2 in policy.alone, policy.max_restarts
+    (True, 2)
   """
 
   max_restarts: int = 0
@@ -105,6 +113,8 @@ class RestartPolicy:
   def __post_init__(self):
     if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
       raise ValueError(f"launch: {self.max_restarts=} is invalid; expected an integer >= 0.")
+    if not isinstance(self.settle, (int, float)) or not self.settle >= 0:
+      raise ValueError(f"launch: {self.settle=} is invalid; expected seconds >= 0.")
     if self.max_restarts and self.run_dir is None:
       raise ValueError("launch: max_restarts needs run_dir (the run `jaxsync resume` continues).")
 
