@@ -1679,6 +1679,18 @@ def _attribute(
     # A run restarted for a death its fault caused elsewhere (process 0 killed: the others abort).
     fault = (mine or (before if r["scope"] == "run" else []) or [None])[-1]
     if fault is None:
+      # A worker restarted alone while the server stops (its own SIGTERM, or killed) cannot join a run that
+      # is ending: JAX's coordination client aborts it. The server's fault explains it, and stays free for
+      # the resume or the restart of every process it causes.
+      server = [
+        f for f in faults if f.process is not None and f.process < layout.servers and f.kind in ("term", "kill")
+        and r["time"] - RECOVERY_TIMEOUT <= f.at <= r["time"]
+      ]  # fmt: skip
+      if r["scope"] == "process" and server:
+        server[-1].note = (server[-1].note + "; " if server[-1].note else "") + (
+          f"worker process {r['process']} ended with {r['ended']} while the server stopped (restart {r['restart']})"
+        )
+        continue
       unexplained.append(f"restart {r['restart']}: process {r['process']} ended with {r['ended']}")
       continue
     free.remove(fault)

@@ -35,6 +35,21 @@ ENV_BIND = "JAXSYNC_BIND"
 ENV_ADVERTISE = "JAXSYNC_ADVERTISE"
 
 ENV_HEARTBEAT_TIMEOUT = "JAXSYNC_HEARTBEAT_TIMEOUT"
+# Set by a supervisor that restarts failed worker processes (``jaxsync launch --max-restarts``): seconds a
+# server that has lost every worker waits for one to rejoin before it stops the run.
+ENV_REJOIN_WAIT = "JAXSYNC_REJOIN_WAIT"
+
+
+def rejoin_wait() -> float:
+  """``JAXSYNC_REJOIN_WAIT`` seconds (default 0: no supervisor restarts workers, so the server stops at once)."""
+  raw = os.environ.get(ENV_REJOIN_WAIT, "0")
+  try:
+    value = float(raw)
+  except ValueError:
+    value = -1.0
+  if not value >= 0:
+    raise ClusterError(f"{ENV_REJOIN_WAIT}={raw!r} is invalid; expected seconds >= 0.")
+  return value
 
 
 def heartbeat_timeout() -> int:

@@ -200,6 +200,7 @@ def _serve(strategy, group: ProcessGroup, servers: int, client, evaluation, driv
     advertise=group.advertise,
     client=client,
     liveness=lambda: {p - servers for p in monitor.live(workers)},
+    rejoin_wait=cluster.rejoin_wait(),
     num_shards=servers,
     shard=group.index,
     **evaluation,

@@ -144,6 +144,10 @@ class ParameterServer(RuntimeBase):
       worker ``k`` is process ``k + num_shards``), without one: every worker is live.
     idle_timeout: seconds without any message (and with live workers)
       before the server gives up on the run.
+    rejoin_wait: seconds a server that has lost every worker waits for one
+      to rejoin before it stops the run (``0``: it stops at once). A
+      supervisor that restarts failed workers sets it (``jaxsync launch
+      --max-restarts``: ``JAXSYNC_REJOIN_WAIT``).
     advertise: the host workers connect to (published on the control plane);
       required when ``bind`` is every interface (``0.0.0.0``).
     num_shards: server processes (processes ``0 .. num_shards - 1``), each
@@ -168,6 +172,7 @@ class ParameterServer(RuntimeBase):
     client: Any = None,
     liveness=None,
     idle_timeout: float = 300.0,
+    rejoin_wait: float = 0.0,
     advertise: str | None = None,
     num_shards: int = 1,
     shard: int = 0,
@@ -177,6 +182,8 @@ class ParameterServer(RuntimeBase):
     super().__init__(eval_fn, eval_every, eval_every_time)
     self.num_workers = strategy.num_units  # worker processes: an EA-wild group is one
     self.idle_timeout = validation.check_real(_WHAT, "idle_timeout", idle_timeout, low=0.0, low_open=True)
+    self.rejoin_wait = validation.check_real(_WHAT, "rejoin_wait", rejoin_wait, low=0.0)
+    self._all_lost_since: float | None = None
     self.num_shards = validation.check_int(_WHAT, "num_shards", num_shards)
     self.shard = validation.check_int(_WHAT, "shard", shard, low=0)
     if self.shard >= self.num_shards:
@@ -520,11 +527,19 @@ class ParameterServer(RuntimeBase):
       return state
     if lost:
       state = self._changes.drop(state, np.isin(np.arange(self.num_workers), lost))
-      if not counters.live.any():
+    if counters.live.any():
+      self._all_lost_since = None
+    elif lost or self._all_lost_since is not None:
+      # Every worker is gone. Under a supervisor that restarts them, one is on its way back: wait for it.
+      now = time.perf_counter()
+      self._all_lost_since = self._all_lost_since or now
+      if now - self._all_lost_since >= self.rejoin_wait:
         raise WorkerLostError(
-          f"every worker process is lost (last: {', '.join(f'worker {w}' for w in lost)}); "
+          f"every worker process is lost (none rejoined within rejoin_wait={self.rejoin_wait:g} s); "
           f"the server stops at version {version}. Resume with `jaxsync resume RUN_DIR`."
         )
+      if lost:
+        log.info("every worker is lost; waiting up to %g s for one to rejoin", self.rejoin_wait)
     if self.mode == "rounds":
       return self._close_if_complete(state, rows) if lost else state
     if counters.waiting.any() and not (counters.live & ~counters.waiting).any():  # stuck_on_lost_workers
