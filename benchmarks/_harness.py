@@ -50,6 +50,18 @@ SIZES = ("tiny", "default", "full")
 TUNING_SEED = 100
 
 
+def code_version() -> str:
+  """The commit the library code comes from (short hash), with ``+changes`` when ``jaxsync/`` or
+  ``configs/`` differ from it: what a results entry was measured with."""
+  import subprocess
+
+  out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+  dirty = subprocess.run(
+    ["git", "status", "--porcelain", "jaxsync", "configs"], cwd=REPO, capture_output=True, text=True
+  )
+  return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
 def parser(doc: str) -> argparse.ArgumentParser:
   """The arguments every paper benchmark takes (a script may add its own)."""
   p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)

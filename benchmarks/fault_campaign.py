@@ -1816,6 +1816,7 @@ class RunStore:
       "size": size,
       "spec": spec,
       "date": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+      "code": _harness.code_version(),
       "outcome": outcome,
     }
     self.records[self.key(part, index, seed, size)] = record

@@ -25,6 +25,8 @@ import tempfile
 import textwrap
 import time
 
+import _harness
+
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # name -> the command line's arguments after ``jaxsync train``.
 COMMANDS = {
@@ -45,14 +47,6 @@ def _console_script() -> list[str]:
   """``jaxsync`` as installed next to this interpreter, else ``python -m jaxsync.cli``."""
   script = pathlib.Path(sys.executable).with_name("jaxsync")
   return [str(script)] if script.is_file() else [sys.executable, "-m", "jaxsync.cli"]
-
-
-def _git_revision() -> str:
-  out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
-  dirty = subprocess.run(
-    ["git", "status", "--porcelain", "jaxsync", "configs"], cwd=REPO, capture_output=True, text=True
-  )
-  return out.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
 def _settle(idle: float = 0.5, longest: float = 240.0) -> float:
@@ -98,7 +92,7 @@ def measure(name: str, arguments: list[str]) -> dict:
     "training_seconds": summary["wall_seconds"],
     "load_before": load,
     "cpu_cores": os.cpu_count(),
-    "code": _git_revision(),
+    "code": _harness.code_version(),
     "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
   }
 
