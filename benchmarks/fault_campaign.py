@@ -2009,7 +2009,7 @@ def _preempt_planned(name: str, reference: bool, gradients: int) -> list[Planned
       plan = [] if ref else [("launcher_term", "launcher")]
       out = runs_dir / f"preempt_{slug}{'_reference' if ref else ''}"
       r = supervised_run("preempt", out, layout, strategy, args, gradients, plan, rng, delay=(1.0, 6.0))
-      r.label = name
+      r.label = f"{name} (uninterrupted)" if ref else name
       return r
 
     return run
@@ -2838,6 +2838,8 @@ def main(argv: list[str]) -> int:
     )
     if stored is not None:
       result = decode(planned.part, stored)
+      if planned.part == "preempt":  # its index is its label (stored ones before this fix lacked the twin's)
+        result.label = planned.index
       reused += 1
     elif args.report_only:
       missing.append(name)

@@ -148,9 +148,19 @@ def _ps_worker(
   """A worker process of a parameter-server run (and, for InHAD, its node's aggregator)."""
   heartbeat = cluster.Heartbeat(client, group.index).start()
   # Process 0 may still compile; the other shards publish once the leader's token is out.
-  addresses = [client.blocking_key_value_get(shards.key_address(s), 300_000) for s in range(servers)]
-  token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 300_000)
   worker = group.index - servers
+  import jax
+
+  try:
+    addresses = [client.blocking_key_value_get(shards.key_address(s), 300_000) for s in range(servers)]
+    token = client.blocking_key_value_get_bytes(param_server.KEY_TOKEN, 300_000)
+  except (
+    jax.errors.JaxRuntimeError
+  ) as err:  # process 0 left (the run ended or stopped) while this one started
+    raise ps_worker.ServerGoneError(
+      f"worker {worker}: the coordination service (process 0) went away before this worker joined "
+      f"({str(err).splitlines()[0]}); the run has ended, stopped or lost its server."
+    ) from None
   aggregator, server_alive, peer = None, None, "the parameter server (process 0)"
   if node_aggregator.aggregates(strategy):  # InHAD: the node's first worker process runs its aggregator
     node = node_aggregator.node_of(strategy, worker)
@@ -173,8 +183,6 @@ def _ps_worker(
   if aggregator is not None:
     aggregator.stop()
   heartbeat.stop()
-  import jax
-
   if done["preempted"]:  # the server goes on without it, as after a kill; it may be started again
     raise PreemptedError(
       None,
