@@ -227,10 +227,6 @@ def _config(args: argparse.Namespace) -> str:
 def _launch(args: argparse.Namespace, run_args: list[str], run_dir: pathlib.Path, roles) -> int:
   from jaxsync._src.distributed import launch
 
-  if args.max_restarts < 0:
-    from jaxsync._src.app.config import ConfigError
-
-    raise ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
   policy = launch.RestartPolicy(
     max_restarts=args.max_restarts,
     run_dir=run_dir,
@@ -273,6 +269,8 @@ def _dispatch(args: argparse.Namespace) -> int:
   if args.command == "config":
     print(_config(args), end="")
     return 0
+  if getattr(args, "max_restarts", 0) < 0:  # before anything is built
+    raise config_lib.ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
     roles = commands.check_launch(cfg, args.num_processes)

@@ -602,3 +602,11 @@ def test_output_into_a_closed_pipe_ends_quietly():
   err = proc.stderr.read().decode()
   proc.wait(timeout=60)
   assert proc.returncode == 0 and err == "", err
+
+
+@pytest.mark.parametrize("command", ["launch", "resume"])
+def test_a_negative_max_restarts_is_refused_before_anything_is_built(capsys, tmp_path, command):
+  target = QUICKSTART if command == "launch" else tmp_path
+  argv = [command, *(["-n", "3"] if command == "launch" else []), target, "--max-restarts", "-1"]
+  code, _, err = _run(capsys, *argv)
+  assert code == 2 and err == "jaxsync: error: --max-restarts=-1 is invalid; expected an integer >= 0.\n"
