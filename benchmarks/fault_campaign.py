@@ -1933,7 +1933,7 @@ PREEMPT = {  # name: (strategy, processes, workers, servers, deterministic)
 
 @dataclasses.dataclass
 class Planned:
-  """One run of the campaign: its store key (part, index), its parameters (spec), and how to run it."""
+  """One run of the campaign: its store key (part, index), the parameters it runs with, and how to run it."""
 
   part: str
   index: Any

@@ -153,6 +153,7 @@ class SyncRuntime(RuntimeBase):
     self._inputs = None  # (the training data, the held-out arrays) on the mesh, made on the first advance
     self._started = time.perf_counter()
     self._clock_offset: float | None = None
+    self._rounds_done: int | None = None  # after the last advance
 
   # -- collectives ------------------------------------------------------------------------------
 
@@ -351,6 +352,7 @@ class SyncRuntime(RuntimeBase):
       lost = ProcessLostError(self._lost_message(err, int(state.event) + len(rows)))
       lost.completed = self._completed(s, rows)
       raise lost from None
+    self._rounds_done = int(local.event)
     return local, self._stack(rows)
 
   @staticmethod
@@ -384,7 +386,8 @@ class SyncRuntime(RuntimeBase):
     except (jax.errors.JaxRuntimeError, ValueError) as err:
       if isinstance(err, ValueError) and not _collective_failed(err):
         raise
-      raise ProcessLostError(self._lost_message(err, None)) from None
+      # Between chunks: the rounds done are those of the last chunk, which the host loop saves.
+      raise ProcessLostError(self._lost_message(err, self._rounds_done)) from None
     return bool(np.any(votes))
 
   @staticmethod
