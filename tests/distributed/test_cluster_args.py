@@ -97,3 +97,52 @@ def test_a_sharded_server_adds_its_shards_to_the_process_count():
 def test_cluster_servers_takes_a_whole_number_of_processes(value, shown):
   with pytest.raises(ConfigError, match=f"cluster.servers={shown} is invalid"):
     config_lib.load(helpers.QUICKSTART, [f"cluster.servers={value}"])
+
+
+@pytest.mark.parametrize("raw", ["-1", "soon", "nan"])
+def test_a_bad_rejoin_wait_is_refused_naming_the_variable(monkeypatch, raw):
+  monkeypatch.setenv(cluster.ENV_REJOIN_WAIT, raw)
+  with pytest.raises(cluster.ClusterError, match=f"JAXSYNC_REJOIN_WAIT='{raw}' is invalid; expected seconds"):
+    cluster.rejoin_wait()
+
+
+def test_the_rejoin_wait_is_read_from_the_environment_and_is_zero_without_a_supervisor(monkeypatch):
+  monkeypatch.delenv(cluster.ENV_REJOIN_WAIT, raising=False)
+  assert cluster.rejoin_wait() == 0.0
+  monkeypatch.setenv(cluster.ENV_REJOIN_WAIT, "120")
+  assert cluster.rejoin_wait() == 120.0
+
+
+@pytest.mark.parametrize(
+  "kwargs, words",
+  [
+    ({"max_restarts": -1, "run_dir": "r"}, "max_restarts=-1"),
+    ({"max_restarts": 2}, "max_restarts needs run_dir"),
+    ({"max_restarts": 1, "run_dir": "r", "settle": -5.0}, "settle=-5.0"),
+  ],
+)
+def test_a_bad_restart_policy_is_refused_naming_the_value(kwargs, words):
+  from jaxsync._src.distributed.launch import RestartPolicy
+
+  with pytest.raises(ValueError, match=words):
+    RestartPolicy(**kwargs)
+
+
+@pytest.mark.parametrize(
+  "name, options, workers, processes, servers, alone, kept_down",
+  [
+    ("asp", {}, 3, 4, 1, {1, 2, 3}, set()),  # workers rejoin the running server
+    ("asp", {}, 2, 4, 2, {2, 3}, set()),  # shards restart the run
+    ("allreduce", {}, 4, 4, 1, set(), set()),  # every process of a synchronous run restarts the run
+    ("inhad", {"local_workers": 2}, 4, 5, 1, set(), {1, 2, 3, 4}),  # left down: the server drops the node
+  ],
+)
+def test_the_supervisor_restarts_workers_alone_and_everything_else_with_the_run(
+  name, options, workers, processes, servers, alone, kept_down
+):
+  from jaxsync._src.distributed import roles
+
+  strategy = strategies.make(name, workers, **options)
+  got = roles.restart_roles(strategy, processes, servers)
+  assert (set(got.alone), set(got.kept_down)) == (alone, kept_down)
+  assert got.settle == (90.0 if name == "allreduce" else 15.0)

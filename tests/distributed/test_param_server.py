@@ -12,6 +12,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import jax
 import numpy as np
@@ -400,6 +401,25 @@ def test_a_lost_worker_is_dropped_and_a_stuck_run_ends_with_a_clear_error():
   with pytest.raises(param_server.WorkerLostError, match="idle_timeout=1.0 s"):
     stuck.advance(stuck.init(exp.model.params), 1)
   stuck.stop(timeout=0.1)
+
+
+def test_under_a_supervisor_a_server_that_lost_every_worker_waits_for_one_to_rejoin_then_stops():
+  """jaxsync launch --max-restarts sets rejoin_wait: the run does not end while a restarted worker starts."""
+  exp = _experiment()
+  live = {0}
+  server = param_server.ParameterServer(
+    exp.strategy, liveness=lambda: set(live), idle_timeout=30.0, rejoin_wait=1.5
+  )
+  state = server.init(exp.model.params)
+  live.clear()
+  began = time.monotonic()
+  with pytest.raises(param_server.WorkerLostError, match=r"none rejoined within rejoin_wait=1\.5 s"):
+    server.advance(state, 1)
+  assert time.monotonic() - began >= 1.5  # it waited, and not idle_timeout's 30 s
+  assert time.monotonic() - began < 20
+  server.stop(timeout=0.1)
+  with pytest.raises(ValueError, match="rejoin_wait=-1"):
+    param_server.ParameterServer(exp.strategy, rejoin_wait=-1)
 
 
 def test_a_worker_back_after_it_was_declared_lost_has_its_stale_gradient_dropped_and_rejoins():
