@@ -76,6 +76,12 @@ _RULES = {
   "AdaptiveKState": "adaptive_k",
   "adaptive_k": "adaptive_k",
   "BBStepSizeState": "barzilai_borwein",
+  "DelayCompensationState": "delay_compensation",
+  "dc_asgd": "delay_compensation",
+  "DelayedNesterovState": "delayed_nesterov",
+  "delayed_nesterov": "delayed_nesterov",
+  "DilocoState": "diloco",
+  "diloco": "diloco",
   "armijo_backtracking": "barzilai_borwein",
   "bb_step_size": "barzilai_borwein",
   "gradient_noise_ratio": "barzilai_borwein",
@@ -110,6 +116,9 @@ if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr_
     gradient_noise_ratio,
   )
   from jaxsync._src.rules.contracts import server_version
+  from jaxsync._src.rules.delay_compensation import DelayCompensationState, dc_asgd
+  from jaxsync._src.rules.delayed_nesterov import DelayedNesterovState, delayed_nesterov
+  from jaxsync._src.rules.diloco import DilocoState, diloco
   from jaxsync._src.rules.elastic import (
     EasgdWorkerState,
     ElasticCenterState,
@@ -129,6 +138,9 @@ _SUBMODULES = ("datasets", "dist", "models", "sim", "strategies")
 __all__ = (
   "AdaptiveKState",
   "BBStepSizeState",
+  "DelayCompensationState",
+  "DelayedNesterovState",
+  "DilocoState",
   "EasgdWorkerState",
   "ElasticCenterState",
   "OnReleaseState",
@@ -139,6 +151,9 @@ __all__ = (
   "armijo_backtracking",
   "bb_step_size",
   "datasets",
+  "dc_asgd",
+  "delayed_nesterov",
+  "diloco",
   "ea_wild_center",
   "easgd_center",
   "easgd_worker",

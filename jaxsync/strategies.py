@@ -10,7 +10,15 @@ without building a rule. Every strategy takes an optax schedule as
 """
 
 from jaxsync._src.strategies.registry import StrategyInfo, blueprint, describe, make, names
-from jaxsync._src.strategies.strategy import Blueprint, RateClock, ServerTraffic, Strategy, reject_nonfinite
+from jaxsync._src.strategies.strategy import (
+  Blueprint,
+  RateClock,
+  ServerTraffic,
+  Strategy,
+  dynamic_local_steps,
+  reject_nonfinite,
+  with_worker_speeds,
+)
 
 __all__ = [
   "Blueprint",
@@ -20,7 +28,9 @@ __all__ = [
   "StrategyInfo",
   "blueprint",
   "describe",
+  "dynamic_local_steps",
   "make",
   "names",
   "reject_nonfinite",
+  "with_worker_speeds",
 ]

@@ -29,6 +29,7 @@ class RuleCase:
     quadratic_lr: the learning rate of the quadratic convergence test.
     rosenbrock_lr: the learning rate of the Rosenbrock convergence test.
     versioned: a server rule with a version (read with ``jaxsync.server_version``).
+    rosenbrock_steps: arrivals of the Rosenbrock test (a rule without momentum needs more).
     invalid: ``(factory, kwargs, argument name)`` that must raise ValueError.
   """
 
@@ -39,6 +40,7 @@ class RuleCase:
   rosenbrock_lr: float
   versioned: bool = False
   invalid: tuple = ()
+  rosenbrock_steps: int = 50_000
 
 
 def _elastic_pair(worker_kwargs=None, center="easgd", lr=0.02):
@@ -147,6 +149,56 @@ CASES = (
     ),
   ),
   RuleCase(
+    "dc_asgd",
+    lambda lr=0.002: jaxsync.dc_asgd(lr, 0.04, num_workers=NUM_WORKERS),
+    "server",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0003,
+    rosenbrock_steps=100_000,
+    invalid=(
+      (jaxsync.dc_asgd, dict(learning_rate=0.0, num_workers=4), "learning_rate"),
+      (jaxsync.dc_asgd, dict(learning_rate=0.1, variance_control=-1.0, num_workers=4), "variance_control"),
+      (jaxsync.dc_asgd, dict(learning_rate=0.1, num_workers=0), "num_workers"),
+      (jaxsync.dc_asgd, dict(learning_rate=0.1, num_workers=4, adaptive=1), "adaptive"),
+      (jaxsync.dc_asgd, dict(learning_rate=0.1, num_workers=4, mean_square_decay=1.0), "mean_square_decay"),
+      (jaxsync.dc_asgd, dict(learning_rate=0.1, num_workers=4, eps=0.0), "eps"),
+    ),
+  ),
+  RuleCase(
+    "dc_asgd_adaptive",
+    lambda lr=0.002: jaxsync.dc_asgd(lr, 2.0, num_workers=NUM_WORKERS, adaptive=True),
+    "server",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0003,
+    rosenbrock_steps=100_000,
+  ),
+  RuleCase(
+    "delayed_nesterov",
+    lambda lr=0.002: jaxsync.delayed_nesterov(lr, 0.9, delay=NUM_WORKERS),
+    "server",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0003,
+    rosenbrock_steps=100_000,
+    invalid=(
+      (jaxsync.delayed_nesterov, dict(learning_rate=-1.0, delay=4), "learning_rate"),
+      (jaxsync.delayed_nesterov, dict(learning_rate=0.1, momentum=1.0, delay=4), "momentum"),
+      (jaxsync.delayed_nesterov, dict(learning_rate=0.1, delay=0), "delay"),
+      (jaxsync.delayed_nesterov, dict(learning_rate=0.1, delay=4, activation=0.5), "activation"),
+    ),
+  ),
+  RuleCase(
+    "diloco",
+    lambda lr=0.002: jaxsync.diloco(optax.sgd(lr), sync_every=4),
+    "worker",
+    quadratic_lr=0.005,
+    rosenbrock_lr=0.0001,
+    invalid=(
+      (jaxsync.diloco, dict(inner=optax.sgd(0.1), sync_every=0), "sync_every"),
+      (jaxsync.diloco, dict(inner="adamw", sync_every=4), "inner"),
+      (jaxsync.diloco, dict(inner=optax.sgd(0.1), outer=0.7, sync_every=4), "outer"),
+    ),
+  ),
+  RuleCase(
     "bb_step_size",
     lambda lr=0.002: optax.chain(jaxsync.bb_step_size(lr, smoothing=0.1), optax.scale(-1.0)),
     "worker",
@@ -210,17 +262,21 @@ def run_server(case: RuleCase, tx, loss: Callable, x0: jax.Array, steps: int):
   """
   grad = jax.grad(loss)
 
-  def current_version(state):
-    return jaxsync.server_version(state)
+  def current_version(state, t):
+    # A rule that counts no versions (DC-ASGD) is sent the arrivals applied so far.
+    version = jaxsync.server_version(state) if case.versioned else None
+    return jnp.asarray(t + 1, jnp.int32) if version is None else version
 
   def body(carry, t):
     w, state, points, versions = carry
     i = t % NUM_WORKERS
     g = grad(points[i])
-    u, state = tx.update(g, state, w, version=versions[i], num_live_workers=jnp.int32(NUM_WORKERS))
+    u, state = tx.update(
+      g, state, w, worker=i, version=versions[i], num_live_workers=jnp.int32(NUM_WORKERS)
+    )
     w = optax.apply_updates(w, u)
     points = points.at[i].set(jaxsync.look_ahead(w, state))
-    versions = versions.at[i].set(current_version(state))
+    versions = versions.at[i].set(current_version(state, t))
     return (w, state, points, versions), None
 
   state = tx.init(x0)
@@ -296,6 +352,7 @@ def extra_args_for(case: RuleCase, state: Any, params: Any) -> dict:
   """Valid extra args for one update of ``case`` on ``params`` (for single-step tests)."""
   if case.driver == "server":
     return {
+      "worker": jnp.int32(1),
       "version": jaxsync.server_version(state),
       "num_live_workers": jnp.int32(NUM_WORKERS),
     }

@@ -109,6 +109,8 @@ def _serve_with_worker(exp, server, num_events):
     ("ea_wild", "{}"),  # lock-free: an exchange every step against the last read
     ("ea_wild", "{group_size: 2}"),  # a synchronous group of 2 workers, one worker process
     ("fastest_k", "{}"),  # a synchronous round served by the server
+    ("dc_asgd", "{adaptive: true}"),  # per-worker backups and mean squares on the server
+    ("async_local_sgd", "{period: 3, dylu: true}"),  # local AdamW steps, Delayed Nesterov on the server
   ],
 )
 def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options):
@@ -134,7 +136,8 @@ def test_one_real_worker_equals_the_simulated_run_with_one_worker(name, options)
   check(records.step_size, np.asarray(sim_records.step_size))
   assert records.staleness.max() == 0
   np.testing.assert_array_equal(records.evaluated, np.asarray(sim_records.evaluated))
-  assert int(state.steps[0]) == 40
+  # Gradients computed: one per push, or a local worker's local steps per push.
+  assert int(state.steps[0]) == 40 * (3 if name == "async_local_sgd" else 1)
 
 
 @pytest.mark.parametrize(

@@ -58,6 +58,24 @@ CASES = {
     (),
     "elastic_worker",
   ),
+  "dc_asgd": (
+    jaxsync.dc_asgd,
+    dict(learning_rate=0.05, variance_control=0.5, num_workers=2),
+    ("num_workers",),
+    "plain_server",
+  ),
+  "dc_asgd_adaptive": (
+    jaxsync.dc_asgd,
+    dict(learning_rate=0.05, variance_control=2.0, num_workers=2, adaptive=True, mean_square_decay=0.9),
+    ("num_workers", "adaptive"),
+    "plain_server",
+  ),
+  "delayed_nesterov": (
+    jaxsync.delayed_nesterov,
+    dict(learning_rate=0.05, momentum=0.9, delay=3, activation=0.1),
+    ("delay",),
+    "plain_server",
+  ),
   "easgd_center": (jaxsync.easgd_center, dict(moving_rate=0.2), (), "center"),
   "ea_wild_center": (jaxsync.ea_wild_center, dict(moving_rate=0.2), (), "center"),
 }
@@ -69,6 +87,8 @@ def _extra(kind, state, x):
       "version": jaxsync.server_version(state) - (jaxsync.server_version(state) > 0),
       "num_live_workers": 4,
     }
+  if kind == "plain_server":  # a server rule that counts no versions (DC-ASGD reads the worker)
+    return {"worker": 1}
   if kind == "worker":
     return {"noise_ratio": jnp.float32(0.1), "value_fn": lambda p: 0.5 * jnp.sum(CURVATURE * p * p)}
   if kind == "elastic_worker":

@@ -30,6 +30,8 @@ STILL = {
   "ormo_da": {"momentum": 0.0},
   "adaptive_k": {"momentum": 0.0},
   "local_sgd": {"period": 2},
+  "diloco": {"period": 2, "outer_momentum": 0.0},
+  "async_local_sgd": {"period": 2, "outer_momentum": 0.0},
   "easgd": {"moving_rate": 0.0, "period": 1},
   "eamsgd": {"moving_rate": 0.0, "period": 1, "momentum": 0.0},
   "ea_wild": {"moving_rate": 0.0},

@@ -12,6 +12,8 @@ data-parallel over the process's devices when it has several:
   ``fastest_k``): :func:`arrival.worker_message`, pushed; the reply is the
   next parameters. Replies that queued while it computed (rounds that closed
   without it) are skipped to the newest.
+* asynchronous local SGD: the same loop, the message being its local steps'
+  pseudo-gradient (:func:`arrival.local_message`, from data step ``step``).
 * elastic strategies (EASGD, EAMSGD, EA-wild): the worker keeps its own model
   ``x`` and steps it (:func:`arrival.elastic_worker_step`). A local step is
   reported to the server in a header (no payload, no reply). An exchange
@@ -45,7 +47,7 @@ from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.distributed.server import server_step, shards
 from jaxsync._src.rules import contracts
 from jaxsync._src.steps import arrival
-from jaxsync._src.strategies.strategy import Strategy
+from jaxsync._src.strategies.strategy import Strategy, WorkerProtocol
 
 log = logging.getLogger("jaxsync.worker")
 _WHAT = "ps_worker"
@@ -252,11 +254,20 @@ def _gradient_loop(
   rule_state = worker_rule.init(params_like) if worker_rule is not None else None
   worker = link.worker
 
+  local = strategy.protocol == WorkerProtocol.LOCAL
+  local_steps = strategy.local_steps_per_unit[worker] if local else 0
+
   @jax.jit
   def compute(flat, rule_state, step, noise_ratio, data):  # data an argument: a buffer, not a constant
-    x, batch = unravel(flat), data.batch(worker, step)
-    got = gradient(arrival.gradient_point(x, rule_state), batch)
-    out = arrival.worker_message(strategy, loss_fn, x, rule_state, batch, noise_ratio, gradient=got)
+    x = unravel(flat)
+    if local:  # asynchronous local SGD: the local steps, then the pseudo-gradient
+      out = arrival.local_message(
+        strategy, loss_fn, x, rule_state, lambda t: data.batch(worker, t), step, local_steps
+      )
+    else:
+      batch = data.batch(worker, step)
+      got = gradient(arrival.gradient_point(x, rule_state), batch)
+      out = arrival.worker_message(strategy, loss_fn, x, rule_state, batch, noise_ratio, gradient=got)
     return ravel_pytree(out.message)[0], out.worker_state, out.loss, out.finite, out.step_size
 
   pushes, compute_times = 0, []

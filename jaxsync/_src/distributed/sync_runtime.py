@@ -195,11 +195,15 @@ class SyncRuntime(RuntimeBase):
     num_workers = self.strategy.num_workers
     message = float(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(state.params)))
     steps = np.asarray(state.steps)
+    per_round = 2.0 * (num_workers - 1)  # a ring all-reduce per round
+    moved = per_round * int(state.event) * message
+    if self.strategy.protocol == WorkerProtocol.LOCAL:  # each round moves its fragment, in the wire format
+      moved = sync_round.exchanged_bytes(self.strategy, state.params, int(state.event), per_round)
     return RunTotals(
       worker_steps=steps,
       worker_used=steps,
       worker_idle=np.zeros([num_workers]),
-      bytes_moved=2.0 * (num_workers - 1) * int(state.event) * message,  # a ring all-reduce per round
+      bytes_moved=moved,
       bytes_moved_intra=0.0,
     )
 
@@ -226,32 +230,33 @@ class SyncRuntime(RuntimeBase):
   def _local_round(self, s: SyncState, data: WorkerData):
     strategy = self.strategy
     num_workers = strategy.num_workers
+    fragment = sync_round.round_fragment(strategy, s.event)
 
     def per_worker(params, xs, states, steps, data):
       worker = self._worker_index()
       x, state = jax.tree.map(lambda a: a[0], (xs, states))
-      x, state, losses = sync_round.local_steps(
-        strategy, self.loss_fn, lambda t: data.batch(worker, t), x, state, steps[worker]
+      work = sync_round.local_work(
+        strategy, self.loss_fn, lambda t: data.batch(worker, t), params, x, state, steps[worker], fragment
       )
-      mean_model = jax.tree.map(lambda m: m / num_workers, self._sum(x))
-      return mean_model, self._sum(jnp.mean(losses) / num_workers), jax.tree.map(lambda a: a[None], state)
+      mean_delta = jax.tree.map(lambda d: d / num_workers, self._sum(work.contribution))
+      loss = self._sum(jnp.mean(work.losses) / num_workers)
+      return mean_delta, loss, jax.tree.map(lambda a: a[None], (work.model, work.worker_state))
 
     spec = P(_AXES)
-    mean_model, loss, worker_state = jax.shard_map(
+    mean_delta, loss, (models, worker_state) = jax.shard_map(
       per_worker,
       mesh=self.mesh,
       in_specs=(P(), spec, spec, P(), P()),
       out_specs=(P(), P(), spec),
       check_vma=False,
     )(s.params, s.worker_params, s.worker_state, s.steps, data)
-    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
+    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
+    worker_params = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(models)
     return (
       update,
       loss,
       s._replace(
-        steps=s.steps + strategy.local_steps,
-        worker_params=stack_workers(update.params, num_workers),
-        worker_state=worker_state,
+        steps=s.steps + strategy.local_steps, worker_params=worker_params, worker_state=worker_state
       ),
     )
 

@@ -125,6 +125,7 @@ def guarded_update(
   grads_finite: Any = None,
   version_ok: jax.Array | None = None,
   rejected_state: Any = None,
+  version_field: str = "invalid_version_count",
 ) -> tuple[Any, Any]:
   """Applies an arrival only if it is finite and has a valid version.
 
@@ -159,6 +160,8 @@ def guarded_update(
     version_ok: bool scalar, whether the arrival's version is possible.
     rejected_state: the state a rejected arrival leaves (before counting);
       default ``state``. Rules with per-arrival flags (``released``) clear them.
+    version_field: the state's counter of arrivals ``version_ok`` rejects
+      (a rule that checks a worker id rather than a version names its own).
 
   Returns:
     ``(updates, new_state)``.
@@ -177,5 +180,6 @@ def guarded_update(
   if version_ok is not None:
     # A non-finite arrival is counted once, as non-finite.
     bad_version = jnp.logical_and(finite, jnp.logical_not(version_ok))
-    new_state = new_state._replace(invalid_version_count=count_if(state.invalid_version_count, bad_version))
+    counted = count_if(getattr(state, version_field), bad_version)
+    new_state = new_state._replace(**{version_field: counted})
   return updates, new_state

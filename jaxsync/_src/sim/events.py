@@ -39,6 +39,7 @@ from jaxsync._src.steps.arrival import (
   elastic_center_arrival,
   elastic_worker_step,
   gradient_point,
+  local_message,
   server_arrival,
   unit_batch,
   worker_gradient,
@@ -151,7 +152,7 @@ def _set_row(tree: Any, i: jax.Array, row: Any) -> Any:
 
 def _uses_snapshots(strategy: Strategy) -> bool:
   # Locked EASGD reads the current centre at its exchange; nothing is pulled ahead.
-  return strategy.protocol == WorkerProtocol.GRADIENT or strategy.lock_free
+  return strategy.protocol in (WorkerProtocol.GRADIENT, WorkerProtocol.LOCAL) or strategy.lock_free
 
 
 class Arrival(NamedTuple):
@@ -186,14 +187,18 @@ class Arrival(NamedTuple):
 
 
 def _gradient_arrival(
-  strategy, loss_fn, s: EventState, worker, batch, pulled, gradient, num_workers
+  strategy, loss_fn, s: EventState, worker, batch, pulled, gradient, num_workers, sent=None
 ) -> Arrival:
-  """The ``"gradient"`` protocol: the worker's message on the parameters it pulled, then the server rule."""
+  """The ``"gradient"`` protocol: the worker's message on the parameters it pulled, then the server rule.
+
+  ``sent``, when given, is the message already computed (a ``"local"`` worker's pseudo-gradient).
+  """
   workers, server = s.workers, s.server
   worker_state = _row(workers.rule_state, worker) if strategy.worker_rule is not None else None
-  sent = worker_message(
-    strategy, loss_fn, pulled, worker_state, batch, workers.noise_ratio[worker], gradient=gradient
-  )
+  if sent is None:
+    sent = worker_message(
+      strategy, loss_fn, pulled, worker_state, batch, workers.noise_ratio[worker], gradient=gradient
+    )
   worker_states = workers.rule_state
   if strategy.worker_rule is not None:
     worker_states = _set_row(worker_states, worker, sent.worker_state)
@@ -202,6 +207,7 @@ def _gradient_arrival(
     server.params,
     server.rule_state,
     sent.message,
+    worker=worker,
     version=workers.pulled_version[worker],
     pending=server.pending,
     num_live_workers=num_workers,
@@ -424,14 +430,28 @@ class EventEngine:
       pulled = jax.lax.optimization_barrier(_row(workers.snapshots, workers.snapshot_of[worker]))
     # Computed ahead by prepare() (the caller runs it first when the slot is -1), or here.
     gradient = _row(s.cache.gradients, s.cache.slot_of[worker]) if batched else None
+    taken = 1  # gradients this arrival's worker computed
     if elastic:
       a = _elastic_arrival(strategy, loss_fn, s, worker, batch, pulled, gradient)
+    elif strategy.protocol == WorkerProtocol.LOCAL:
+      # Asynchronous local SGD: the local steps from the pull, then the pseudo-gradient as a message.
+      taken = jnp.asarray(strategy.local_steps_per_unit, jnp.int32)[worker]
+      sent = local_message(
+        strategy,
+        loss_fn,
+        pulled,
+        _row(workers.rule_state, worker),
+        lambda t: data.batch(worker, t),
+        workers.steps[worker],
+        taken,
+      )
+      a = _gradient_arrival(strategy, loss_fn, s, worker, None, pulled, None, num_workers, sent=sent)
     else:
       a = _gradient_arrival(strategy, loss_fn, s, worker, batch, pulled, gradient, num_workers)
 
     rejected = ~a.finite
     version = server.version + a.released.astype(jnp.int32)
-    steps = workers.steps.at[worker].add(1)
+    steps = workers.steps.at[worker].add(taken)
     fresh = workers.pulled_version[worker] == server.version
     if elastic:
       send = (jnp.arange(num_workers) == worker) & a.communicates
@@ -489,7 +509,7 @@ class EventEngine:
         idle_since=idle_since,
         idle=idle,
         steps=steps,
-        used=workers.used.at[worker].add(a.finite.astype(jnp.int32)),
+        used=workers.used.at[worker].add(a.finite.astype(jnp.int32) * taken),
         snapshots=snapshots,
         snapshot_of=snapshot_of,
         pulled_version=jnp.where(send, version, workers.pulled_version),

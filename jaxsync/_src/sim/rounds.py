@@ -114,11 +114,15 @@ class RoundEngine:
   def totals(self, s: RoundState) -> RunTotals:
     """Per-worker gradients, applied gradients and idle seconds, and the bytes moved, of ``s``."""
     message = float(self.time_model.message_bytes)
+    moved = float(s.inter_messages) * message
+    if self.strategy.protocol == WorkerProtocol.LOCAL:  # each round moves its fragment, in the wire format
+      per_round = self.time_model.round_messages(self.strategy, self.strategy.num_workers)[0]
+      moved = sync_round.exchanged_bytes(self.strategy, s.params, int(s.event), per_round)
     return RunTotals(
       worker_steps=np.asarray(s.steps),
       worker_used=np.asarray(s.used),
       worker_idle=np.asarray(s.idle),
-      bytes_moved=float(s.inter_messages) * message,
+      bytes_moved=moved,
       bytes_moved_intra=float(s.intra_messages) * message,
     )
 
@@ -188,35 +192,55 @@ class RoundEngine:
     )
 
   def _local_round(self, data, schedule, metric_names, s: RoundState):
-    """``local_steps`` local steps on each of the ``K`` models (vmapped), then the outer step."""
+    """Each of the ``K`` models' round of local steps (vmapped), then the outer step on their mean pseudo-gradient.
+
+    With an overlap ``tau`` (Streaming DiLoCo) the fragment's exchange runs
+    during the round's last ``tau`` steps: the round ends when both the
+    slowest worker's steps and the exchange are done.
+    """
     strategy, time_model = self.strategy, self.time_model
     num_workers = strategy.num_workers
     workers = jnp.arange(num_workers, dtype=jnp.int32)
+    fragment = sync_round.round_fragment(strategy, s.event)
 
     def one_worker(worker, x, state, step):
-      return sync_round.local_steps(strategy, self.loss_fn, lambda t: data.batch(worker, t), x, state, step)
+      return sync_round.local_work(
+        strategy, self.loss_fn, lambda t: data.batch(worker, t), s.params, x, state, step, fragment
+      )
 
-    xs, states, losses = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, s.steps)
+    work = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, s.steps)
+    mean_delta = jax.tree.map(lambda d: jnp.mean(d, axis=0), work.contribution)
+    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
     offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
-    busy = jnp.sum(
-      jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets), axis=0
-    )
-    mean_model = jax.tree.map(lambda x: jnp.mean(x, axis=0), xs)
-    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_model)
-    end = s.clock + jnp.max(busy) + time_model.round_time(strategy, num_workers)
+    step_times = jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets)
+    overlapped = offsets[:, None] >= strategy.local_steps - strategy.exchange.overlap
+    before = jnp.max(jnp.sum(jnp.where(overlapped, 0.0, step_times), axis=0))
+    during = jnp.max(jnp.sum(jnp.where(overlapped, step_times, 0.0), axis=0))
+    exchange = jnp.asarray(self._exchange_times(s.params))[fragment]
+    end = s.clock + before + jnp.maximum(exchange, during)
+    models = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(work.model)
     return self._finish_round(
       schedule,
       metric_names,
       s,
       update,
       end=end,
-      busy=busy,
+      busy=jnp.sum(step_times, axis=0),
       started=strategy.local_steps,
       kept=jnp.full([num_workers], update.finite),
-      loss=jnp.mean(jnp.mean(losses, axis=0)),  # over the workers, then over the local steps
+      loss=jnp.mean(jnp.mean(work.losses, axis=0)),  # over the workers, then over the local steps
       keep=num_workers,
-      worker_params=stack_workers(update.params, num_workers),
-      worker_state=states,
+      worker_params=models,
+      worker_state=work.worker_state,
+    )
+
+  def _exchange_times(self, params) -> tuple[float, ...]:
+    """Seconds each fragment's exchange and outer step take (its bytes in the exchange's wire format)."""
+    return tuple(
+      dataclasses.replace(self.time_model, message_bytes=size).round_time(
+        self.strategy, self.strategy.num_workers
+      )
+      for size in sync_round.fragment_bytes(self.strategy, params)
     )
 
   def _finish_round(

@@ -19,7 +19,8 @@ from jaxsync._src.sim.events import EventEngine
 from jaxsync._src.sim.rounds import RoundEngine
 from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EventRecord
-from jaxsync._src.strategies.strategy import Strategy
+from jaxsync._src.strategies.strategy import Engine as Synchrony
+from jaxsync._src.strategies.strategy import Strategy, WorkerProtocol, with_worker_speeds
 
 _WHAT = "simulator"
 
@@ -36,6 +37,16 @@ def check_gradient_batch(strategy: Strategy, gradient_batch: int | None) -> int:
     ``gradient_batch`` checked, or its default.
   """
   units = strategy.num_units
+  if strategy.engine == Synchrony.ASYNC and strategy.protocol == WorkerProtocol.LOCAL:
+    # Each push's local steps run at its arrival: a loop of the worker's own steps, not one gradient.
+    if gradient_batch not in (None, 1):
+      raise validation.invalid(
+        _WHAT,
+        "gradient_batch",
+        gradient_batch,
+        f"1 (or None): {strategy.name!r} computes its local steps per push",
+      )
+    return 1
   if gradient_batch is None:
     # Batching pays where one gradient leaves the device idle (a GPU, a TPU); on a CPU one
     # gradient of a convolutional model already fills the cores and a vmap of per-worker
@@ -121,6 +132,8 @@ class Simulator(RuntimeBase):
       if value != k:
         raise validation.invalid(_WHAT, name, value, f"the strategy's num_workers={k}")
     super().__init__(eval_fn, eval_every, eval_every_time)
+    # Dynamic Local Updates size each worker's local steps by its speed in this cluster.
+    strategy = with_worker_speeds(strategy, time_model.mean_compute_times())
     self.strategy = strategy
     self.loss_fn = loss_fn
     self.data = data

@@ -20,7 +20,7 @@ import numpy as np
 
 from jaxsync._src.core import validation
 from jaxsync._src.sim.jitter import unit_gamma
-from jaxsync._src.strategies.strategy import Communication, Strategy, WorkerProtocol
+from jaxsync._src.strategies.strategy import Communication, Engine, Strategy, WorkerProtocol
 
 _WHAT = "TimeModel"
 
@@ -346,8 +346,16 @@ class TimeModel:
 
     A unit is one worker, or an EA-wild group of ``G``, which takes its slowest
     member plus a ring all-reduce over ``intra_link`` (docs/algorithms.md §13).
+    An asynchronous local-SGD worker's next step is its ``H_k`` local steps
+    (``Strategy.local_steps_per_unit``), the sum of their draws, as a
+    synchronous local round charges them.
     """
     g = strategy.workers_per_unit
+    if strategy.engine == Engine.ASYNC and strategy.protocol == WorkerProtocol.LOCAL:
+      per_unit = jnp.asarray(strategy.local_steps_per_unit, jnp.int32)[units]
+      offsets = jnp.arange(max(strategy.local_steps_per_unit), dtype=jnp.int32)
+      draws = jax.vmap(lambda i: self.sample_compute(seed, units, steps + i))(offsets)  # [H_max, units]
+      return jnp.sum(jnp.where(offsets[:, None] < per_unit[None, :], draws, 0.0), axis=0)
     if g == 1:
       return self.sample_compute(seed, units, steps)
     members = (units[:, None] * g + jnp.arange(g, dtype=jnp.int32)).reshape(-1)

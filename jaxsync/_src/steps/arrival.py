@@ -6,9 +6,11 @@ parameter server (:mod:`server_step` in the server process,
 :func:`worker_message` in each worker process). That is what makes a
 one-worker real run equal the simulated one.
 
-Two protocols (``Strategy.protocol``): a *gradient* worker sends its gradient
+Three protocols (``Strategy.protocol``): a *gradient* worker sends its gradient
 through its worker rule and the server rule applies it
-(:func:`worker_message`, :func:`server_arrival`); an *elastic* worker keeps a
+(:func:`worker_message`, :func:`server_arrival`); a *local* worker (asynchronous
+local SGD) takes local steps from what it pulled and sends the pseudo-gradient,
+which the server rule applies the same way (:func:`local_message`); an *elastic* worker keeps a
 model of its own, steps it against the centre it read, and on exchange steps
 the centre rule takes the worker's model (:func:`elastic_worker_step`,
 :func:`elastic_center_arrival`).
@@ -128,6 +130,44 @@ def worker_message(
   return WorkerMessage(gradient.loss, message, new_state, finite, _recorded_step_size(new_state))
 
 
+def local_message(strategy: Strategy, loss_fn, x, worker_state, batch_fn, step, num_steps) -> WorkerMessage:
+  """The worker's side of an asynchronous local-SGD arrival: ``num_steps`` local steps, then the pseudo-gradient.
+
+  ``x_0 = x``; ``x_{i+1} = x_i + worker_rule(grad L(x_i, batch(step + i)))``
+  for ``i < num_steps``; the message is ``x - x_H`` (DiLoCo's sign), the
+  worker rule's state (the inner optimizer's moments) carried over. The loss
+  is the mean of the local steps' batch losses. A non-finite local gradient is
+  rejected by the worker rule (that step changes nothing).
+
+  Args:
+    strategy: a ``"local"``-protocol strategy.
+    loss_fn: ``(params, batch) -> scalar``.
+    x: the parameters the worker pulled.
+    worker_state: its worker rule's state.
+    batch_fn: ``step -> batch`` of this worker.
+    step: the data step of the first local step.
+    num_steps: the local steps to take (a traced int32 is fine: a loop, not an unrolled scan).
+  """
+
+  def one(i, carry):
+    model, state, loss_sum = carry
+    loss, grads = jax.value_and_grad(loss_fn)(model, batch_fn(step + i))
+    updates, state = strategy.worker_rule.update(grads, state, model)
+    return optax.apply_updates(model, updates), state, loss_sum + jnp.asarray(loss, jnp.float32)
+
+  end, new_state, loss_sum = jax.lax.fori_loop(
+    0, num_steps, one, (x, worker_state, jnp.zeros([], jnp.float32))
+  )
+  message = jax.tree.map(lambda a, b: (a - b).astype(a.dtype), x, end)
+  return WorkerMessage(
+    loss=loss_sum / jnp.maximum(num_steps, 1).astype(jnp.float32),
+    message=message,
+    worker_state=new_state,
+    finite=guard.tree_all_finite(message),
+    step_size=jnp.asarray(jnp.nan, jnp.float32),
+  )
+
+
 class ServerArrival(NamedTuple):
   """The server's side of an arrival.
 
@@ -149,11 +189,11 @@ class ServerArrival(NamedTuple):
 
 
 def server_arrival(
-  strategy: Strategy, params, rule_state, message, *, version, pending, num_live_workers, finite
+  strategy: Strategy, params, rule_state, message, *, worker, version, pending, num_live_workers, finite
 ) -> ServerArrival:
-  """Applies the server rule to one message computed on parameters of ``version``.
+  """Applies the server rule to one message of ``worker`` computed on parameters of ``version``.
 
-  ``u, s' = server_rule(m, s, theta; version, num_live_workers, grads_finite)``;
+  ``u, s' = server_rule(m, s, theta; worker, version, num_live_workers, grads_finite)``;
   ``theta' = theta + u``. A non-finite message changes nothing (the rules
   keep their state) and releases nothing.
   """
@@ -161,6 +201,7 @@ def server_arrival(
     message,
     rule_state,
     params,
+    worker=jnp.asarray(worker, jnp.int32),
     version=version,
     num_live_workers=jnp.asarray(num_live_workers, jnp.int32),
     grads_finite=finite,

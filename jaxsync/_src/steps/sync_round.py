@@ -4,9 +4,11 @@ The simulator's rounds (``sim.rounds``: all ``K`` workers in one batched
 computation) and the multi-process loop (``dist.sync_runtime``: one worker per
 device, a ``psum`` across processes) differ only in how the workers' gradients
 or models are summed. What happens to the sum is written here once: the
-server rule on the round's aggregate (:func:`apply_aggregate`), local SGD's
-local steps (:func:`local_steps`) and outer step on the averaged models
-(:func:`outer_step`), and the round's record (:func:`round_record`).
+server rule on the round's aggregate (:func:`apply_aggregate`), a local
+worker's round (:func:`local_work`: local steps and its pseudo-gradient, of one
+fragment, quantized), the outer step on their mean (:func:`outer_step`), each
+worker's model after it (:func:`mixed_model`), and the round's record
+(:func:`round_record`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxsync._src.rules import guard
+from jaxsync._src.rules import diloco, guard, quantize
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.strategies.strategy import Strategy
 
@@ -47,13 +49,13 @@ def apply_aggregate(strategy: Strategy, params, rule_state, grads, *, version, n
 
 
 def local_steps(
-  strategy: Strategy, loss_fn, batch_fn: Callable[[jax.Array], Any], x, worker_state, step
+  strategy: Strategy, loss_fn, batch_fn: Callable[[jax.Array], Any], x, worker_state, step, num_steps=None
 ) -> tuple[Any, Any, jax.Array]:
-  """One worker's ``local_steps`` steps of its worker rule (local SGD), from its data ``step``.
+  """One worker's ``num_steps`` (default ``local_steps``) steps of its worker rule (local SGD), from its data ``step``.
 
   Returns:
     ``(x, worker_state, losses)``: the local model, its optimizer state, and
-    the ``[local_steps]`` batch losses.
+    the ``[num_steps]`` batch losses.
   """
 
   def one(carry, _):
@@ -62,16 +64,103 @@ def local_steps(
     updates, state = strategy.worker_rule.update(grads, state, x)
     return (optax.apply_updates(x, updates), state, step + 1), loss
 
-  (x, worker_state, _), losses = jax.lax.scan(one, (x, worker_state, step), None, length=strategy.local_steps)
+  length = strategy.local_steps if num_steps is None else num_steps
+  (x, worker_state, _), losses = jax.lax.scan(one, (x, worker_state, step), None, length=length)
   return x, worker_state, losses
 
 
-def outer_step(strategy: Strategy, params, rule_state, mean_model) -> RoundUpdate:
-  """Local SGD's outer step: the server rule on the pseudo-gradient ``theta - mean_k x_k`` (DiLoCo's form)."""
-  pseudo_grads = jax.tree.map(lambda p, m: (p - m).astype(p.dtype), params, mean_model)
+def round_fragment(strategy: Strategy, event) -> jax.Array:
+  """The fragment round ``event`` synchronizes: ``event mod P`` (Streaming DiLoCo's schedule; 0 with one fragment)."""
+  return jnp.asarray(event, jnp.int32) % strategy.exchange.fragments
+
+
+class LocalWork(NamedTuple):
+  """One worker's part of a local round.
+
+  Attributes:
+    model: its model after the round's local steps.
+    worker_state: its worker rule's state after them.
+    losses: ``[local_steps]`` batch losses.
+    contribution: its pseudo-gradient of the round's fragment as the wire
+      delivers it (zeros outside the fragment): the runtimes average these.
+  """
+
+  model: Any
+  worker_state: Any
+  losses: jax.Array
+  contribution: Any
+
+
+def local_work(
+  strategy: Strategy, loss_fn, batch_fn: Callable[[jax.Array], Any], params, x, worker_state, step, fragment
+) -> LocalWork:
+  """A worker's round: ``H - tau`` local steps, its pseudo-gradient ``theta - x`` of ``fragment``, ``tau`` more steps.
+
+  The pseudo-gradient (DiLoCo's sign) is quantized to the exchange's wire
+  format (:func:`jaxsync._src.rules.quantize.quantized`); with an overlap
+  ``tau > 0`` (Streaming DiLoCo) it is taken ``tau`` steps before the round
+  ends, and the exchange runs while the worker takes them.
+  """
+  exchange = strategy.exchange
+  first = strategy.local_steps - exchange.overlap
+  x, worker_state, losses = local_steps(strategy, loss_fn, batch_fn, x, worker_state, step, first)
+  delta = diloco.fragment_pseudo_gradient(params, x, fragment, exchange.fragments)
+  delta = quantize.quantized(delta, exchange.quantize, exchange.quantize_block)
+  if exchange.overlap:
+    x, worker_state, more = local_steps(
+      strategy, loss_fn, batch_fn, x, worker_state, step + first, exchange.overlap
+    )
+    losses = jnp.concatenate([losses, more])
+  return LocalWork(x, worker_state, losses, delta)
+
+
+def outer_step(strategy: Strategy, params, rule_state, pseudo_grads, fragment) -> RoundUpdate:
+  """The outer step on the workers' mean pseudo-gradient ``mean_k (theta - x_k)`` of ``fragment`` (DiLoCo's form).
+
+  With several fragments the server rule is one outer optimizer per fragment
+  (:func:`jaxsync._src.rules.diloco.by_fragment`), told which one by ``fragment``.
+  """
   finite = guard.tree_all_finite(pseudo_grads)
-  updates, rule_state = strategy.server_rule.update(pseudo_grads, rule_state, params, grads_finite=finite)
+  extra = {"fragment": fragment} if strategy.exchange.fragments > 1 else {}
+  updates, rule_state = strategy.server_rule.update(
+    pseudo_grads, rule_state, params, grads_finite=finite, **extra
+  )
   return RoundUpdate(optax.apply_updates(params, updates), rule_state, finite)
+
+
+def mixed_model(strategy: Strategy, params, x, fragment):
+  """A worker's model after the outer step: its fragment ``(1 - alpha) theta + alpha x``, the rest its own ``x``.
+
+  With one fragment and ``alpha = 0`` (DiLoCo, local SGD) every worker starts
+  the next round from the new global parameters.
+  """
+  exchange = strategy.exchange
+  return diloco.mix_fragment(params, x, fragment, exchange.fragments, exchange.mixing)
+
+
+def fragment_bytes(strategy: Strategy, params) -> tuple[int, ...]:
+  """Bytes one worker's pseudo-gradient of each fragment takes on the wire (the exchange's format)."""
+  exchange = strategy.exchange
+  owner = diloco.fragment_of_leaves(params, exchange.fragments) if exchange.fragments > 1 else None
+  leaves = jax.tree.leaves(params)
+  return tuple(
+    quantize.wire_bytes(
+      [leaf for i, leaf in enumerate(leaves) if owner is None or owner[i] == p],
+      exchange.quantize,
+      exchange.quantize_block,
+    )
+    for p in range(exchange.fragments)
+  )
+
+
+def exchanged_bytes(strategy: Strategy, params, rounds: int, messages_per_round: float) -> float:
+  """Bytes ``rounds`` local rounds moved: ``messages_per_round`` messages of each round's fragment's size."""
+  sizes = fragment_bytes(strategy, params)
+  fragments = len(sizes)
+  return float(
+    sum(sizes[p] * (rounds // fragments + (p < rounds % fragments)) for p in range(fragments))
+    * messages_per_round
+  )
 
 
 def round_record(*, time, version, finite, k, loss, evaluated, metrics) -> EventRecord:

@@ -37,6 +37,9 @@ import optax
 from jaxsync._src.core import validation
 from jaxsync._src.rules import barzilai_borwein
 from jaxsync._src.rules.adaptive_k import adaptive_k as adaptive_k_rule
+from jaxsync._src.rules.delay_compensation import dc_asgd as dc_asgd_rule
+from jaxsync._src.rules.delayed_nesterov import delayed_nesterov
+from jaxsync._src.rules.diloco import OUTER_LEARNING_RATE, OUTER_MOMENTUM, by_fragment, check_exchange
 from jaxsync._src.rules.elastic import ea_wild_center, easgd_center, easgd_worker
 from jaxsync._src.rules.ordered_momentum import ordered_momentum
 from jaxsync._src.rules.release import on_release
@@ -47,6 +50,7 @@ from jaxsync._src.strategies.strategy import (
   Communication,
   Dispatch,
   Engine,
+  PseudoGradientExchange,
   RateClock,
   ServerTraffic,
   Strategy,
@@ -189,6 +193,24 @@ OPTION_MEANINGS: dict[str | tuple[str, str], str] = {
   "mode": "how staleness scales the rate: linear (1/staleness) or exponential (penalty^staleness)",
   "penalty": "the base of the exponential penalty (mode=exponential)",
   "gradients_per_update": "arrivals summed per update (n-softsync's K/n)",
+  ("diloco", "period"): "inner AdamW steps per worker between two outer steps (DiLoCo's H)",
+  ("diloco", "weight_decay"): "AdamW's decoupled weight decay of the inner steps",
+  "variance_control": "lambda_0, the weight of the delay compensation g*g*(w - w_pulled) (0: plain ASGD)",
+  "adaptive": "DC-ASGD-a: lambda_0 divided by the root of the running mean of g*g",
+  "mean_square_decay": "the decay of DC-ASGD-a's running mean of g*g, in [0, 1)",
+  ("async_local_sgd", "period"): "local AdamW steps of the fastest worker between two pushes (H)",
+  ("async_local_sgd", "weight_decay"): "AdamW's decoupled weight decay of the local steps",
+  ("streaming_diloco", "period"): "inner AdamW steps between two syncs of one fragment (H)",
+  ("streaming_diloco", "weight_decay"): "AdamW's decoupled weight decay of the inner steps",
+  "fragments": "how many fragments the parameters are cut into; one is synchronized every period / fragments steps",
+  "overlap": "local steps a fragment's exchange overlaps (tau < period / fragments)",
+  "mixing": "alpha: a worker keeps (1 - alpha) of the new global fragment and alpha of its own",
+  "quantize": "the pseudo-gradients' wire format: none, bfloat16, int8 or int4 (per-block scales)",
+  "quantize_block": "values per float32 scale of the int8 and int4 wire formats",
+  "dylu": "Dynamic Local Updates: each worker's local steps in proportion to its speed",
+  "min_local_steps": "the fewest local steps a slow worker takes under DyLU",
+  "delay": "arrivals per Delayed Nesterov momentum update (default K)",
+  "activation": "c in [0, 1/delay]: the momentum applied between Delayed Nesterov updates",
 }
 
 # Where the default learning rates come from: ``jaxsync strategies`` says it once.
@@ -400,6 +422,47 @@ def _fastest_k(num_workers, *, momentum=0.9, k=None, drop_rate=0.5, weight_decay
   )
 
 
+def _local_rounds(
+  name, num_workers, period, outer_learning_rate, outer_momentum, inner, exchange=None
+) -> _Recipe:
+  """Rounds of ``period`` local steps of ``inner(lr)`` per worker, then the outer Nesterov step on the averaged models.
+
+  With ``exchange.fragments = P > 1`` a round is ``period / P`` steps and synchronizes one fragment,
+  each fragment with its own outer optimizer.
+  """
+  period = validation.check_int(name, "period", period)
+  outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
+  outer_m = validation.check_real(name, "outer_momentum", outer_momentum, low=0.0, high=1.0, high_open=True)
+  exchange = PseudoGradientExchange() if exchange is None else exchange
+  round_steps = period // exchange.fragments
+  blueprint = Blueprint(
+    name=name,
+    num_workers=num_workers,
+    engine=Engine.SYNC,
+    protocol=WorkerProtocol.LOCAL,
+    communication=Communication.RING,
+    local_steps=round_steps,
+    exchange=exchange,
+    rate_clock=RateClock.WORKER_STEPS,
+    gradients_per_update=float(num_workers * round_steps),
+    server_traffic=ServerTraffic(0.0, _sgd_traffic(outer_m)),
+  )
+
+  def rules(lr):
+    outer = _sgd(outer_lr, outer_m, nesterov=outer_m > 0)
+    return (outer if exchange.fragments == 1 else by_fragment(outer, exchange.fragments)), inner(lr)
+
+  return _Recipe(blueprint, rules)
+
+
+def _exchange(name, *, period, fragments=1, overlap=0, mixing=0.0, quantize=None, quantize_block=64):
+  """The checked :class:`PseudoGradientExchange` of a local strategy (the checks of :func:`jaxsync.diloco`)."""
+  _, fragments, overlap, mixing, quantize, quantize_block = check_exchange(
+    name, period, fragments, overlap, mixing, quantize, quantize_block
+  )
+  return PseudoGradientExchange(fragments, overlap, mixing, quantize, quantize_block)
+
+
 @_register("local_sgd", learning_rate=0.01)
 def _local_sgd(
   num_workers,
@@ -418,25 +481,86 @@ def _local_sgd(
   its schedule) and ``weight_decay`` are the workers' local optimizer's.
   """
   name = "local_sgd"
-  period = validation.check_int(name, "period", period)
-  outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
-  outer_m = validation.check_real(name, "outer_momentum", outer_momentum, low=0.0, high=1.0, high_open=True)
   momentum = _check_momentum(name, momentum)
   decay = _check_decay(name, weight_decay)
-  blueprint = Blueprint(
-    name=name,
-    num_workers=num_workers,
-    engine=Engine.SYNC,
-    protocol=WorkerProtocol.LOCAL,
-    communication=Communication.RING,
-    local_steps=period,
-    rate_clock=RateClock.WORKER_STEPS,
-    gradients_per_update=float(num_workers * period),
-    server_traffic=ServerTraffic(0.0, _sgd_traffic(outer_m)),
+  return _local_rounds(
+    name,
+    num_workers,
+    period,
+    outer_learning_rate,
+    outer_momentum,
+    lambda lr: _decayed(_sgd(lr, momentum), decay),
   )
-  return _Recipe(
-    blueprint,
-    lambda lr: (_sgd(outer_lr, outer_m, nesterov=outer_m > 0), _decayed(_sgd(lr, momentum), decay)),
+
+
+def _adamw(name: str, weight_decay: float):
+  """AdamW as a worker's inner optimizer (decoupled decay), ``learning_rate -> rule``."""
+  decay = _check_decay(name, weight_decay)
+  return lambda lr: reject_nonfinite(optax.adamw(lr, weight_decay=decay))
+
+
+@_register("diloco", learning_rate=0.001)
+def _diloco(
+  num_workers,
+  *,
+  period=50,
+  outer_learning_rate=OUTER_LEARNING_RATE,
+  outer_momentum=OUTER_MOMENTUM,
+  weight_decay=0.1,
+  quantize=None,
+  quantize_block=64,
+) -> _Recipe:
+  """DiLoCo: ``period`` AdamW steps per worker, then Nesterov on the averaged pseudo-gradient (Douillard et al., 2023).
+
+  Local SGD with the paper's optimizers: inner AdamW (``learning_rate``,
+  decoupled ``weight_decay``, its moments kept across rounds) and outer
+  Nesterov SGD (lr 0.7, momentum 0.9) on ``theta - mean_k x_k``. The paper
+  syncs every 500 inner steps on C4; the default here, 50, suits runs of a
+  few thousand steps. ``quantize`` sends the pseudo-gradients as bfloat16,
+  int8 or int4 (per-block scales).
+  """
+  name = "diloco"
+  exchange = _exchange(name, period=period, quantize=quantize, quantize_block=quantize_block)
+  return _local_rounds(
+    name, num_workers, period, outer_learning_rate, outer_momentum, _adamw(name, weight_decay), exchange
+  )
+
+
+@_register("streaming_diloco", learning_rate=0.001)
+def _streaming_diloco(
+  num_workers,
+  *,
+  period=50,
+  fragments=2,
+  overlap=1,
+  mixing=0.5,
+  quantize="int4",
+  quantize_block=64,
+  outer_learning_rate=OUTER_LEARNING_RATE,
+  outer_momentum=OUTER_MOMENTUM,
+  weight_decay=0.1,
+) -> _Recipe:
+  """Streaming DiLoCo: DiLoCo one fragment at a time, the exchange overlapped and mixed in, 4-bit on the wire (Douillard et al., 2025).
+
+  The parameters are cut into ``fragments`` contiguous blocks; every
+  ``period / fragments`` AdamW steps one fragment is synchronized, so each
+  syncs every ``period`` steps. Its pseudo-gradient is taken ``overlap``
+  steps before the round ends and sent ``quantize``d while the workers go
+  on; the new global fragment ``theta`` is then mixed into each worker's
+  as ``(1 - mixing) theta + mixing x``.
+  """
+  name = "streaming_diloco"
+  exchange = _exchange(
+    name,
+    period=period,
+    fragments=fragments,
+    overlap=overlap,
+    mixing=mixing,
+    quantize=quantize,
+    quantize_block=quantize_block,
+  )
+  return _local_rounds(
+    name, num_workers, period, outer_learning_rate, outer_momentum, _adamw(name, weight_decay), exchange
   )
 
 
@@ -535,6 +659,72 @@ def _ormo_da(num_workers, *, momentum=0.9, delay_measure="iterations", weight_de
     return _decayed(rule, decay), None
 
   return _Recipe(blueprint, rules)
+
+
+@_register("dc_asgd", learning_rate=0.01)
+def _dc_asgd(
+  num_workers, *, variance_control=0.04, adaptive=False, mean_square_decay=0.95, weight_decay=0.0
+) -> _Recipe:
+  """DC-ASGD: asynchronous SGD whose server compensates each stale gradient to first order (Zheng et al., ICML 2017)."""
+  name = "dc_asgd"
+  decay = _check_decay(name, weight_decay)
+  rule = functools.partial(
+    dc_asgd_rule,
+    variance_control=variance_control,
+    num_workers=num_workers,
+    adaptive=adaptive,
+    mean_square_decay=mean_square_decay,
+  )
+  rule(0.01)  # checks the options now, before a learning rate is known
+  # Read g, w and the sender's backup, write w and the backup (5); MeanSquare read and written (7).
+  traffic = _ADAM if adaptive else _MOMENTUM
+  blueprint = _async(name, num_workers, server_traffic=ServerTraffic(0.0, traffic))
+  return _Recipe(blueprint, lambda lr: (_decayed(rule(lr), decay), None))
+
+
+@_register("async_local_sgd", learning_rate=0.001)
+def _async_local_sgd(
+  num_workers,
+  *,
+  period=50,
+  dylu=False,
+  min_local_steps=1,
+  outer_learning_rate=OUTER_LEARNING_RATE,
+  outer_momentum=OUTER_MOMENTUM,
+  delay=None,
+  activation=0.0,
+  weight_decay=0.1,
+) -> _Recipe:
+  """Asynchronous local SGD: AdamW local steps, pseudo-gradients pushed as workers finish, Delayed Nesterov (Liu et al., 2024).
+
+  Each worker takes ``period`` AdamW steps (``learning_rate``,
+  ``weight_decay``) from the parameters it pulled and pushes its
+  pseudo-gradient; the server applies each with Delayed Nesterov (rate
+  ``outer_learning_rate``, momentum updated every ``delay`` arrivals, default
+  K) and replies at once. With ``dylu`` (Dynamic Local Updates) a worker
+  takes steps in proportion to its speed, at least ``min_local_steps``.
+  """
+  name = "async_local_sgd"
+  period = validation.check_int(name, "period", period)
+  dylu = validation.check_bool(name, "dylu", dylu)
+  validation.check_int(name, "min_local_steps", min_local_steps)
+  if min_local_steps > period:
+    raise validation.invalid(name, "min_local_steps", min_local_steps, f"an integer in [1, period={period}]")
+  delay = num_workers if delay is None else validation.check_int(name, "delay", delay)
+  outer = functools.partial(delayed_nesterov, momentum=outer_momentum, delay=delay, activation=activation)
+  outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
+  outer(outer_lr)  # checks the outer options now
+  # The Delayed Nesterov step reads g, theta, m and D and writes theta and D (m on every N-th): about 7.
+  blueprint = _async(
+    name,
+    num_workers,
+    protocol=WorkerProtocol.LOCAL,
+    local_steps=period,
+    rate_clock=RateClock.WORKER_STEPS,
+    gradients_per_update=float(period),
+    server_traffic=ServerTraffic(0.0, _ADAM),
+  )
+  return _Recipe(blueprint, lambda lr: (outer(outer_lr), _adamw(name, weight_decay)(lr)))
 
 
 @_register("ssp", learning_rate=0.01)

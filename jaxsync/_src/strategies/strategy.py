@@ -90,6 +90,29 @@ def _enum(what: str, name: str, value: Any, kind: type[enum.StrEnum]) -> enum.St
 
 
 @dataclasses.dataclass(frozen=True)
+class PseudoGradientExchange:
+  """How synchronous local workers exchange their pseudo-gradients (DiLoCo, Streaming DiLoCo).
+
+  Attributes:
+    fragments: ``P``: the parameters are cut into ``P`` fragments and round
+      ``r`` synchronizes fragment ``r mod P`` (1: every parameter every round).
+    overlap: ``tau``: the fragment's pseudo-gradient is taken ``tau`` local
+      steps before the round ends, and its exchange overlaps them.
+    mixing: ``alpha``: a worker's synchronized fragment becomes
+      ``(1 - alpha) theta_new + alpha x`` (0: the new global parameters).
+    quantize: the wire format of the pseudo-gradients: ``None`` (full
+      precision), ``"bfloat16"``, ``"int8"`` or ``"int4"`` (per-block scales).
+    quantize_block: values per scale of the integer formats.
+  """
+
+  fragments: int = 1
+  overlap: int = 0
+  mixing: float = 0.0
+  quantize: str | None = None
+  quantize_block: int = 64
+
+
+@dataclasses.dataclass(frozen=True)
 class Blueprint:
   """A strategy less its rules: its protocol, dispatch policy, topology, clocks and costs.
 
@@ -114,7 +137,13 @@ class Blueprint:
     staleness_bound: SSP's ``s`` (``dispatch="ssp"`` only).
     gradients_per_round: sync only: how many of the ``K`` gradients of a round
       are aggregated (the fastest ones); ``K`` for BSP.
-    local_steps: ``"local"`` protocol: steps between model averages.
+    local_steps: ``"local"`` protocol: steps between model averages (sync),
+      or between pushes (async; the fastest worker's with DyLU).
+    exchange: :class:`PseudoGradientExchange`, a synchronous ``"local"``
+      strategy's fragments, overlap, mixing and wire format.
+    unit_local_steps: an asynchronous ``"local"`` strategy's local steps per
+      unit, or ``None`` for ``local_steps`` each (set by
+      :func:`with_worker_speeds` when the strategy uses Dynamic Local Updates).
     group_size: workers per synchronous group: the lower level of a
       hierarchical all-reduce, or an EA-wild group that all-reduces its
       gradient and exchanges as one (the engine schedules it as one worker).
@@ -140,6 +169,8 @@ class Blueprint:
   staleness_bound: int | None = None
   gradients_per_round: int | None = None
   local_steps: int = 1
+  unit_local_steps: tuple[int, ...] | None = None
+  exchange: PseudoGradientExchange = PseudoGradientExchange()
   group_size: int = 1
   node_size: int = 1
   lock_free: bool = False
@@ -181,9 +212,18 @@ class Blueprint:
     Every worker computes in a round, also those fastest-k cancels: a gradient budget counts what
     the workers computed, not what the server applied.
     """
+    if self.engine == Engine.ASYNC and self.protocol == WorkerProtocol.LOCAL:
+      return max(1, round(sum(self.local_steps_per_unit) / self.num_units))
     if self.engine == Engine.ASYNC:
       return self.workers_per_unit
     return self.num_workers * self.local_steps
+
+  @property
+  def local_steps_per_unit(self) -> tuple[int, ...]:
+    """Local steps each unit takes per exchange (asynchronous local SGD): ``unit_local_steps``, else ``local_steps`` each."""
+    if self.unit_local_steps is not None:
+      return self.unit_local_steps
+    return (self.local_steps,) * self.num_units
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -192,7 +232,7 @@ class Strategy(Blueprint):
 
   Attributes:
     server_rule: applied per arrival (async) or to the round's aggregate
-      (sync). Extra args it may read: ``version``, ``num_live_workers``,
+      (sync). Extra args it may read: ``worker``, ``version``, ``num_live_workers``,
       ``grads_finite``, ``center_read``.
     worker_rule: applied by the worker to its gradient before sending (or to
       its own model, for ``"elastic"`` and ``"local"``); ``None`` sends the
@@ -204,6 +244,54 @@ class Strategy(Blueprint):
 
   server_rule: optax.GradientTransformationExtraArgs
   worker_rule: optax.GradientTransformationExtraArgs | None
+
+
+def dynamic_local_steps(period: int, step_times, minimum: int = 1) -> tuple[int, ...]:
+  """Dynamic Local Updates: ``H_k = max(minimum, floor(H v_k / max_j v_j))``, ``v_k = 1 / step_times[k]``.
+
+  Each worker takes as many local steps as it can in the time the fastest
+  takes ``H``, so slow workers push as often as fast ones (Liu et al., 2024).
+
+  Args:
+    period: ``H``, the fastest worker's local steps.
+    step_times: each worker's mean seconds per step.
+    minimum: the fewest local steps a worker takes.
+
+  Returns:
+    ``H_k`` per worker.
+  """
+  times = [float(t) for t in step_times]
+  fastest = min(times)
+  # A hair below 1 absorbs rounding in t_min / t_k when two workers are equally fast.
+  return tuple(max(minimum, int(period * fastest / t + 1e-9)) for t in times)
+
+
+def with_worker_speeds(strategy: Strategy, step_times) -> Strategy:
+  """``strategy`` with its per-worker local steps set from the workers' speeds, if it uses Dynamic Local Updates.
+
+  A strategy made with ``dylu=True`` (``async_local_sgd``) needs each worker's
+  mean seconds per step to size its local steps (:func:`dynamic_local_steps`);
+  the simulator calls this with its time model's, and ``jaxsync train`` and
+  ``jaxsync launch`` with the config's ``cluster`` section's, so a run is
+  deterministic and the real runtime takes the simulator's steps. Any other
+  strategy is returned as it is.
+
+  Args:
+    strategy: a strategy.
+    step_times: ``[K]`` mean seconds per step (``TimeModel.mean_compute_times()``).
+
+  Returns:
+    The strategy, with ``unit_local_steps`` set where DyLU applies.
+  """
+  if not strategy.options.get("dylu"):
+    return strategy
+  times = list(step_times)
+  if len(times) != strategy.num_units:
+    raise validation.invalid(
+      strategy.name, "step_times", step_times, f"{strategy.num_units} mean step times, one per worker"
+    )
+  steps = dynamic_local_steps(strategy.local_steps, times, strategy.options.get("min_local_steps", 1))
+  return dataclasses.replace(strategy, unit_local_steps=steps)
 
 
 def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:

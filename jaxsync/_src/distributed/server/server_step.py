@@ -45,8 +45,8 @@ def mode(strategy: Strategy) -> str | None:
   :attr:`Strategy.num_units`); synchronous gradient strategies whose workers
   talk to a parameter server run in rounds (``fastest_k`` drops the slowest).
   """
-  if strategy.engine == Engine.ASYNC and strategy.protocol == WorkerProtocol.GRADIENT:
-    return "gradient"
+  if strategy.engine == Engine.ASYNC and strategy.protocol in (WorkerProtocol.GRADIENT, WorkerProtocol.LOCAL):
+    return "gradient"  # a local worker's push is its pseudo-gradient, applied as a gradient
   if strategy.engine == Engine.ASYNC and strategy.protocol == WorkerProtocol.ELASTIC:
     return "elastic"
   if (
@@ -56,6 +56,10 @@ def mode(strategy: Strategy) -> str | None:
   ):
     return "rounds"
   return None
+
+
+def _local(strategy: Strategy) -> bool:
+  return strategy.protocol == WorkerProtocol.LOCAL
 
 
 class RoundSum(NamedTuple):
@@ -226,6 +230,7 @@ def arrive(
     s.params,
     s.rule_state,
     message,
+    worker=worker,
     version=s.pulled_version[worker],
     pending=s.pending,
     num_live_workers=jnp.sum(s.live),
@@ -233,7 +238,9 @@ def arrive(
   )
   released, rejected = arrived.released, ~finite
   version = s.version + released.astype(jnp.int32)
-  steps = s.steps.at[worker].add(1)
+  # Gradients the push stands for: 1, or a local worker's local steps (its next data step follows them).
+  taken = jnp.asarray(strategy.local_steps_per_unit, jnp.int32)[worker] if _local(strategy) else 1
+  steps = s.steps.at[worker].add(taken)
   fresh = s.pulled_version[worker] == s.version
   # A lost worker holds no one back (SSP's slowest clock is among the live).
   clocks = jnp.where(s.live, steps, jnp.iinfo(jnp.int32).max)
@@ -250,7 +257,7 @@ def arrive(
     version=version,
     pending=arrived.pending,
     steps=steps,
-    used=s.used.at[worker].add(finite.astype(jnp.int32)),
+    used=s.used.at[worker].add(finite.astype(jnp.int32) * taken),
     idle=s.idle + jnp.where(send & ~sender, now - s.wait_since, 0.0),
     pulled_version=jnp.where(send, version, s.pulled_version),
     noise_ratio=s.noise_ratio if noise is None else jnp.where(send, noise, s.noise_ratio),
