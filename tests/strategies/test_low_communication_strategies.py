@@ -136,3 +136,43 @@ def test_streaming_diloco_moves_a_fragment_per_round_in_its_wire_format_on_both_
   sizes = [3 + 4, 18 + 4]
   _, four, _ = simulate("streaming_diloco", 4, events=6, options=STREAMING)
   assert four.bytes_moved == 3 * sum(sizes) * 2 * 3  # 6 rounds, 3 per fragment; a ring moves 2(K-1) messages
+
+
+@pytest.mark.parametrize(
+  "name, options",
+  [
+    ("streaming_diloco", {**STREAMING, "period": 4}),
+    ("async_local_sgd", {"learning_rate": LR, "period": 3, "dylu": True}),
+    ("dc_asgd", {"learning_rate": 0.1, "adaptive": True}),
+  ],
+)
+def test_a_run_resumed_from_its_checkpoint_ends_bit_for_bit_like_the_uninterrupted_one(tmp_path, name, options):
+  from jaxsync._src.train.progress import Reporter
+  from jaxsync._src.train.training import train
+
+  class Interrupted(Exception):
+    pass
+
+  class StopAfter(Reporter):  # interrupts the run past event 20: its checkpoint at 20 stays the latest
+    def update(self, snapshot):
+      if snapshot["event"] > 20:
+        raise Interrupted
+
+  k = 4
+  loss, params, data = problem(k)
+  time = jaxsync.sim.TimeModel(num_workers=k, slow_fraction=0.25, slowdown=3.0)
+
+  def run(run_dir, reporter=None):
+    sim = jaxsync.sim.Simulator(jaxsync.strategies.make(name, k, **options), loss, data, time)
+    run_dir.mkdir(exist_ok=True)
+    kwargs = dict(log_every=10, checkpoint_every=10, tensorboard=False, make_plots=False)
+    return train(sim, params, run_dir, num_events=30, reporter=reporter, **kwargs)
+
+  whole = run(tmp_path / "whole")
+  with pytest.raises(Interrupted):
+    run(tmp_path / "cut", StopAfter())
+  resumed = run(tmp_path / "cut")
+  assert resumed.summary["events"] == whole.summary["events"] == 30
+  for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  np.testing.assert_array_equal(whole.history.time, resumed.history.time)
