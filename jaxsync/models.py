@@ -1,12 +1,13 @@
 """jaxsync.models: flax (nnx) models by name, as pure functions over plain parameter dicts.
 
 ``make(name, input_shape=..., num_classes=...)`` returns a :class:`Model` with
-its initial parameters, a pure ``apply(params, images)``, its parameter count
-and its forward FLOPs per image; :func:`classification_loss` and
+its initial parameters, a pure ``apply(params, inputs)``, its parameter count
+and its forward FLOPs per example; :func:`classification_loss` and
 :func:`classification_metrics` turn it into the ``loss_fn`` and ``eval_fn``
 that :mod:`jaxsync.sim` takes. :data:`MODELS` is the registry of names
-(``mlp``, ``cnn``, ``lenet``, ``resnet20``, ``mobilenet``); :func:`register`
-adds a model of one's own::
+(image classifiers ``mlp``, ``cnn``, ``lenet``, ``resnet20``, ``mobilenet``;
+the language model ``transformer``, tokens ``[batch, T]`` to next-token logits
+``[batch, T, vocabulary]``); :func:`register` adds a model of one's own::
 
   @jaxsync.models.register("wide_mlp")
   def wide_mlp(input_shape, num_classes, rngs, *, width=512):
@@ -19,6 +20,7 @@ from jaxsync._src.models.networks import (
   Model,
   classification_loss,
   classification_metrics,
+  input_key,
   make,
   register,
   zeros_batch,
@@ -30,6 +32,7 @@ __all__ = [
   "Model",
   "classification_loss",
   "classification_metrics",
+  "input_key",
   "make",
   "register",
   "zeros_batch",

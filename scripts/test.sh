@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The README's test command: everything the suite needs, then the suite.
-#   1. Fashion-MNIST for the real-data tests, from Debian's package (dataset-fashion-mnist puts the four
-#      IDX files under /usr/share/datasets/fashion-mnist/, where jaxsync looks by default), installed
-#      with apt-get when this runs as root or with password-less sudo;
+#   1. The real data of the tests, from Debian's packages, installed with apt-get when this runs as root
+#      or with password-less sudo: Fashion-MNIST (dataset-fashion-mnist puts the four IDX files under
+#      /usr/share/datasets/fashion-mnist/) and the Jargon File (jargon-text puts jargon.txt.gz under
+#      /usr/share/doc/jargon-text/), each where jaxsync looks by default;
 #   2. jaxsync and its test extras, into the active Python environment;
 #   3. pytest on two processes. Extra arguments go to pytest (scripts/test.sh -m 'not heavy').
 set -euo pipefail
@@ -10,21 +11,31 @@ cd "$(dirname "$0")/.."
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
 
 FASHION_MNIST_DIR="${FASHION_MNIST_DIR:-/usr/share/datasets/fashion-mnist}"
-if [ ! -f "$FASHION_MNIST_DIR/train-images-idx3-ubyte.gz" ]; then
+JARGON_DIR="${JARGON_DIR:-/usr/share/doc/jargon-text}"
+packages=()
+[ -f "$FASHION_MNIST_DIR/train-images-idx3-ubyte.gz" ] || packages+=(dataset-fashion-mnist)
+[ -f "$JARGON_DIR/jargon.txt.gz" ] || [ -f "$JARGON_DIR/jargon.txt" ] || packages+=(jargon-text)
+if [ ${#packages[@]} -gt 0 ]; then
   if ! command -v apt-get >/dev/null; then
     echo "test.sh: no apt-get here; put Fashion-MNIST's four IDX files in $FASHION_MNIST_DIR" \
-      "(or set FASHION_MNIST_DIR) for the two tests that read it" >&2
+      "(or set FASHION_MNIST_DIR) and the Jargon File's jargon.txt.gz in $JARGON_DIR (or set" \
+      "JARGON_DIR) for the tests that read them" >&2
   else
     as_root=()
     if [ "$(id -u)" != 0 ]; then
       if sudo -n true 2>/dev/null; then as_root=(sudo -n); else as_root=(); fi
     fi
     if [ "$(id -u)" = 0 ] || [ ${#as_root[@]} -gt 0 ]; then
-      "${as_root[@]}" apt-get install -y -q dataset-fashion-mnist \
-        || { "${as_root[@]}" apt-get update -q && "${as_root[@]}" apt-get install -y -q dataset-fashion-mnist; }
+      "${as_root[@]}" apt-get install -y -q "${packages[@]}" \
+        || { "${as_root[@]}" apt-get update -q && "${as_root[@]}" apt-get install -y -q "${packages[@]}"; }
+      if [ ! -f "$JARGON_DIR/jargon.txt.gz" ] && [ ! -f "$JARGON_DIR/jargon.txt" ]; then
+        echo "test.sh: $JARGON_DIR/jargon.txt.gz is still missing (does dpkg exclude /usr/share/doc" \
+          "here?); extract it from the package with: apt-get download jargon-text && dpkg-deb -x" \
+          "jargon-text_*.deb DIR, then set JARGON_DIR=DIR/usr/share/doc/jargon-text" >&2
+      fi
     else
-      echo "test.sh: not root and no password-less sudo; install Fashion-MNIST with:" \
-        "sudo apt-get install dataset-fashion-mnist" >&2
+      echo "test.sh: not root and no password-less sudo; install the test data with:" \
+        "sudo apt-get install ${packages[*]}" >&2
     fi
   fi
 fi

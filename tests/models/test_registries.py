@@ -27,7 +27,7 @@ def _blobs(name, seed, num_classes=3):
 
 
 def test_the_built_ins_are_registered_in_their_listed_order():
-  assert tuple(jaxsync.models.MODELS) == ("mlp", "cnn", "lenet", "resnet20", "mobilenet")
+  assert tuple(jaxsync.models.MODELS) == ("mlp", "cnn", "lenet", "resnet20", "mobilenet", "transformer")
   assert tuple(jaxsync.datasets.DATASETS) == (
     "digits",
     "fashion_mnist",
@@ -35,6 +35,7 @@ def test_the_built_ins_are_registered_in_their_listed_order():
     "cifar10",
     "cifar100",
     "synthetic",
+    "jargon",
   )
 
 
@@ -75,7 +76,7 @@ def test_a_registered_dataset_is_loaded_by_name_with_the_arguments_it_names(scra
     48,
   )
   jaxsync.datasets.load("blobs_kw", seed=2, data_dir="/here")
-  assert set(seen) == {"seed", "num_classes", "data_dir", "num_examples", "input_shape"}
+  assert set(seen) == {"seed", "num_classes", "data_dir", "num_examples", "input_shape", "sequence_length"}
   assert seen["data_dir"] == "/here"
   assert config_lib.load(helpers.QUICKSTART, ["data.name=blobs"]).data.name == "blobs"
 

@@ -67,29 +67,34 @@ class DataConfig:
   """Which data (``jaxsync.datasets.load``) and each worker's batch size."""
 
   name: str = _key(
-    "digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, ...)"
+    "digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, jargon, ...)"
   )
   data_dir: str | None = _key(
     None, meaning="where the dataset's files are (null: its default place, e.g. $FASHION_MNIST_DIR)"
   )
   batch_size: int = _key(32, meaning="examples in each worker's batch (one gradient)")
   num_examples: int = _key(10_000, meaning="examples of a synthetic dataset (the real ones are whole)")
+  sequence_length: int = _key(64, meaning="tokens per example of a text dataset (jargon)")
 
   def __post_init__(self):
     from jaxsync._src.data.datasets import DATASETS
 
     _require(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
-    _positive("data", self, "batch_size", "num_examples")
+    _positive("data", self, "batch_size", "num_examples", "sequence_length")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """Which model (``jaxsync.models.make``); ``hidden`` widths for ``mlp``."""
+  """Which model (``jaxsync.models.make``); ``hidden`` widths for ``mlp``, ``options`` for any."""
 
   name: str = _key(
-    "cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet)"
+    "cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet, transformer)"
   )
   hidden: list[int] | None = _key(None, meaning="the hidden layer widths of an mlp (null: its default)")
+  options: dict[str, Any] = _key(
+    meaning="the model's options, e.g. layers, width, heads of a transformer (jaxsync.models.make)",
+    factory=dict,
+  )
 
   def __post_init__(self):
     from jaxsync._src.models.networks import MODELS
@@ -202,7 +207,9 @@ class ClusterConfig:
   )
   slow_fraction: float = _key(0.25, meaning="the fraction of workers that are slow, in [0, 1)")
   slowdown: float = _key(4.0, meaning="how many times slower a slow worker is")
-  link: str = _key("10gbps", meaning="the network between workers and server: 1gbps, 10gbps or 100gbps")
+  link: str = _key(
+    "10gbps", meaning="the network between workers and server: 100mbps, 1gbps, 10gbps or 100gbps"
+  )
   apply_time: float = _key(
     0.0, meaning="seconds the server takes per applied update, on top of server_bandwidth"
   )

@@ -1,5 +1,5 @@
-"""Image classification datasets, read offline: digits (bundled), Fashion-MNIST and MNIST (IDX files),
-CIFAR-10/100 (local files), synthetic."""
+"""Datasets read offline: image classification (digits, bundled; Fashion-MNIST and MNIST, IDX files;
+CIFAR-10/100, local files; synthetic) and next-token prediction on a text corpus (the Jargon File)."""
 
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ _IDX_SOURCES = {
   "mnist": "https://yann.lecun.com/exdb/mnist/ or any MNIST mirror (the four original files)",
 }
 _CIFAR_URL = "https://www.cs.toronto.edu/~kriz/cifar.html"
+# Debian's jargon-text package (apt-get install jargon-text) installs the Jargon File 4.4.7 as
+# plain UTF-8 text, gzipped, here; data_dir= or $JARGON_DIR points at another directory holding it.
+JARGON_DIR = pathlib.Path("/usr/share/doc/jargon-text")
+JARGON_ENV = "JARGON_DIR"
+_JARGON_NAMES = ("jargon.txt.gz", "jargon.txt")
+# A byte-level vocabulary: every byte value is a token.
+BYTE_VOCABULARY = 256
 _CIFAR_LAYOUT = {
   "cifar10": ("cifar-10-batches-py", [f"data_batch_{i}" for i in range(1, 6)], ["test_batch"], b"labels", 10),
   "cifar100": ("cifar-100-python", ["train"], ["test"], b"fine_labels", 100),
@@ -47,27 +54,35 @@ _CIFAR_LAYOUT = {
 
 @dataclasses.dataclass(frozen=True)
 class Dataset:
-  """A classification dataset in memory: float32 images ``[N, H, W, C]`` and int32 labels.
+  """A dataset in memory: inputs under :attr:`input_key` and int32 labels under ``"label"``.
+
+  For image classification the inputs are float32 images ``[N, H, W, C]``
+  under ``"image"`` and the labels ``[N]``; for next-token prediction they are
+  int32 token sequences ``[N, T]`` under ``"tokens"`` and the labels ``[N, T]``
+  (the token after each position), ``num_classes`` being the vocabulary size.
 
   Attributes:
     name: the dataset name.
-    train: ``{"image": ..., "label": ...}`` for training.
+    train: ``{input_key: ..., "label": ...}`` for training.
     test: the held-out split, same keys.
-    num_classes: the number of classes.
+    num_classes: the number of classes (the vocabulary size for tokens).
+    input_key: ``"image"`` (the default) or ``"tokens"``: the batch key a
+      model reads (:func:`jaxsync.models.register`'s ``inputs``).
   """
 
   name: str
   train: dict[str, np.ndarray]
   test: dict[str, np.ndarray]
   num_classes: int
+  input_key: str = "image"
 
   @property
-  def input_shape(self) -> tuple[int, int, int]:
-    """``(height, width, channels)`` of one image."""
-    return tuple(self.train["image"].shape[1:])
+  def input_shape(self) -> tuple[int, ...]:
+    """One example's shape: ``(height, width, channels)`` of an image, or ``(sequence_length,)``."""
+    return tuple(self.train[self.input_key].shape[1:])
 
   def map_dataset(self, split: str = "train"):
-    """The examples of ``split`` (``"train"`` or ``"test"``) as a grain ``MapDataset`` of ``{"image", "label"}``.
+    """The examples of ``split`` (``"train"`` or ``"test"``) as a grain ``MapDataset`` of example dicts.
 
     For a user's own grain pipeline (shuffle, batch, map); the simulator's
     :class:`WorkerData` takes ``dataset.train`` as is, and
@@ -101,7 +116,8 @@ def register(name: str) -> Callable[[Callable[..., Dataset]], Callable[..., Data
   """Registers a dataset loader under ``name``: :func:`load` (and a config's ``data.name``) then takes it.
 
   :func:`load` calls the loader with those of its own keyword arguments
-  (``data_dir``, ``seed``, ``num_examples``, ``num_classes``, ``input_shape``)
+  (``data_dir``, ``seed``, ``num_examples``, ``num_classes``, ``input_shape``,
+  ``sequence_length``)
   that the loader's signature names (all of them for ``**kwargs``); it
   returns a :class:`Dataset`. The built-in datasets are registered so.
 
@@ -319,6 +335,93 @@ def _synthetic(seed: int, num_examples: int, num_classes: int, input_shape) -> D
   return Dataset("synthetic", train, test, num_classes)
 
 
+def _jargon_path(data_dir: Any) -> pathlib.Path:
+  """The Jargon File: ``data_dir`` (the file or its folder), else ``$JARGON_DIR``, else Debian's place."""
+  if data_dir is not None:
+    folder, where = pathlib.Path(data_dir).expanduser(), "data_dir"
+  elif os.environ.get(JARGON_ENV):
+    folder, where = pathlib.Path(os.environ[JARGON_ENV]).expanduser(), f"${JARGON_ENV}"
+  else:
+    folder, where = JARGON_DIR, "the default directory"
+  if folder.is_file():
+    return folder
+  for name in _JARGON_NAMES:
+    if (folder / name).is_file():
+      return folder / name
+  raise ValueError(
+    f"{_WHAT}: name='jargon' needs the Jargon File, and {where} {str(folder)!r} holds no "
+    f"{' or '.join(_JARGON_NAMES)}; install Debian's package with: sudo apt-get install jargon-text "
+    f"(it puts {JARGON_DIR / _JARGON_NAMES[0]}), or pass data_dir= a folder holding the Jargon File "
+    "4.4.7 as plain text (jargon.txt, gzipped or not). Nothing is downloaded at run time."
+  )
+
+
+@functools.lru_cache(maxsize=2)
+def _read_text(path: str, mtime_ns: int, size: int) -> np.ndarray:
+  """The bytes of a text file (gunzipped if its name ends in .gz), read-only; cached per file version."""
+  opener = gzip.open if path.endswith(".gz") else open
+  try:
+    with opener(path, "rb") as f:
+      raw = f.read()
+  except (OSError, EOFError) as err:
+    raise ValueError(f"{_WHAT}: {path} could not be read ({type(err).__name__}: {err}).") from None
+  data = np.frombuffer(raw, np.uint8)
+  data.setflags(write=False)
+  return data
+
+
+def text_sequences(data: np.ndarray, sequence_length: int, test_fraction: float = 0.05):
+  """Next-token training pairs from a stream of tokens, and a held-out contiguous tail.
+
+  The last ``test_fraction`` of the stream is the test split, the rest the
+  training split (no sequence crosses the cut). Each split is cut into
+  consecutive, non-overlapping windows: example ``i`` has tokens
+  ``x[i T : (i + 1) T]`` and labels ``x[i T + 1 : (i + 1) T + 1]``, the token
+  after each position. The split and the windows depend on the stream only
+  (no seed): the workers' shuffling is :class:`WorkerData`'s.
+
+  Args:
+    data: the token stream, ``[L]`` integers.
+    sequence_length: ``T``, tokens per example.
+    test_fraction: the held-out tail's share of the stream, in ``(0, 1)``.
+
+  Returns:
+    ``(train, test)``, each ``{"tokens": int32 [N, T], "label": int32 [N, T]}``.
+
+  Example:
+    >>> import numpy as np
+    >>> from jaxsync._src.data.datasets import text_sequences
+    >>> train, test = text_sequences(np.arange(100), sequence_length=4, test_fraction=0.2)
+    >>> train["tokens"][1], train["label"][1], test["tokens"].shape
+    (array([4, 5, 6, 7], dtype=int32), array([5, 6, 7, 8], dtype=int32), (4, 4))
+  """
+  sequence_length = validation.check_int(_WHAT, "sequence_length", sequence_length)
+  data = np.asarray(data)
+  cut = len(data) - int(round(test_fraction * len(data)))
+
+  def windows(part: np.ndarray) -> dict[str, np.ndarray]:
+    count = (len(part) - 1) // sequence_length
+    if count < 1:
+      raise validation.invalid(
+        _WHAT, "sequence_length", sequence_length, f"at most {len(part) - 1}, the tokens of a split minus one"
+      )
+    span = part[: count * sequence_length + 1].astype(np.int32)
+    return {
+      "tokens": span[:-1].reshape(count, sequence_length),
+      "label": span[1:].reshape(count, sequence_length),
+    }
+
+  return windows(data[:cut]), windows(data[cut:])
+
+
+@register("jargon")
+def _jargon(data_dir: Any, sequence_length: int) -> Dataset:
+  path = _jargon_path(data_dir)
+  stat = path.stat()
+  train, test = text_sequences(_read_text(str(path), stat.st_mtime_ns, stat.st_size), sequence_length)
+  return Dataset("jargon", train, test, BYTE_VOCABULARY, input_key="tokens")
+
+
 def load(
   name: str,
   *,
@@ -327,6 +430,7 @@ def load(
   num_examples: int = 10_000,
   num_classes: int = 10,
   input_shape: tuple[int, int, int] = (8, 8, 1),
+  sequence_length: int = 64,
 ) -> Dataset:
   """Loads a dataset by name, offline.
 
@@ -348,12 +452,22 @@ def load(
     ``ValueError`` saying what was expected and where to get it.
   * ``synthetic``: ``num_examples`` Gaussian images around ``num_classes``
     random class centres, for scale.
+  * ``jargon``: next-token prediction on the Jargon File 4.4.7 (Eric S.
+    Raymond et al.; public domain; 1.68 MB of English text, UTF-8), from
+    ``data_dir`` (the file ``jargon.txt[.gz]`` or its directory), else
+    ``$JARGON_DIR``, else where Debian's package ``jargon-text`` installs it
+    (``/usr/share/doc/jargon-text/jargon.txt.gz``). Byte-level tokens (a
+    vocabulary of 256, ``num_classes``), examples of ``sequence_length``
+    tokens under ``"tokens"`` with the next token at each position as
+    ``"label"`` (:func:`text_sequences`); the last 5% of the text is the test
+    split (about 26,000 train and 1,300 test sequences of 64 bytes).
 
   Args:
     name: one of :data:`DATASETS`: a built-in, or a dataset added with :func:`register`.
     data_dir: the CIFAR or (Fashion-)MNIST directory.
     seed: the split (and synthetic data) seed.
     num_examples, num_classes, input_shape: the synthetic set's size.
+    sequence_length: tokens per example of a text dataset (``jargon``).
 
   Returns:
     A :class:`Dataset`.
@@ -369,12 +483,18 @@ def load(
     (CIFAR-10/100); Xiao, Rasul, Vollgraf, "Fashion-MNIST: a Novel Image Dataset
     for Benchmarking Machine Learning Algorithms", arXiv:1708.07747, 2017;
     LeCun, Bottou, Bengio, Haffner, "Gradient-based learning applied to
-    document recognition", Proc. IEEE 1998 (MNIST).
+    document recognition", Proc. IEEE 1998 (MNIST); Raymond (ed.), "The
+    Jargon File", version 4.4.7, 2003 (public domain).
   """
   loader = DATASETS.lookup(name)
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
   given = dict(
-    data_dir=data_dir, seed=seed, num_examples=num_examples, num_classes=num_classes, input_shape=input_shape
+    data_dir=data_dir,
+    seed=seed,
+    num_examples=num_examples,
+    num_classes=num_classes,
+    input_shape=input_shape,
+    sequence_length=sequence_length,
   )
   parameters = inspect.signature(loader).parameters
   if not any(p.kind == p.VAR_KEYWORD for p in parameters.values()):

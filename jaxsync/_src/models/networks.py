@@ -1,4 +1,11 @@
-"""Flax (nnx) models by name, as pure ``apply(params, images)`` functions over plain dicts."""
+"""Flax (nnx) models by name, as pure ``apply(params, inputs)`` functions over plain dicts.
+
+Image classifiers (``mlp``, ``cnn``, ``lenet``, ``resnet20``, ``mobilenet``)
+map float32 images ``[batch, height, width, channels]`` to logits
+``[batch, classes]``; the language model (``transformer``) maps int32 tokens
+``[batch, T]`` to next-token logits ``[batch, T, vocabulary]``. The loss and
+metrics below take both: a label per example, or one per token.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +24,14 @@ from flax import nnx
 from jaxsync._src.core import validation
 from jaxsync._src.core.registry import Registry
 from jaxsync._src.models.layers import BatchStatNorm, ShiftConv
+from jaxsync._src.models.transformer import Transformer
 
 _WHAT = "models"
+# What a model reads from a batch: its input key, the dtype of those inputs, and the shape of one example.
+INPUTS = {
+  "image": (jnp.float32, "(height, width, channels)", 3),
+  "tokens": (jnp.int32, "(sequence_length,)", 1),
+}
 
 
 class Mlp(nnx.Module):
@@ -148,19 +161,31 @@ class SmallMobileNet(nnx.Module):
 
 
 MODELS: Registry[Callable[..., nnx.Module]] = Registry(_WHAT)
+# The input key of each registered model (``register(name, inputs=...)``), by (name, builder): an entry
+# outlives its builder's registration (a test's scratch registry) but is found only with it.
+_INPUT_KEYS: dict[tuple[str, Callable[..., nnx.Module]], str] = {}
 
 
-def register(name: str) -> Callable[[Callable[..., nnx.Module]], Callable[..., nnx.Module]]:
+def register(
+  name: str, *, inputs: str = "image"
+) -> Callable[[Callable[..., nnx.Module]], Callable[..., nnx.Module]]:
   """Registers a model builder under ``name``: :func:`make` (and a config's ``model.name``) then takes it.
 
   The builder is called as ``builder(input_shape, num_classes, rngs, **options)``
-  with ``input_shape = (height, width, channels)`` and an ``nnx.Rngs``, and
-  returns an ``nnx.Module`` mapping images ``[batch, height, width, channels]``
-  to logits ``[batch, num_classes]``; its keyword-only parameters are the
-  options :func:`make` accepts for it. The built-in models are registered so.
+  with an ``nnx.Rngs`` and returns an ``nnx.Module``; its keyword-only
+  parameters are the options :func:`make` accepts for it. With
+  ``inputs="image"`` (the default) ``input_shape = (height, width,
+  channels)`` and the module maps float32 images ``[batch, height, width,
+  channels]`` to logits ``[batch, num_classes]``; with ``inputs="tokens"``
+  ``input_shape = (sequence_length,)``, ``num_classes`` is the vocabulary
+  size, and the module maps int32 tokens ``[batch, T]`` (``T <=
+  sequence_length``) to logits ``[batch, T, num_classes]``. The built-in
+  models are registered so.
 
   Args:
     name: the model's name, not registered yet (a ``ValueError`` otherwise).
+    inputs: the batch key the model reads, ``"image"`` or ``"tokens"``; a
+      dataset's :attr:`~jaxsync.datasets.Dataset.input_key` must match it.
 
   Returns:
     A decorator that registers the builder and returns it unchanged.
@@ -176,7 +201,34 @@ def register(name: str) -> Callable[[Callable[..., nnx.Module]], Callable[..., n
     >>> jaxsync.models.make("linear_example", input_shape=(8, 8, 1), num_classes=10, bias=False).num_params
     640
   """
-  return MODELS.register(name)
+  inputs = validation.check_choice(_WHAT, "inputs", inputs, tuple(INPUTS))
+  add = MODELS.register(name)
+
+  def register_with_inputs(builder: Callable[..., nnx.Module]) -> Callable[..., nnx.Module]:
+    _INPUT_KEYS[name, builder] = inputs
+    return add(builder)
+
+  return register_with_inputs
+
+
+def input_key(name: str) -> str:
+  """The batch key model ``name`` reads, ``"image"`` or ``"tokens"``: the ``inputs`` it was registered with.
+
+  A dataset's :attr:`~jaxsync.datasets.Dataset.input_key` must be the same
+  for the model to train on it (a config that pairs them otherwise is refused).
+
+  Args:
+    name: one of :data:`MODELS`.
+
+  Returns:
+    ``"image"`` or ``"tokens"``.
+
+  Example:
+    >>> import jaxsync
+    >>> jaxsync.models.input_key("cnn"), jaxsync.models.input_key("transformer")
+    ('image', 'tokens')
+  """
+  return _INPUT_KEYS.get((name, MODELS.lookup(name)), "image")
 
 
 @register("mlp")
@@ -207,6 +259,32 @@ def _mobilenet(input_shape, num_classes: int, rngs: nnx.Rngs) -> nnx.Module:
   return SmallMobileNet(input_shape[2], num_classes, rngs)
 
 
+@register("transformer", inputs="tokens")
+def _transformer(
+  input_shape,
+  num_classes: int,
+  rngs: nnx.Rngs,
+  *,
+  layers: int = 2,
+  width: int = 64,
+  heads: int = 2,
+  mlp_ratio: int = 4,
+  tied: bool = True,
+) -> nnx.Module:
+  layers = validation.check_int(_WHAT, "layers", layers)
+  width = validation.check_int(_WHAT, "width", width)
+  heads = validation.check_int(_WHAT, "heads", heads)
+  mlp_ratio = validation.check_int(_WHAT, "mlp_ratio", mlp_ratio)
+  if width % heads:
+    raise validation.invalid(_WHAT, "width", width, f"a multiple of heads={heads}")
+  if not isinstance(tied, bool):
+    raise validation.invalid(_WHAT, "tied", tied, "true or false")
+  (length,) = input_shape
+  return Transformer(
+    num_classes, length, layers=layers, width=width, heads=heads, mlp_ratio=mlp_ratio, tied=tied, rngs=rngs
+  )
+
+
 def _options(builder: Callable[..., nnx.Module]) -> tuple[str, ...] | None:
   """The options ``builder`` takes (its keyword-only parameters); None if it takes any (``**options``)."""
   parameters = inspect.signature(builder).parameters.values()
@@ -215,7 +293,7 @@ def _options(builder: Callable[..., nnx.Module]) -> tuple[str, ...] | None:
   return tuple(p.name for p in parameters if p.kind == p.KEYWORD_ONLY)
 
 
-# Forward FLOPs per image by (name, input shape, classes, options): XLA's cost analysis needs a compile.
+# Forward FLOPs per example by (name, input shape, classes, options): XLA's cost analysis needs a compile.
 _FLOPS: dict[tuple, float] = {}
 
 
@@ -226,39 +304,55 @@ class Model:
   Attributes:
     name: the registry name.
     params: the initial parameters, a plain nested dict of arrays.
-    apply: ``(params, images) -> logits``, pure and jittable; ``images`` is
-      ``[batch, height, width, channels]``.
-    input_shape: ``(height, width, channels)``.
-    num_classes: the number of output classes.
+    apply: ``(params, inputs) -> logits``, pure and jittable; ``inputs`` is
+      ``[batch, *input_shape]`` of :attr:`input_dtype` (float32 images
+      ``[batch, height, width, channels]``, or int32 tokens ``[batch, T]``).
+    input_shape: one example's shape: ``(height, width, channels)``, or
+      ``(sequence_length,)`` for a language model.
+    num_classes: the number of output classes (a language model's vocabulary
+      size).
     num_params: the number of parameters.
-    flops_per_sample: forward FLOPs for one image, from XLA's cost analysis of
+    flops_per_sample: forward FLOPs for one example (an image, or a whole
+      sequence of ``sequence_length`` tokens), from XLA's cost analysis of
       the compiled forward pass as implemented (convolutions as
       :class:`ShiftConv` also count the zero padding at the borders, about 20%
       more than the valid taps for ResNet-20 on 32x32). The simulator's
       compute time uses ``3x`` this per example; the EA-wild paper's
       computation-to-communication ratio (HPCAsia 2020) uses it.
+    input_key: the batch key the model reads: ``"image"`` (labels ``[batch]``)
+      or ``"tokens"`` (labels ``[batch, T]``, one per position).
   """
 
   name: str
   params: Any
   apply: Callable[[Any, jax.Array], jax.Array]
-  input_shape: tuple[int, int, int]
+  input_shape: tuple[int, ...]
   num_classes: int
   num_params: int
   flops_per_sample: float
+  input_key: str = "image"
+
+  @property
+  def input_dtype(self) -> Any:
+    """The dtype of the inputs: float32 for images, int32 for tokens."""
+    return INPUTS[self.input_key][0]
 
 
 def make(
-  name: str, *, input_shape: tuple[int, int, int], num_classes: int, seed: int = 0, **options: Any
+  name: str, *, input_shape: tuple[int, ...], num_classes: int, seed: int = 0, **options: Any
 ) -> Model:
-  """Builds the model registered as ``name`` (``mlp``, ``cnn``, ...) for images of ``input_shape``.
+  """Builds the model registered as ``name`` (``mlp``, ``cnn``, ``transformer``, ...) for ``input_shape``.
 
   Args:
     name: one of :data:`MODELS`: a built-in, or a model added with :func:`register`.
-    input_shape: ``(height, width, channels)`` of one image.
-    num_classes: output classes, ``>= 2``.
+    input_shape: ``(height, width, channels)`` of one image, or
+      ``(sequence_length,)`` for a model of tokens (``transformer``).
+    num_classes: output classes, ``>= 2`` (the vocabulary size for tokens).
     seed: the initialization seed.
-    **options: the builder's keyword-only options: ``hidden`` (a tuple of layer widths) for ``mlp``.
+    **options: the builder's keyword-only options: ``hidden`` (a tuple of
+      layer widths) for ``mlp``; ``layers`` (2), ``width`` (64), ``heads``
+      (2), ``mlp_ratio`` (4) and ``tied`` (True: the output layer is the token
+      embedding's transpose) for ``transformer``.
 
   Returns:
     A :class:`Model`.
@@ -268,17 +362,21 @@ def make(
     >>> model = jaxsync.models.make("cnn", input_shape=(8, 8, 1), num_classes=10)
     >>> model.num_params, model.apply(model.params, jaxsync.models.zeros_batch(model, 2)).shape
     (151306, (2, 10))
+    >>> lm = jaxsync.models.make("transformer", input_shape=(64,), num_classes=256)
+    >>> lm.num_params, lm.apply(lm.params, jaxsync.models.zeros_batch(lm, 2)).shape
+    (120576, (2, 64, 256))
 
   References:
     He, Zhang, Ren, Sun, "Deep Residual Learning for Image Recognition", CVPR
-    2016 (ResNet-20, §4.2); Howard et al., "MobileNets", arXiv:1704.04861, 2017.
+    2016 (ResNet-20, §4.2); Howard et al., "MobileNets", arXiv:1704.04861, 2017;
+    Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (the transformer).
   """
   builder = MODELS.lookup(name)
+  key_name = input_key(name)
+  dtype, expected, ndim = INPUTS[key_name]
   shape = tuple(input_shape)
-  if len(shape) != 3 or not all(isinstance(d, int) and d >= 1 for d in shape):
-    raise validation.invalid(
-      _WHAT, "input_shape", input_shape, "(height, width, channels), positive integers"
-    )
+  if len(shape) != ndim or not all(isinstance(d, int) and d >= 1 for d in shape):
+    raise validation.invalid(_WHAT, "input_shape", input_shape, f"{expected}, positive integers")
   num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
   accepted = _options(builder)
@@ -294,70 +392,97 @@ def make(
   graphdef, state = nnx.split(module)
   params = nnx.to_pure_dict(state)
 
-  def apply(p, images):
-    return nnx.merge(graphdef, p)(images)
+  def apply(p, inputs):
+    return nnx.merge(graphdef, p)(inputs)
 
   key = (name, shape, num_classes, repr(sorted(options.items())))
   if key not in _FLOPS:  # the same network at any seed: compiled once per process
-    one = jnp.zeros((1, *shape), jnp.float32)
+    one = jnp.zeros((1, *shape), dtype)
     cost = jax.jit(apply).lower(params, one).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
     _FLOPS[key] = float(cost.get("flops", 0.0)) if cost else 0.0
   num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
-  return Model(name, params, apply, shape, num_classes, num_params, _FLOPS[key])
+  return Model(name, params, apply, shape, num_classes, num_params, _FLOPS[key], key_name)
 
 
 def zeros_batch(model: Model, size: int) -> jax.Array:
-  """A batch of ``size`` zero images shaped for ``model``."""
-  return jnp.zeros((size, *model.input_shape), jnp.float32)
+  """A batch of ``size`` zero inputs shaped for ``model``: float32 images, or int32 tokens (all id 0)."""
+  return jnp.zeros((size, *model.input_shape), model.input_dtype)
 
 
 def classification_loss(model: Model) -> Callable[[Any, dict], jax.Array]:
-  """``loss_fn(params, batch)``: mean softmax cross-entropy of ``batch["image"]`` against ``batch["label"]``."""
+  """``loss_fn(params, batch)``: mean softmax cross-entropy of the model's logits against ``batch["label"]``.
+
+  The model reads ``batch[model.input_key]``: images with one label each, or
+  tokens ``[batch, T]`` with one label (the next token) per position, the
+  loss then being the mean over every position of every sequence.
+
+  Args:
+    model: a :class:`Model`.
+
+  Returns:
+    ``loss_fn(params, batch) -> scalar``, pure and jittable.
+  """
+  key = model.input_key
 
   def loss_fn(params, batch):
-    logits = model.apply(params, batch["image"])
+    logits = model.apply(params, batch[key])
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
 
   return loss_fn
 
 
 def classification_metrics(
-  model: Model, images: Any, labels: Any, *, batch_size: int = 500
+  model: Model, inputs: Any, labels: Any, *, batch_size: int = 500
 ) -> Callable[[Any], dict[str, jax.Array]]:
   """``eval_fn(params) -> {"loss", "accuracy"}`` over a held-out set, in fixed batches (jittable).
 
   The set is cut into ``ceil(N / batch_size)`` equal batches (the last one
-  completed with the first images and masked), so that memory stays bounded
+  completed with the first examples and masked), so that memory stays bounded
   and batch-statistics normalization sees large batches of real images.
   ``eval_fn`` is a ``jax.tree_util.Partial`` whose leaves are the batches: the
   runtimes pass them to their compiled programs as arguments, so the set is
-  not a constant folded into every program.
+  not a constant folded into every program. For a language model (labels
+  ``[N, T]``) ``loss`` is the mean next-token cross-entropy (its exponential
+  the perplexity) and ``accuracy`` the fraction of positions whose most likely
+  next token is the true one.
+
+  Args:
+    model: a :class:`Model`.
+    inputs: ``N`` held-out examples, ``[N, *model.input_shape]``.
+    labels: their labels, ``[N]`` (or ``[N, T]`` for tokens).
+    batch_size: examples per evaluation batch.
+
+  Returns:
+    ``eval_fn(params) -> {"loss": scalar, "accuracy": scalar}``.
   """
-  images = jnp.asarray(images, jnp.float32)
+  inputs = jnp.asarray(inputs, model.input_dtype)
   labels = jnp.asarray(labels, jnp.int32)
-  n = images.shape[0]
+  n = inputs.shape[0]
   batch_size = min(validation.check_int(_WHAT, "batch_size", batch_size), n)
   batches = -(-n // batch_size)
-  # The last batch is filled with the first images again (masked out of the
+  # The last batch is filled with the first examples again (masked out of the
   # metrics) so that batch statistics always see real images.
   order = jnp.arange(batches * batch_size) % n
-  images_b = images[order].reshape(batches, batch_size, *images.shape[1:])
-  labels_b = labels[order].reshape(batches, batch_size)
+  inputs_b = inputs[order].reshape(batches, batch_size, *inputs.shape[1:])
+  labels_b = labels[order].reshape(batches, batch_size, *labels.shape[1:])
   mask_b = (jnp.arange(batches * batch_size) < n).reshape(batches, batch_size)
 
   return jax.tree_util.Partial(
-    functools.partial(_batched_metrics, model.apply, n), images_b, labels_b, mask_b
+    functools.partial(_batched_metrics, model.apply, n), inputs_b, labels_b, mask_b
   )
 
 
-def _batched_metrics(apply, n, images_b, labels_b, mask_b, params):
+def _batched_metrics(apply, n, inputs_b, labels_b, mask_b, params):
   def one(carry, xs):
     x, y, m = xs
     logits = apply(params, x)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, y)
     correct = jnp.argmax(logits, -1) == y
+    if loss.ndim > 1:  # one label per token: each sequence's mean over its positions
+      positions = tuple(range(1, loss.ndim))
+      loss, correct = jnp.mean(loss, axis=positions), jnp.mean(correct, axis=positions)
     return (carry[0] + jnp.sum(loss * m), carry[1] + jnp.sum(correct * m)), None
 
-  (loss, correct), _ = jax.lax.scan(one, (0.0, 0.0), (images_b, labels_b, mask_b))
+  (loss, correct), _ = jax.lax.scan(one, (0.0, 0.0), (inputs_b, labels_b, mask_b))
   return {"loss": loss / n, "accuracy": correct / n}
