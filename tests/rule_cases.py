@@ -271,9 +271,7 @@ def run_server(case: RuleCase, tx, loss: Callable, x0: jax.Array, steps: int):
     w, state, points, versions = carry
     i = t % NUM_WORKERS
     g = grad(points[i])
-    u, state = tx.update(
-      g, state, w, worker=i, version=versions[i], num_live_workers=jnp.int32(NUM_WORKERS)
-    )
+    u, state = tx.update(g, state, w, worker=i, version=versions[i], num_live_workers=jnp.int32(NUM_WORKERS))
     w = optax.apply_updates(w, u)
     points = points.at[i].set(jaxsync.look_ahead(w, state))
     versions = versions.at[i].set(current_version(state, t))

@@ -180,8 +180,12 @@ def test_the_wire_formats_round_trip_and_count_their_bytes():
   from jaxsync._src.rules import quantize
 
   x = jnp.asarray(np.random.default_rng(5).normal(size=130), jnp.float32)
-  np.testing.assert_allclose(np.asarray(quantize.quantized(x, "int4", 64)), _int4(x, 64), rtol=1e-6, atol=1e-7)
-  assert float(jnp.max(jnp.abs(quantize.quantized(x, "int8", 64) - x))) <= float(jnp.max(jnp.abs(x))) / 254 + 1e-6
+  np.testing.assert_allclose(
+    np.asarray(quantize.quantized(x, "int4", 64)), _int4(x, 64), rtol=1e-6, atol=1e-7
+  )
+  assert (
+    float(jnp.max(jnp.abs(quantize.quantized(x, "int8", 64) - x))) <= float(jnp.max(jnp.abs(x))) / 254 + 1e-6
+  )
   assert quantize.quantized(x, "bfloat16", 64).dtype == jnp.float32
   # 130 values: float32 520 B; bfloat16 260; int8 130 + 3 scales of 4 B; int4 65 + 12.
   assert [quantize.wire_bytes(x, f, 64) for f in (None, "bfloat16", "int8", "int4")] == [520, 260, 142, 77]

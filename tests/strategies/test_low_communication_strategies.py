@@ -146,7 +146,9 @@ def test_streaming_diloco_moves_a_fragment_per_round_in_its_wire_format_on_both_
     ("dc_asgd", {"learning_rate": 0.1, "adaptive": True}),
   ],
 )
-def test_a_run_resumed_from_its_checkpoint_ends_bit_for_bit_like_the_uninterrupted_one(tmp_path, name, options):
+def test_a_run_resumed_from_its_checkpoint_ends_bit_for_bit_like_the_uninterrupted_one(
+  tmp_path, name, options
+):
   from jaxsync._src.train.progress import Reporter
   from jaxsync._src.train.training import train
 

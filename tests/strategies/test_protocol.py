@@ -31,6 +31,8 @@ STILL = {
   "adaptive_k": {"momentum": 0.0},
   "local_sgd": {"period": 2},
   "diloco": {"period": 2, "outer_momentum": 0.0},
+  # Mixing keeps a worker's own fragment apart from theta, whose difference the outer step moves by.
+  "streaming_diloco": {"period": 4, "outer_momentum": 0.0, "mixing": 0.0},
   "async_local_sgd": {"period": 2, "outer_momentum": 0.0},
   "easgd": {"moving_rate": 0.0, "period": 1},
   "eamsgd": {"moving_rate": 0.0, "period": 1, "momentum": 0.0},
@@ -95,7 +97,10 @@ def test_the_schedule_counts_the_strategys_own_clock_and_weight_decay_is_applied
       late = int(steps[worker]) >= STOP
     elif strategy.protocol == "local":
       moved = _moved(before.params, after.params)
-      late = int(steps.min()) >= STOP  # every worker's local steps of this round are past STOP
+      # Every worker's local steps that this round's pseudo-gradient spans are past STOP: a fragment's
+      # (Streaming DiLoCo) spans the rounds since its last sync.
+      spans = (strategy.exchange.fragments - 1) * strategy.local_steps
+      late = int(steps.min()) - spans >= STOP
     else:  # BB: each worker scales its own gradient by its rate, counted on its own steps
       worker = int(np.argmax(steps_after - steps))
       moved = _moved(before.params, after.params)

@@ -28,6 +28,7 @@ from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EvalSchedule
 from jaxsync._src.strategies import registry as strategies
 from jaxsync._src.strategies import schedules
+from jaxsync._src.strategies.strategy import with_worker_speeds
 
 
 @contextlib.contextmanager
@@ -51,8 +52,8 @@ class Experiment:
     strategy: the registry strategy.
     time_model: the simulated cluster's clock (the simulator's only).
     data: the training data sharded over the workers.
-    loss_fn: ``(params, batch) -> scalar``.
-    eval_fn: ``params -> {"loss", "accuracy"}`` on the test split.
+    loss_fn: ``(params, batch) -> scalar``: the mean cross-entropy (per token, for a language model).
+    eval_fn: ``params -> {"loss", "accuracy"}`` on the test split (next-token accuracy for a language model).
     eval_every, eval_every_time: the evaluation schedule (one of them).
     num_events: events in the whole run (arrivals, or rounds).
   """
@@ -127,16 +128,31 @@ def build(config: Config) -> Experiment:
   data_cfg, cluster, run = config.data, config.cluster, config.run
   with _section("data"):
     dataset = datasets.load(
-      data_cfg.name, data_dir=data_cfg.data_dir, seed=config.seed, num_examples=data_cfg.num_examples
+      data_cfg.name,
+      data_dir=data_cfg.data_dir,
+      seed=config.seed,
+      num_examples=data_cfg.num_examples,
+      sequence_length=data_cfg.sequence_length,
     )
   with _section("model"):
-    hidden = {"hidden": tuple(config.model.hidden)} if config.model.hidden else {}
+    reads = models.input_key(config.model.name)
+    if reads != dataset.input_key:
+      raise ConfigError(
+        f"model: model.name={config.model.name!r} reads {reads!r} but data.name={data_cfg.name!r} gives "
+        f"{dataset.input_key!r}; expected a model of {dataset.input_key!r} "
+        f"({', '.join(n for n in models.MODELS if models.input_key(n) == dataset.input_key)})."
+      )
+    options = dict(config.model.options)
+    if config.model.hidden:
+      if "hidden" in options:
+        raise ConfigError("model: model.hidden and model.options.hidden are both set; expected one of them.")
+      options["hidden"] = tuple(config.model.hidden)
     model = models.make(
       config.model.name,
       input_shape=dataset.input_shape,
       num_classes=dataset.num_classes,
       seed=config.seed,
-      **hidden,
+      **options,
     )
   name, options = config.strategy.name, config.strategy.options
   if config.strategy.schedule != ScheduleConfig():
@@ -155,6 +171,9 @@ def build(config: Config) -> Experiment:
     time_model = TimeModel(
       **cluster.time_model_options(flops_per_sample=model.flops_per_sample, batch_size=data_cfg.batch_size)
     )
+    # Dynamic Local Updates: each worker's local steps from its speed in this cluster, for the simulator
+    # and for real processes alike.
+    strategy = with_worker_speeds(strategy, time_model.mean_compute_times())
   with _section("run"):  # the simulator's checks, without building one
     EvalSchedule.make(lambda params: {}, run.eval_every, run.eval_every_time)
     check_gradient_batch(strategy, run.gradient_batch)
@@ -166,7 +185,7 @@ def build(config: Config) -> Experiment:
     time_model=time_model,
     data=data,
     loss_fn=models.classification_loss(model),
-    eval_fn=models.classification_metrics(model, dataset.test["image"], dataset.test["label"]),
+    eval_fn=models.classification_metrics(model, dataset.test[dataset.input_key], dataset.test["label"]),
     eval_every=run.eval_every,
     eval_every_time=run.eval_every_time,
     num_events=math.ceil(run.gradients / strategy.gradients_per_event),

@@ -50,7 +50,10 @@ class Link:
 
 # Ethernet-class latencies for 1 and 10 Gbit/s, InfiniBand-class for 100 Gbit/s:
 # the three clusters of the adaptive-k paper (Zhang, Ji, Wang, JPDC 2022; docs/algorithms.md §16).
+# 100 Mbit/s with a wide-area 10 ms: the slow links between clusters or sites that the DiLoCo family
+# (Douillard et al., 2023, 2025) is made for.
 LINK_PRESETS: dict[str, Link] = {
+  "100mbps": Link(latency=10e-3, bandwidth=100e6 / 8),
   "1gbps": Link(latency=50e-6, bandwidth=1e9 / 8),
   "10gbps": Link(latency=20e-6, bandwidth=10e9 / 8),
   "100gbps": Link(latency=2e-6, bandwidth=100e9 / 8),
@@ -77,7 +80,7 @@ def server_bandwidth(spec: str | float | None) -> float | None:
 
 
 def link(spec: str | Link) -> Link:
-  """A :class:`Link` from a preset name (``1gbps``, ``10gbps``, ``100gbps``) or a Link."""
+  """A :class:`Link` from a preset name (``100mbps``, ``1gbps``, ``10gbps``, ``100gbps``) or a Link."""
   if isinstance(spec, Link):
     return spec
   if not isinstance(spec, str) or spec not in LINK_PRESETS:

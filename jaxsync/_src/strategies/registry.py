@@ -359,8 +359,13 @@ def _bsp(
   communication="parameter_server",
   group_size=None,
   weight_decay=0.0,
+  server_optimizer="sgd",
 ) -> _Recipe:
-  """Bulk-synchronous SGD with momentum: a barrier, the mean of K gradients (the papers' synchronous baseline)."""
+  """Bulk-synchronous SGD with momentum: a barrier, the mean of K gradients (the papers' synchronous baseline).
+
+  ``server_optimizer="adam"`` (or ``"rmsprop"``) applies that optimizer to the mean gradient instead
+  (``momentum`` is then unused): fully synchronous Adam, DiLoCo's baseline.
+  """
   name = "bsp"
   communication = validation.check_choice(
     name, "communication", communication, ("parameter_server", "ring", "hierarchical")
@@ -385,13 +390,23 @@ def _bsp(
     # A parameter server sums the K pushes; a ring does it in the network.
     server_traffic=ServerTraffic(_ACCUMULATE, _sgd_traffic(momentum)),
   )
+  if server_optimizer != "sgd":
+    optimizer, traffic = _server_optimizer(name, server_optimizer)
+    blueprint = dataclasses.replace(blueprint, server_traffic=ServerTraffic(_ACCUMULATE, traffic))
+    return _Recipe(blueprint, lambda lr: (_decayed(optimizer(lr), decay), None))
   return _Recipe(blueprint, lambda lr: (_decayed(_sgd(lr, momentum), decay), None))
 
 
 @_register("allreduce", learning_rate=0.01)
-def _allreduce(num_workers, *, momentum=0.9, weight_decay=0.0) -> _Recipe:
+def _allreduce(num_workers, *, momentum=0.9, weight_decay=0.0, server_optimizer="sgd") -> _Recipe:
   """BSP over a ring all-reduce instead of a parameter server (Horovod-style; Wongpanich et al., HPCAsia 2020)."""
-  return _bsp(num_workers, momentum=momentum, communication="ring", weight_decay=weight_decay)
+  return _bsp(
+    num_workers,
+    momentum=momentum,
+    communication="ring",
+    weight_decay=weight_decay,
+    server_optimizer=server_optimizer,
+  )
 
 
 @_register("hierarchical_allreduce", learning_rate=0.01)

@@ -1,0 +1,317 @@
+"""Low-communication training against the parameter-server family: which synchronization model wins where.
+
+DiLoCo (Douillard et al., 2023; H = 10, 50, 200 inner AdamW steps per outer Nesterov step),
+Streaming DiLoCo (Douillard et al., 2025; two fragments, one step of overlap, mixing 0.5, int4 on the
+wire), asynchronous local SGD (Liu et al., 2024; Delayed Nesterov, with and without Dynamic Local
+Updates) and DC-ASGD (Zheng et al., ICML 2017) against synchronous all-reduce (SGD with momentum, and
+Adam: DiLoCo's fully synchronous baseline), asynchronous SGD and OrMo (Shi, Yang, Li, NeurIPS 2024),
+on the simulated cluster: 8 and 32 workers, links from 100 Mbit/s to 100 Gbit/s, with and without
+slow workers (a quarter of them 4x slower).
+
+Workload: an MLP (one hidden layer of 128) on Fashion-MNIST, its compute time from its FLOPs at
+100 GFLOP/s (0.16 ms a step: communication dominates on slow links, compute on fast ones), batch 32,
+800 gradients per worker (3.4 epochs at 8 workers, 13.6 at 32). Every method's learning rate is
+picked on one log-spaced grid of four rates per optimizer family (SGD rates for the gradient
+methods, AdamW rates for the local-update methods), on a held-out seed, for each worker count, at
+1 Gbit/s without slow workers, on the time to the target accuracy (first evaluation after which the
+accuracy stays at or above it); a pick at a grid edge is reported as such.
+
+The store ``benchmarks/results/low_communication_runs.jsonl`` holds every run (setting, method,
+rate, seed, code version, summary and the evaluations); a rerun skips what it holds, so the
+benchmark runs in sittings and on several machines; ``--report-only`` rewrites
+``benchmarks/results/low_communication.md`` from the store alone and names the missing cells.
+
+Run: ``python benchmarks/low_communication.py [--seeds N] [--workers 8,32] [--report-only]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import hashlib
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import _harness
+import numpy as np
+
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.app import experiment
+
+NAME = "low_communication"
+REPO = _harness.REPO
+STORE = REPO / "benchmarks" / "results" / f"{NAME}_runs.jsonl"
+REPORT = REPO / "benchmarks" / "results" / f"{NAME}.md"
+
+TARGET = 0.80  # test accuracy of the MLP on Fashion-MNIST that every method can reach in the budget
+PER_WORKER = 800  # gradients per worker
+EVALUATIONS = 24
+LINKS = ("100mbps", "1gbps", "10gbps", "100gbps")
+TUNING_LINK = "1gbps"
+SLOW = {"none": (0.0, 1.0), "slow": (0.25, 4.0)}  # (share of workers, slowdown)
+GRIDS = {"sgd": (0.01, 0.03, 0.1, 0.3), "adamw": (3e-4, 1e-3, 3e-3, 1e-2)}
+TUNING_SEED = _harness.TUNING_SEED
+
+# label: (strategy, options, optimizer family, family of synchronization models)
+METHODS: dict[str, tuple[str, dict[str, Any], str, str]] = {
+  "all-reduce SGD": ("allreduce", {"momentum": 0.9}, "sgd", "synchronous"),
+  "all-reduce Adam": ("allreduce", {"server_optimizer": "adam"}, "adamw", "synchronous"),
+  "ASP": ("asp", {}, "sgd", "parameter server"),
+  "OrMo": ("ormo", {"momentum": 0.9}, "sgd", "parameter server"),
+  "DC-ASGD-a": ("dc_asgd", {"adaptive": True, "variance_control": 2.0}, "sgd", "parameter server"),
+  "DiLoCo H=10": ("diloco", {"period": 10}, "adamw", "local updates"),
+  "DiLoCo H=50": ("diloco", {"period": 50}, "adamw", "local updates"),
+  "DiLoCo H=200": ("diloco", {"period": 200}, "adamw", "local updates"),
+  "Streaming DiLoCo H=50": ("streaming_diloco", {"period": 50}, "adamw", "local updates"),
+  "async local SGD H=50": ("async_local_sgd", {"period": 50}, "adamw", "local updates"),
+  "async local SGD H=50 DyLU": ("async_local_sgd", {"period": 50, "dylu": True}, "adamw", "local updates"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+  workers: int
+  link: str
+  slow: str
+
+  @property
+  def label(self) -> str:
+    return (
+      f"K={self.workers}, {self.link}, {'a quarter 4x slower' if self.slow == 'slow' else 'equal workers'}"
+    )
+
+
+def overrides(setting: Setting, method: str, rate: float, seed: int) -> list[str]:
+  strategy, options, _, _ = METHODS[method]
+  fraction, slowdown = SLOW[setting.slow]
+  options = {**options, "learning_rate": rate}
+  return [
+    "data.name=fashion_mnist",
+    "model.name=mlp",
+    "model.hidden=[128]",
+    "data.batch_size=32",
+    "strategy.schedule.kind=constant",
+    f"strategy.name={strategy}",
+    f"strategy.options={json.dumps(options)}",
+    f"cluster.num_workers={setting.workers}",
+    "cluster.compute_time=null",
+    f"cluster.slow_fraction={fraction}",
+    f"cluster.slowdown={slowdown}",
+    f"cluster.link={setting.link}",
+    "cluster.server_bandwidth=10GB/s",
+    f"run.gradients={PER_WORKER * setting.workers}",
+    f"seed={seed}",
+  ]
+
+
+def key(setting: Setting, method: str, rate: float, seed: int) -> str:
+  text = json.dumps([NAME, overrides(setting, method, rate, seed), TARGET, EVALUATIONS], sort_keys=True)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def load_store() -> dict[str, dict]:
+  if not STORE.exists():
+    return {}
+  rows = [json.loads(line) for line in STORE.read_text().splitlines() if line.strip()]
+  return {row["key"]: row for row in rows}
+
+
+def time_to_target(times: list[float], accuracy: list[float]) -> float | None:
+  """The first evaluation after which the accuracy stays at or above the target (a crossing that holds)."""
+  held = None
+  for t, a in zip(times, accuracy):
+    if a >= TARGET:
+      held = t if held is None else held
+    else:
+      held = None
+  return held
+
+
+def run_one(setting: Setting, method: str, rate: float, seed: int) -> dict:
+  cfg = config_lib.load(REPO / "configs" / "fashion_mnist.yaml", overrides(setting, method, rate, seed))
+  exp = experiment.build(cfg)
+  run = _harness._evaluated(cfg.run, exp, EVALUATIONS)
+  cfg = dataclasses.replace(cfg, run=run)
+  exp = experiment.build(cfg)
+  sim = exp.simulator()
+  began = time.perf_counter()
+  _, history = sim.run(exp.model.params, exp.num_events, seed=seed)
+  wall = time.perf_counter() - began
+  times = [float(t) for t in history.eval_time]
+  accuracy = [float(a) for a in history.eval_metrics["accuracy"]]
+  loss = [float(x) for x in history.eval_metrics["loss"]]
+  finite = all(math.isfinite(x) for x in loss)
+  return {
+    "key": key(setting, method, rate, seed),
+    "workers": setting.workers,
+    "link": setting.link,
+    "slow": setting.slow,
+    "method": method,
+    "rate": rate,
+    "seed": seed,
+    "code": _harness.code_version(),
+    "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
+    "wall_seconds": round(wall, 2),
+    "final_accuracy": accuracy[-1] if finite else None,
+    "final_loss": loss[-1] if finite else None,
+    "simulated_seconds": float(history.time[-1]),
+    "updates": int(history.version[-1]),
+    "gradients": int(np.sum(history.worker_steps)),
+    "bytes_moved": float(history.bytes_moved),
+    "time_to_target": time_to_target(times, accuracy) if finite else None,
+    "eval_time": [round(t, 5) for t in times],
+    "eval_accuracy": [round(a, 5) for a in accuracy],
+    "eval_loss": [round(x, 5) for x in loss],
+  }
+
+
+def ensure(store: dict, setting: Setting, method: str, rate: float, seed: int) -> dict:
+  k = key(setting, method, rate, seed)
+  if k not in store:
+    row = run_one(setting, method, rate, seed)
+    store[k] = row
+    with STORE.open("a") as f:
+      f.write(json.dumps(row) + "\n")
+    print(
+      f"[{NAME}] {setting.label} | {method} lr={rate:g} seed {seed}: acc {row['final_accuracy']}, "
+      f"to {TARGET:.0%} at {row['time_to_target']} s, {row['wall_seconds']} s",
+      file=sys.stderr,
+      flush=True,
+    )
+  return store[k]
+
+
+def _speed(row: dict | None) -> tuple:
+  """Sort key of a tuning run: reached the target first, then the best final accuracy."""
+  if row is None:
+    return (math.inf, 0.0)
+  t = row["time_to_target"]
+  return (math.inf if t is None else t, -(row["final_accuracy"] or -1.0))
+
+
+def picks(store: dict, workers: int, run_missing: bool) -> dict[str, tuple[float | None, str]]:
+  """Each method's rate for ``workers``: the fastest to the target on the held-out seed; (rate, note)."""
+  setting = Setting(workers, TUNING_LINK, "none")
+  out = {}
+  for method, (_, _, family, _) in METHODS.items():
+    grid = GRIDS[family]
+    rows = {}
+    for rate in grid:
+      k = key(setting, method, rate, TUNING_SEED)
+      rows[rate] = ensure(store, setting, method, rate, TUNING_SEED) if run_missing else store.get(k)
+    if any(r is None for r in rows.values()):
+      out[method] = (None, "grid incomplete")
+      continue
+    best = min(grid, key=lambda r: (_speed(rows[r]), r))
+    note = "at the grid's edge" if best in (grid[0], grid[-1]) else ""
+    out[method] = (best, note)
+  return out
+
+
+def settings(workers: tuple[int, ...]) -> list[Setting]:
+  return [Setting(k, link, slow) for k in workers for slow in SLOW for link in LINKS]
+
+
+def _fmt_time(t: float | None) -> str:
+  return "—" if t is None else f"{t:.3g}"
+
+
+def report(store: dict, workers: tuple[int, ...], seeds: int) -> str:
+  lines = [
+    "# Low-communication training against the parameter-server family",
+    "",
+    f"- Command: `python benchmarks/{NAME}.py --workers {','.join(map(str, workers))} --seeds {seeds}`; "
+    f"the tables are rewritten from the store `benchmarks/results/{NAME}_runs.jsonl` with `--report-only`.",
+    f"- Machine: {_harness.machine()}",
+    f"- Runs in the store: {len(store)}; their simulation took "
+    f"{sum(r['wall_seconds'] for r in store.values()) / 60:.1f} min of wall time.",
+    f"- Workload: an MLP (128 hidden units) on Fashion-MNIST, batch 32, {PER_WORKER} gradients per worker, "
+    f"compute time from its FLOPs at 100 GFLOP/s; target: {TARGET:.0%} test accuracy, held (the first "
+    "evaluation after which the accuracy stays at or above it). Times are simulated seconds.",
+    "",
+  ]
+  for k in workers:
+    chosen = picks(store, k, run_missing=False)
+    lines += [f"## Learning rates, K = {k} (held-out seed {TUNING_SEED}, {TUNING_LINK}, equal workers)", ""]
+    lines.append("| method | grid | pick |")
+    lines.append("|---|---|---|")
+    for method, (rate, note) in chosen.items():
+      grid = ", ".join(f"{r:g}" for r in GRIDS[METHODS[method][2]])
+      lines.append(f"| {method} | {grid} | {'—' if rate is None else f'{rate:g}'} {note} |")
+    lines.append("")
+    for slow in SLOW:
+      lines += [
+        f"## K = {k}, {'a quarter of the workers 4x slower' if slow == 'slow' else 'equal workers'}",
+        "",
+        "Time to the target (simulated s; mean over seeds that reached it, `n/m` when some did not), "
+        "final accuracy (mean) and bytes moved per worker-gradient.",
+        "",
+        "| method | " + " | ".join(LINKS) + " | final accuracy | bytes per gradient |",
+        "|---|" + "---|" * (len(LINKS) + 2),
+      ]
+      missing = 0
+      best_per_link: dict[str, tuple[float, str]] = {}
+      for method in METHODS:
+        rate = chosen[method][0]
+        cells, finals, per_gradient = [], [], []
+        for link in LINKS:
+          setting = Setting(k, link, slow)
+          rows = [] if rate is None else [store.get(key(setting, method, rate, s)) for s in range(seeds)]
+          got = [r for r in rows if r is not None]
+          missing += len(rows) - len(got) + (seeds if rate is None else 0)
+          reached = [r["time_to_target"] for r in got if r["time_to_target"] is not None]
+          finals += [r["final_accuracy"] for r in got if r["final_accuracy"] is not None]
+          per_gradient += [r["bytes_moved"] / max(1, r["gradients"]) for r in got]
+          if got and len(reached) == len(got):
+            mean = float(np.mean(reached))
+            cells.append(_fmt_time(mean))
+            if mean < best_per_link.get(link, (math.inf, ""))[0]:
+              best_per_link[link] = (mean, method)
+          elif got:
+            cells.append(
+              f"{_fmt_time(float(np.mean(reached)) if reached else None)} ({len(reached)}/{len(got)})"
+            )
+          else:
+            cells.append("missing")
+        final = f"{100 * np.mean(finals):.1f}%" if finals else "—"
+        gradient_bytes = f"{np.mean(per_gradient):,.0f}" if per_gradient else "—"
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {final} | {gradient_bytes} |")
+      lines.append("")
+      winners = ", ".join(f"{link}: **{m}** ({t:.3g} s)" for link, (t, m) in best_per_link.items())
+      lines.append(f"Fastest to the target: {winners or 'no cell complete'}.")
+      if missing:
+        lines.append(f"Missing: {missing} runs of this table are not in the store yet.")
+      lines.append("")
+  return "\n".join(lines)
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seeds", type=int, default=1, help="seeds per cell (0, 1, ...)")
+  parser.add_argument("--workers", default="8,32", help="worker counts, comma-separated (8, 32)")
+  parser.add_argument("--report-only", action="store_true", help="rewrite the results file from the store")
+  args = parser.parse_args()
+  workers = tuple(int(w) for w in args.workers.split(","))
+  if any(w not in (8, 32) for w in workers) or args.seeds < 1:
+    raise SystemExit(
+      f"{NAME}: --workers={args.workers!r} --seeds={args.seeds}; expected 8 and/or 32, seeds >= 1"
+    )
+  store = load_store()
+  if not args.report_only:
+    for k in workers:
+      chosen = picks(store, k, run_missing=True)
+      for setting in settings((k,)):
+        for method, (rate, _) in chosen.items():
+          for seed in range(args.seeds):
+            ensure(store, setting, method, rate, seed)
+        REPORT.write_text(report(store, workers, args.seeds))  # a partial table after each setting
+  REPORT.write_text(report(store, workers, args.seeds))
+  print(f"[{NAME}] wrote {REPORT}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+  main()
