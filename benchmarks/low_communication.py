@@ -32,6 +32,7 @@ import datetime
 import hashlib
 import json
 import math
+import pathlib
 import sys
 import time
 from typing import Any
@@ -73,6 +74,28 @@ METHODS: dict[str, tuple[str, dict[str, Any], str, str]] = {
 
 
 @dataclasses.dataclass(frozen=True)
+class Plan:
+  """What a sitting runs: the full benchmark, or the suite's tiny smoke size."""
+
+  per_worker: int = PER_WORKER
+  links: tuple[str, ...] = LINKS
+  slow: tuple[str, ...] = tuple(SLOW)
+  grids: dict = dataclasses.field(default_factory=lambda: GRIDS)
+  methods: tuple[str, ...] = tuple(METHODS)
+  store: pathlib.Path = STORE
+  report: pathlib.Path = REPORT
+
+
+TINY = dict(
+  per_worker=20,
+  links=("100mbps", "10gbps"),
+  slow=("slow",),
+  grids={"sgd": (0.1,), "adamw": (3e-3,)},
+  methods=("all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class Setting:
   workers: int
   link: str
@@ -85,7 +108,9 @@ class Setting:
     )
 
 
-def overrides(setting: Setting, method: str, rate: float, seed: int) -> list[str]:
+def overrides(
+  setting: Setting, method: str, rate: float, seed: int, per_worker: int = PER_WORKER
+) -> list[str]:
   strategy, options, _, _ = METHODS[method]
   fraction, slowdown = SLOW[setting.slow]
   options = {**options, "learning_rate": rate}
@@ -103,20 +128,22 @@ def overrides(setting: Setting, method: str, rate: float, seed: int) -> list[str
     f"cluster.slowdown={slowdown}",
     f"cluster.link={setting.link}",
     "cluster.server_bandwidth=10GB/s",
-    f"run.gradients={PER_WORKER * setting.workers}",
+    f"run.gradients={per_worker * setting.workers}",
     f"seed={seed}",
   ]
 
 
-def key(setting: Setting, method: str, rate: float, seed: int) -> str:
-  text = json.dumps([NAME, overrides(setting, method, rate, seed), TARGET, EVALUATIONS], sort_keys=True)
+def key(setting: Setting, method: str, rate: float, seed: int, per_worker: int = PER_WORKER) -> str:
+  text = json.dumps(
+    [NAME, overrides(setting, method, rate, seed, per_worker), TARGET, EVALUATIONS], sort_keys=True
+  )
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_store() -> dict[str, dict]:
-  if not STORE.exists():
+def load_store(path: pathlib.Path) -> dict[str, dict]:
+  if not path.exists():
     return {}
-  rows = [json.loads(line) for line in STORE.read_text().splitlines() if line.strip()]
+  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
   return {row["key"]: row for row in rows}
 
 
@@ -131,8 +158,10 @@ def time_to_target(times: list[float], accuracy: list[float]) -> float | None:
   return held
 
 
-def run_one(setting: Setting, method: str, rate: float, seed: int) -> dict:
-  cfg = config_lib.load(REPO / "configs" / "fashion_mnist.yaml", overrides(setting, method, rate, seed))
+def run_one(setting: Setting, method: str, rate: float, seed: int, per_worker: int = PER_WORKER) -> dict:
+  cfg = config_lib.load(
+    REPO / "configs" / "fashion_mnist.yaml", overrides(setting, method, rate, seed, per_worker)
+  )
   exp = experiment.build(cfg)
   run = _harness._evaluated(cfg.run, exp, EVALUATIONS)
   cfg = dataclasses.replace(cfg, run=run)
@@ -146,7 +175,7 @@ def run_one(setting: Setting, method: str, rate: float, seed: int) -> dict:
   loss = [float(x) for x in history.eval_metrics["loss"]]
   finite = all(math.isfinite(x) for x in loss)
   return {
-    "key": key(setting, method, rate, seed),
+    "key": key(setting, method, rate, seed, per_worker),
     "workers": setting.workers,
     "link": setting.link,
     "slow": setting.slow,
@@ -169,12 +198,13 @@ def run_one(setting: Setting, method: str, rate: float, seed: int) -> dict:
   }
 
 
-def ensure(store: dict, setting: Setting, method: str, rate: float, seed: int) -> dict:
-  k = key(setting, method, rate, seed)
+def ensure(plan: Plan, store: dict, setting: Setting, method: str, rate: float, seed: int) -> dict:
+  k = key(setting, method, rate, seed, plan.per_worker)
   if k not in store:
-    row = run_one(setting, method, rate, seed)
+    row = run_one(setting, method, rate, seed, plan.per_worker)
     store[k] = row
-    with STORE.open("a") as f:
+    plan.store.parent.mkdir(parents=True, exist_ok=True)
+    with plan.store.open("a") as f:
       f.write(json.dumps(row) + "\n")
     print(
       f"[{NAME}] {setting.label} | {method} lr={rate:g} seed {seed}: acc {row['final_accuracy']}, "
@@ -193,34 +223,34 @@ def _speed(row: dict | None) -> tuple:
   return (math.inf if t is None else t, -(row["final_accuracy"] or -1.0))
 
 
-def picks(store: dict, workers: int, run_missing: bool) -> dict[str, tuple[float | None, str]]:
+def picks(plan: Plan, store: dict, workers: int, run_missing: bool) -> dict[str, tuple[float | None, str]]:
   """Each method's rate for ``workers``: the fastest to the target on the held-out seed; (rate, note)."""
   setting = Setting(workers, TUNING_LINK, "none")
   out = {}
-  for method, (_, _, family, _) in METHODS.items():
-    grid = GRIDS[family]
+  for method in plan.methods:
+    grid = plan.grids[METHODS[method][2]]
     rows = {}
     for rate in grid:
-      k = key(setting, method, rate, TUNING_SEED)
-      rows[rate] = ensure(store, setting, method, rate, TUNING_SEED) if run_missing else store.get(k)
+      k = key(setting, method, rate, TUNING_SEED, plan.per_worker)
+      rows[rate] = ensure(plan, store, setting, method, rate, TUNING_SEED) if run_missing else store.get(k)
     if any(r is None for r in rows.values()):
       out[method] = (None, "grid incomplete")
       continue
     best = min(grid, key=lambda r: (_speed(rows[r]), r))
-    note = "at the grid's edge" if best in (grid[0], grid[-1]) else ""
+    note = "(at the grid's edge)" if len(grid) > 1 and best in (grid[0], grid[-1]) else ""
     out[method] = (best, note)
   return out
 
 
-def settings(workers: tuple[int, ...]) -> list[Setting]:
-  return [Setting(k, link, slow) for k in workers for slow in SLOW for link in LINKS]
+def settings(plan: Plan, workers: tuple[int, ...]) -> list[Setting]:
+  return [Setting(k, link, slow) for k in workers for slow in plan.slow for link in plan.links]
 
 
 def _fmt_time(t: float | None) -> str:
   return "—" if t is None else f"{t:.3g}"
 
 
-def report(store: dict, workers: tuple[int, ...], seeds: int) -> str:
+def report(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int) -> str:
   lines = [
     "# Low-communication training against the parameter-server family",
     "",
@@ -229,38 +259,42 @@ def report(store: dict, workers: tuple[int, ...], seeds: int) -> str:
     f"- Machine: {_harness.machine()}",
     f"- Runs in the store: {len(store)}; their simulation took "
     f"{sum(r['wall_seconds'] for r in store.values()) / 60:.1f} min of wall time.",
-    f"- Workload: an MLP (128 hidden units) on Fashion-MNIST, batch 32, {PER_WORKER} gradients per worker, "
+    f"- Workload: an MLP (128 hidden units) on Fashion-MNIST, batch 32, {plan.per_worker} gradients per worker, "
     f"compute time from its FLOPs at 100 GFLOP/s; target: {TARGET:.0%} test accuracy, held (the first "
     "evaluation after which the accuracy stays at or above it). Times are simulated seconds.",
     "",
   ]
   for k in workers:
-    chosen = picks(store, k, run_missing=False)
+    chosen = picks(plan, store, k, run_missing=False)
     lines += [f"## Learning rates, K = {k} (held-out seed {TUNING_SEED}, {TUNING_LINK}, equal workers)", ""]
     lines.append("| method | grid | pick |")
     lines.append("|---|---|---|")
     for method, (rate, note) in chosen.items():
-      grid = ", ".join(f"{r:g}" for r in GRIDS[METHODS[method][2]])
+      grid = ", ".join(f"{r:g}" for r in plan.grids[METHODS[method][2]])
       lines.append(f"| {method} | {grid} | {'—' if rate is None else f'{rate:g}'} {note} |")
     lines.append("")
-    for slow in SLOW:
+    for slow in plan.slow:
       lines += [
         f"## K = {k}, {'a quarter of the workers 4x slower' if slow == 'slow' else 'equal workers'}",
         "",
         "Time to the target (simulated s; mean over seeds that reached it, `n/m` when some did not), "
         "final accuracy (mean) and bytes moved per worker-gradient.",
         "",
-        "| method | " + " | ".join(LINKS) + " | final accuracy | bytes per gradient |",
-        "|---|" + "---|" * (len(LINKS) + 2),
+        "| method | " + " | ".join(plan.links) + " | final accuracy | bytes per gradient |",
+        "|---|" + "---|" * (len(plan.links) + 2),
       ]
       missing = 0
       best_per_link: dict[str, tuple[float, str]] = {}
-      for method in METHODS:
+      for method in plan.methods:
         rate = chosen[method][0]
         cells, finals, per_gradient = [], [], []
-        for link in LINKS:
+        for link in plan.links:
           setting = Setting(k, link, slow)
-          rows = [] if rate is None else [store.get(key(setting, method, rate, s)) for s in range(seeds)]
+          rows = (
+            []
+            if rate is None
+            else [store.get(key(setting, method, rate, s, plan.per_worker)) for s in range(seeds)]
+          )
           got = [r for r in rows if r is not None]
           missing += len(rows) - len(got) + (seeds if rate is None else 0)
           reached = [r["time_to_target"] for r in got if r["time_to_target"] is not None]
@@ -289,29 +323,42 @@ def report(store: dict, workers: tuple[int, ...], seeds: int) -> str:
   return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, default=1, help="seeds per cell (0, 1, ...)")
   parser.add_argument("--workers", default="8,32", help="worker counts, comma-separated (8, 32)")
   parser.add_argument("--report-only", action="store_true", help="rewrite the results file from the store")
-  args = parser.parse_args()
-  workers = tuple(int(w) for w in args.workers.split(","))
-  if any(w not in (8, 32) for w in workers) or args.seeds < 1:
+  parser.add_argument(
+    "--size", choices=("tiny", "default"), default="default", help="tiny: the suite's smoke run"
+  )
+  parser.add_argument("--results-dir", type=pathlib.Path, default=None, help="default: benchmarks/results")
+  args = parser.parse_args(argv)
+  workers = tuple(int(w) for w in args.workers.split(",") if w.strip().isdigit())
+  if not workers or any(w not in (8, 32) for w in workers) or args.seeds < 1:
     raise SystemExit(
       f"{NAME}: --workers={args.workers!r} --seeds={args.seeds}; expected 8 and/or 32, seeds >= 1"
     )
-  store = load_store()
+  plan = Plan(**(TINY if args.size == "tiny" else {}))
+  if args.results_dir is not None:
+    plan = dataclasses.replace(
+      plan, store=args.results_dir / f"{NAME}_runs.jsonl", report=args.results_dir / f"{NAME}.md"
+    )
+  elif args.size == "tiny":
+    raise SystemExit(f"{NAME}: --size tiny writes beside the committed results only with --results-dir DIR")
+  store = load_store(plan.store)
   if not args.report_only:
     for k in workers:
-      chosen = picks(store, k, run_missing=True)
-      for setting in settings((k,)):
-        for method, (rate, _) in chosen.items():
+      chosen = picks(plan, store, k, run_missing=True)
+      for setting in settings(plan, (k,)):
+        for method in plan.methods:
           for seed in range(args.seeds):
-            ensure(store, setting, method, rate, seed)
-        REPORT.write_text(report(store, workers, args.seeds))  # a partial table after each setting
-  REPORT.write_text(report(store, workers, args.seeds))
-  print(f"[{NAME}] wrote {REPORT}", file=sys.stderr)
+            ensure(plan, store, setting, method, chosen[method][0], seed)
+        plan.report.write_text(report(plan, store, workers, args.seeds))  # a partial table after each setting
+  plan.report.parent.mkdir(parents=True, exist_ok=True)
+  plan.report.write_text(report(plan, store, workers, args.seeds))
+  print(f"[{NAME}] wrote {plan.report}", file=sys.stderr)
+  return 0
 
 
 if __name__ == "__main__":
-  main()
+  sys.exit(main())

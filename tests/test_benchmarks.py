@@ -338,3 +338,29 @@ def test_about_n_evaluations_per_run_whatever_the_strategy():
   per_gradient = max(1 / (3 / clock.compute_time + 1 / (3 * clock.compute_time)), clock.message_time())
   run = _harness._evaluated(config.run, asp, 40)
   assert run.eval_every is None and run.eval_every_time == pytest.approx(1280 * per_gradient / 40, rel=1e-3)
+
+
+def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_the_store(tmp_path):
+  module = importlib.import_module("low_communication")
+  results = tmp_path / "results"
+  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
+  store = results / "low_communication_runs.jsonl"
+  rows = [json.loads(line) for line in store.read_text().splitlines()]
+  # Three methods: one tuning run each, then two links with slow workers.
+  assert len(rows) == 3 + 3 * 2 and len({r["key"] for r in rows}) == len(rows)
+  assert {r["method"] for r in rows} == {"all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"}
+  markdown = (results / "low_communication.md").read_text()
+  found = tables(markdown)
+  assert [row[0] for row in found[1][1:]] == ["all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"]
+  # DiLoCo's H = 10 local steps move a tenth of all-reduce's bytes per gradient.
+  per_gradient = {row[0]: float(row[-1].replace(",", "")) for row in found[1][1:]}
+  assert per_gradient["DiLoCo H=10"] == pytest.approx(per_gradient["all-reduce SGD"] / 10, rel=0.01)
+  # The store alone rewrites the same tables; a rerun runs nothing more.
+  (results / "low_communication.md").unlink()
+  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results), "--report-only"]) == 0
+  assert tables((results / "low_communication.md").read_text()) == found
+  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
+  assert len(store.read_text().splitlines()) == len(rows)
+  # The crossing that holds: 0.81 at t=1 falls back below, so the target is held from t=3.
+  assert module.time_to_target([1.0, 2.0, 3.0, 4.0], [0.81, 0.7, 0.85, 0.9]) == 3.0
+  assert module.time_to_target([1.0, 2.0], [0.81, 0.7]) is None
