@@ -194,6 +194,24 @@ OPTION_MEANINGS: dict[str | tuple[str, str], str] = {
   "penalty": "the base of the exponential penalty (mode=exponential)",
   "gradients_per_update": "arrivals summed per update (n-softsync's K/n)",
   ("diloco", "period"): "inner AdamW steps per worker between two outer steps (DiLoCo's H)",
+  (
+    "diloco",
+    "outer_learning_rate",
+  ): "the outer Nesterov step's rate on the averaged pseudo-gradient (DiLoCo: 0.7)",
+  ("diloco", "outer_momentum"): "the outer Nesterov step's momentum (DiLoCo: 0.9)",
+  (
+    "streaming_diloco",
+    "outer_learning_rate",
+  ): "each fragment's outer Nesterov rate on its averaged pseudo-gradient",
+  ("streaming_diloco", "outer_momentum"): "each fragment's outer Nesterov momentum",
+  (
+    "async_local_sgd",
+    "outer_learning_rate",
+  ): "epsilon, the server's Delayed Nesterov rate on each pushed pseudo-gradient",
+  (
+    "async_local_sgd",
+    "outer_momentum",
+  ): "beta, Delayed Nesterov's momentum, updated once every delay arrivals",
   ("diloco", "weight_decay"): "AdamW's decoupled weight decay of the inner steps",
   "variance_control": "lambda_0, the weight of the delay compensation g*g*(w - w_pulled) (0: plain ASGD)",
   "adaptive": "DC-ASGD-a: lambda_0 divided by the root of the running mean of g*g",
@@ -205,7 +223,7 @@ OPTION_MEANINGS: dict[str | tuple[str, str], str] = {
   "fragments": "how many fragments the parameters are cut into; one is synchronized every period / fragments steps",
   "overlap": "local steps a fragment's exchange overlaps (tau < period / fragments)",
   "mixing": "alpha: a worker keeps (1 - alpha) of the new global fragment and alpha of its own",
-  "quantize": "the pseudo-gradients' wire format: none, bfloat16, int8 or int4 (per-block scales)",
+  "quantize": "the pseudo-gradients' wire format: null (full precision), bfloat16, int8 or int4 (per-block scales)",
   "quantize_block": "values per float32 scale of the int8 and int4 wire formats",
   "dylu": "Dynamic Local Updates: each worker's local steps in proportion to its speed",
   "min_local_steps": "the fewest local steps a slow worker takes under DyLU",
