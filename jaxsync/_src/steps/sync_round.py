@@ -115,11 +115,17 @@ def local_work(
 
 
 def outer_step(strategy: Strategy, params, rule_state, pseudo_grads, fragment) -> RoundUpdate:
-  """The outer step on the workers' mean pseudo-gradient ``mean_k (theta - x_k)`` of ``fragment`` (DiLoCo's form).
+  """The outer step on the workers' mean pseudo-gradient ``mean_k Q(theta - x_k)`` of ``fragment`` (DiLoCo's form).
 
-  With several fragments the server rule is one outer optimizer per fragment
-  (:func:`jaxsync._src.rules.diloco.by_fragment`), told which one by ``fragment``.
+  With a wire format the mean is quantized once more, ``Q(mean_k Q(delta_k))``:
+  a quantized all-reduce sends each worker's quantized slice to the worker
+  that sums it, and that worker sends the sum quantized again (torchft's
+  all-to-all, sum, all-gather). With several fragments the server rule is one
+  outer optimizer per fragment (:func:`jaxsync._src.rules.diloco.by_fragment`),
+  told which one by ``fragment``.
   """
+  exchange = strategy.exchange
+  pseudo_grads = quantize.quantized(pseudo_grads, exchange.quantize, exchange.quantize_block)
   finite = guard.tree_all_finite(pseudo_grads)
   extra = {"fragment": fragment} if strategy.exchange.fragments > 1 else {}
   updates, rule_state = strategy.server_rule.update(
