@@ -58,6 +58,8 @@ SLOW = {"none": (0.0, 1.0), "slow": (0.25, 4.0)}  # (share of workers, slowdown)
 # picks sat at 0.01, its lower edge, at 8 workers.
 GRIDS = {"sgd": (0.003, 0.01, 0.03, 0.1, 0.3), "adamw": (3e-4, 1e-3, 3e-3, 1e-2)}
 TUNING_SEED = _harness.TUNING_SEED
+# The code this process loaded (read once: a commit made while a sitting runs is not the code it runs).
+CODE_VERSION = _harness.code_version()
 
 # label: (strategy, options, optimizer family, family of synchronization models)
 METHODS: dict[str, tuple[str, dict[str, Any], str, str]] = {
@@ -184,7 +186,7 @@ def run_one(setting: Setting, method: str, rate: float, seed: int, per_worker: i
     "method": method,
     "rate": rate,
     "seed": seed,
-    "code": _harness.code_version(),
+    "code": CODE_VERSION,
     "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
     "wall_seconds": round(wall, 2),
     "final_accuracy": accuracy[-1] if finite else None,

@@ -321,8 +321,9 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
     ("ea_wild", "{group_size: 2, learning_rate: 0.05}", 4, 3),
     # InHAD on two nodes of two workers: each node's first worker process runs its aggregator.
     ("inhad", "{local_workers: 2, learning_rate: 0.1}", 4, 5),
-    # Asynchronous local SGD: local AdamW steps (DyLU: the slow worker takes 1 of 4), Delayed Nesterov.
-    ("async_local_sgd", "{period: 4, dylu: true, learning_rate: 0.003}", 3, 4),
+    # Asynchronous local SGD: local AdamW steps, pseudo-gradients applied by Delayed Nesterov. (Without
+    # DyLU: its steps are sized for the simulated slow worker, and real processes are equally fast.)
+    ("async_local_sgd", "{period: 4, learning_rate: 0.01}", 3, 4),
     # Streaming DiLoCo on the all-reduce loop: a fragment per round, int4 on the wire, overlapped and mixed.
     ("streaming_diloco", "{period: 4, learning_rate: 0.003}", 2, 2),
   ],
@@ -361,13 +362,13 @@ def test_elastic_fastest_k_and_ea_wild_group_runs_reach_the_simulated_accuracy_b
     assert summary["bytes_moved_intra"] == 2 * 900 * message, summary
     assert 226 * 2 + 225 <= summary["bytes_moved"] / message <= 226 * 2 + 225 * 2, summary
   elif strategy == "async_local_sgd":
-    # H_k = (4, 4, 1): the worker that is 4x slower pushes after one local step; a push is its steps.
-    assert exp.strategy.unit_local_steps == (4, 4, 1), exp.strategy
-    assert summary["updates"] == num_events and summary["gradients"] >= 900, summary
+    # 225 pushes of 4 local steps each.
+    assert summary["updates"] == num_events == 225 and summary["gradients"] == 900, summary
   elif strategy == "streaming_diloco":
-    # 450 rounds of 2 local steps, one fragment of the CNN each, 4-bit: far less than the model per round.
-    assert summary["updates"] == 450 and summary["gradients"] == 900, summary
-    assert summary["bytes_moved"] < 450 * 2 * exp.model.num_params * 4 / 4, summary
+    # 225 rounds of 2 local steps on 2 workers, one fragment of the CNN each, 4-bit: a ring of 2 moves
+    # 2 messages a round, each far less than the float32 model.
+    assert summary["updates"] == 225 and summary["gradients"] == 900, summary
+    assert summary["bytes_moved"] < 225 * 2 * exp.model.num_params * 4 / 4, summary
   else:
     # 300 rounds, the first 2 gradients of each applied; every later one dropped, never applied. (On a
     # loaded machine the third worker may join after the run's 1.5 s: then nothing was late.)

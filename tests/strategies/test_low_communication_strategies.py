@@ -70,6 +70,17 @@ def test_dynamic_local_updates_let_a_four_times_slower_worker_push_as_often():
   assert dylu.worker_steps[3] == 20 and dylu.worker_steps[0] == 80
 
 
+def test_a_config_sizes_dylus_local_steps_from_its_cluster_for_the_simulator_and_real_processes():
+  import helpers
+
+  exp = helpers.quickstart_experiment(
+    "strategy.name=async_local_sgd", "strategy.options={period: 4, dylu: true}", "cluster.num_workers=4"
+  )
+  # The quickstart cluster: a quarter of the workers 4x slower, the last one here.
+  assert exp.strategy.unit_local_steps == (4, 4, 4, 1)
+  assert exp.simulator().strategy.unit_local_steps == (4, 4, 4, 1)
+
+
 def test_dylu_needs_one_step_time_per_worker_and_valid_options():
   strategy = jaxsync.strategies.make("async_local_sgd", 2, dylu=True, period=4)
   with pytest.raises(ValueError, match=r"step_times=\[0.1\].*2 mean step times"):
