@@ -351,15 +351,17 @@ def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_th
   assert {r["method"] for r in rows} == {"all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"}
   markdown = (results / "low_communication.md").read_text()
   found = tables(markdown)
-  regime, results = found[0], next(t for t in found if t[0][-1] == "bytes per gradient")
+  regime, cells = found[0], next(t for t in found if t[0][-1] == "bytes per gradient")
   assert regime[0] == ["workers", "100mbps", "10gbps"] and regime[1][0] == "8, a quarter 4x slower"
-  assert [row[0] for row in results[1:]] == ["all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"]
+  assert [row[0] for row in cells[1:]] == ["all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"]
   # DiLoCo's H = 10 local steps move a tenth of all-reduce's bytes per gradient.
-  per_gradient = {row[0]: float(row[-1].replace(",", "")) for row in results[1:]}
+  per_gradient = {row[0]: float(row[-1].replace(",", "")) for row in cells[1:]}
   assert per_gradient["DiLoCo H=10"] == pytest.approx(per_gradient["all-reduce SGD"] / 10, rel=0.01)
   # The store alone rewrites the same tables; a rerun runs nothing more.
   (results / "low_communication.md").unlink()
-  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results), "--report-only"]) == 0
+  assert (
+    module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results), "--report-only"]) == 0
+  )
   assert tables((results / "low_communication.md").read_text()) == found
   assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
   assert len(store.read_text().splitlines()) == len(rows)

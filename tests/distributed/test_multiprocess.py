@@ -323,7 +323,7 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
     ("inhad", "{local_workers: 2, learning_rate: 0.1}", 4, 5),
     # Asynchronous local SGD: local AdamW steps, pseudo-gradients applied by Delayed Nesterov. (Without
     # DyLU: its steps are sized for the simulated slow worker, and real processes are equally fast.)
-    ("async_local_sgd", "{period: 4, learning_rate: 0.01}", 3, 4),
+    ("async_local_sgd", "{period: 4, learning_rate: 0.003}", 3, 4),
     # Streaming DiLoCo on the all-reduce loop: a fragment per round, int4 on the wire, overlapped and mixed.
     ("streaming_diloco", "{period: 4, learning_rate: 0.003}", 2, 2),
   ],
