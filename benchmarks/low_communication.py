@@ -55,8 +55,8 @@ LINKS = ("100mbps", "1gbps", "10gbps", "100gbps")
 TUNING_LINK = "1gbps"
 SLOW = {"none": (0.0, 1.0), "slow": (0.25, 4.0)}  # (share of workers, slowdown)
 # Log-spaced, a factor of about 3 apart; the SGD grid was extended down to 0.003 when ASP's and OrMo's
-# picks sat at 0.01, its lower edge, at 8 workers.
-GRIDS = {"sgd": (0.003, 0.01, 0.03, 0.1, 0.3), "adamw": (3e-4, 1e-3, 3e-3, 1e-2)}
+# picks sat at 0.01, its lower edge, at 8 workers, and to 0.001 when OrMo's then sat at 0.003.
+GRIDS = {"sgd": (0.001, 0.003, 0.01, 0.03, 0.1, 0.3), "adamw": (3e-4, 1e-3, 3e-3, 1e-2)}
 TUNING_SEED = _harness.TUNING_SEED
 # The code this process loaded (read once: a commit made while a sitting runs is not the code it runs).
 CODE_VERSION = _harness.code_version()
