@@ -189,3 +189,19 @@ def test_a_run_resumed_from_its_checkpoint_ends_bit_for_bit_like_the_uninterrupt
   for a, b in zip(jax.tree.leaves(whole.params), jax.tree.leaves(resumed.params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   np.testing.assert_array_equal(whole.history.time, resumed.history.time)
+
+
+def test_a_streaming_round_costs_its_steps_the_ring_of_its_wire_bytes_and_the_update_of_its_float_bytes():
+  time = jaxsync.sim.TimeModel(
+    num_workers=4, compute_time=0.01, jitter_shape=None, link="1gbps", server_bandwidth="10GB/s"
+  )
+  options = {**STREAMING, "overlap": 0, "quantize": "int4"}
+  _, history, _ = simulate("streaming_diloco", 4, events=1, options=options, time=time)
+  _, params, _ = problem(4)
+  strategy = jaxsync.strategies.make("streaming_diloco", 4, **options)
+  # Round 0 synchronizes fragment 0, the bias: 3 values, 4-bit codes and one scale on the wire (6 bytes),
+  # 12 bytes of float32 updated (5 arrays read and written by Nesterov's step) in memory.
+  wire = jaxsync.sim.TimeModel(**{**time.__dict__, "message_bytes": 6})
+  held = jaxsync.sim.TimeModel(**{**time.__dict__, "message_bytes": 12})
+  expected = 2 * 0.01 + wire.ring_allreduce_time(4) + held.memory_time(strategy.server_traffic.release)
+  assert history.time[0] == pytest.approx(expected, rel=1e-6)

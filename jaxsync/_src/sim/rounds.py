@@ -235,13 +235,21 @@ class RoundEngine:
     )
 
   def _exchange_times(self, params) -> tuple[float, ...]:
-    """Seconds each fragment's exchange and outer step take (its bytes in the exchange's wire format)."""
-    return tuple(
-      dataclasses.replace(self.time_model, message_bytes=size).round_time(
-        self.strategy, self.strategy.num_workers
+    """Seconds each fragment's exchange and outer step take: its bytes in the wire format over the
+    link, its update at the parameters' own precision through the memory."""
+    strategy, release = self.strategy, self.strategy.server_traffic.release
+    times = []
+    for wire, held in zip(
+      sync_round.fragment_bytes(strategy, params), sync_round.fragment_bytes(strategy, params, on_wire=False)
+    ):
+      moved = dataclasses.replace(self.time_model, message_bytes=wire)
+      applied = dataclasses.replace(self.time_model, message_bytes=held)
+      times.append(
+        moved.round_time(strategy, strategy.num_workers)
+        - moved.memory_time(release)
+        + applied.memory_time(release)
       )
-      for size in sync_round.fragment_bytes(self.strategy, params)
-    )
+    return tuple(times)
 
   def _finish_round(
     self,

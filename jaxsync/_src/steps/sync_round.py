@@ -144,15 +144,15 @@ def mixed_model(strategy: Strategy, params, x, fragment):
   return diloco.mix_fragment(params, x, fragment, exchange.fragments, exchange.mixing)
 
 
-def fragment_bytes(strategy: Strategy, params) -> tuple[int, ...]:
-  """Bytes one worker's pseudo-gradient of each fragment takes on the wire (the exchange's format)."""
+def fragment_bytes(strategy: Strategy, params, *, on_wire: bool = True) -> tuple[int, ...]:
+  """Bytes of each fragment: on the wire (the exchange's format), or as the parameters hold it."""
   exchange = strategy.exchange
   owner = diloco.fragment_of_leaves(params, exchange.fragments) if exchange.fragments > 1 else None
   leaves = jax.tree.leaves(params)
   return tuple(
     quantize.wire_bytes(
       [leaf for i, leaf in enumerate(leaves) if owner is None or owner[i] == p],
-      exchange.quantize,
+      exchange.quantize if on_wire else None,
       exchange.quantize_block,
     )
     for p in range(exchange.fragments)
