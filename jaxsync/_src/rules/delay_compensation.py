@@ -151,9 +151,11 @@ def dc_asgd(
     worker_ok = (m >= 0) & (m < num_workers)
     row = jnp.clip(m, 0, num_workers - 1)
 
-    def backup_set(tree):
+    def set_rows(stacked, rows):
+      # One row written in place: a select over the whole [K, ...] buffer would read and write all K
+      # backups on every arrival (measured: 10x the step at 32 workers).
       return jax.tree.map(
-        lambda b, w: jnp.where(worker_ok, b.at[row].set(w.astype(b.dtype)), b), state.backups, tree
+        lambda b, r: b.at[row].set(jnp.where(worker_ok, r.astype(b.dtype), b[row])), stacked, rows
       )
 
     def apply(accept, rejected):
@@ -165,8 +167,9 @@ def dc_asgd(
           state.mean_square,
           updates,
         )
-        mean_square = jax.tree.map(lambda ms, o: ms.at[row].set(o), state.mean_square, own)
         lams = jax.tree.map(lambda o: lam / jnp.sqrt(o + eps), own)
+        kept = jax.tree.map(lambda o, ms: jnp.where(accept, o, ms[row]), own, state.mean_square)
+        mean_square = set_rows(state.mean_square, kept)
       else:
         mean_square = ()
         lams = jax.tree.map(lambda g: jnp.asarray(lam, guard.statistics_dtype(g.dtype)), updates)
@@ -177,24 +180,20 @@ def dc_asgd(
         return (-rate * (g_ + lam_ * g_ * g_ * moved)).astype(g.dtype)
 
       out = jax.tree.map(step, updates, params, state.backups, lams)
-      new_params = optax.apply_updates(params, out)
-      proposed = rejected._replace(
-        count=optax.safe_increment(state.count),
-        backups=backup_set(new_params),
-        mean_square=mean_square,
+      # The server replies with the new parameters, or its current ones to a rejected arrival.
+      sent = jax.tree.map(lambda w, u: jnp.where(accept, w + u.astype(w.dtype), w), params, out)
+      count = jnp.where(accept, optax.safe_increment(state.count), state.count)
+      return out, rejected._replace(
+        count=count, backups=set_rows(state.backups, sent), mean_square=mean_square
       )
-      return out, guard.keep_if(accept, proposed, rejected)
 
-    out, new_state = guard.guarded_update(
+    return guard.guarded_update(
       updates,
       state,
       apply,
       grads_finite=grads_finite,
       version_ok=worker_ok,
       version_field="invalid_worker_count",
-      # The server replies with its current parameters even to a rejected arrival.
-      rejected_state=state._replace(backups=backup_set(params)),
     )
-    return out, new_state
 
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
