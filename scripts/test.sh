@@ -29,9 +29,14 @@ if [ ${#packages[@]} -gt 0 ]; then
       "${as_root[@]}" apt-get install -y -q "${packages[@]}" \
         || { "${as_root[@]}" apt-get update -q && "${as_root[@]}" apt-get install -y -q "${packages[@]}"; }
       if [ ! -f "$JARGON_DIR/jargon.txt.gz" ] && [ ! -f "$JARGON_DIR/jargon.txt" ]; then
-        echo "test.sh: $JARGON_DIR/jargon.txt.gz is still missing (does dpkg exclude /usr/share/doc" \
-          "here?); extract it from the package with: apt-get download jargon-text && dpkg-deb -x" \
-          "jargon-text_*.deb DIR, then set JARGON_DIR=DIR/usr/share/doc/jargon-text" >&2
+        # Minimal Debian images tell dpkg to skip /usr/share/doc (path-exclude), where the package
+        # keeps the text: take it out of the .deb instead, into a folder the tests read via $JARGON_DIR.
+        unpacked="${XDG_CACHE_HOME:-$HOME/.cache}/jaxsync/jargon-text"
+        mkdir -p "$unpacked"
+        (cd "$unpacked" && apt-get download -q jargon-text && dpkg-deb -x jargon-text_*.deb .) \
+          || echo "test.sh: $JARGON_DIR/jargon.txt.gz is missing and the package could not be" \
+            "unpacked; set JARGON_DIR to a folder holding jargon.txt.gz" >&2
+        export JARGON_DIR="$unpacked/usr/share/doc/jargon-text"
       fi
     else
       echo "test.sh: not root and no password-less sudo; install the test data with:" \
