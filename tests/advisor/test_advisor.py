@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import jax.numpy as jnp
@@ -52,6 +53,25 @@ def test_a_target_reached_in_the_run_is_read_off_between_the_two_evaluations_aro
   assert e.seconds == pytest.approx(2.5) and e.updates == pytest.approx(25)
   assert e.reached == 1 and e.reach == pytest.approx(2.5 / 9 * 9 / 3)  # 2.5 s of a 3 s run: measured
   assert e.value == pytest.approx(0.9)
+
+
+def test_a_target_crossed_by_one_update_is_reached_at_that_update_not_before_it():
+  # A DiLoCo round: the model jumps once, at the round's end, from 0.1 to 0.9 accuracy. Interpolating
+  # the evaluations would place 0.5 half-way through a round in which the model never changed.
+  one_round = dataclasses.replace(
+    curve([0, 3], [0.1, 0.9]), version=np.ones(10, int), eval_version=np.asarray([0, 1])
+  )
+  e = advisor.estimate("diloco", [one_round], target=0.5)
+  assert e.seconds == pytest.approx(3.0) and e.updates == pytest.approx(1.0) and e.run_updates == 1
+  # Four updates between the evaluations: 0.5 needs two of them (0.4 of the way, rounded up).
+  four = dataclasses.replace(curve([0, 4], [0.1, 1.1]), eval_version=np.asarray([0, 4]))
+  assert advisor.estimate("x", [four], target=0.5).seconds == pytest.approx(2.0)
+  advice = jaxsync.sim.rank(
+    {"diloco": [one_round], "asp": [curve([0, 1, 2, 3], [0.1, 0.5, 0.7, 0.9])]}, target=0.8
+  )
+  assert advice.recommended == "asp"
+  assert "diloco made fewer than 4 server updates in its short runs" in advice.reason, advice.reason
+  assert "asp made" not in advice.reason
 
 
 def test_a_power_law_curve_is_extrapolated_to_the_exact_time_it_reaches_the_target():

@@ -529,6 +529,32 @@ def test_advise_ranks_the_candidates_writes_its_report_and_refuses_bad_questions
     assert not (tmp_path / "bad").exists()
 
 
+@pytest.mark.heavy
+def test_advise_takes_the_low_communication_strategies_and_flags_a_round_too_long_for_its_short_run(
+  tmp_path, capsys
+):
+  out = tmp_path / "advice"
+  sets = ["--set", "run.gradients=1600", "--set", "cluster.slowdown=6"]
+  names = ["diloco", "streaming_diloco", "async_local_sgd", "dc_asgd"]
+  code, stdout, err = _run(
+    capsys, "advise", QUICKSTART, *FAST, *sets, "--strategies", ",".join(names), "--seeds", "1", "--out", out
+  )
+  assert code == 0, err
+  report = json.loads((out / "advice.json").read_text())
+  ranking = {e["strategy"]: e for e in report["ranking"]}
+  assert set(ranking) == set(names) and report["gradients_per_short_run"] == 400
+  # 400 gradients of 8 workers: one DiLoCo round of 50 local steps; its time to the target is the
+  # round's end (when the model changed), not a point inside it.
+  assert ranking["diloco"]["run_updates"] == 1 and ranking["diloco"]["reached"] == 1
+  assert "diloco seed 0: 400 gradients, 1 updates" in err
+  assert ranking["diloco"]["seconds"] == pytest.approx(
+    float(re.search(r"diloco seed 0: .*?, ([\d.]+) simulated s", err)[1]), rel=5e-3
+  )
+  assert ranking["dc_asgd"]["run_updates"] == 400  # one update per gradient, as ASGD
+  assert re.search(r"diloco made fewer than 4 server updates in their short runs", stdout), stdout
+  assert "dc_asgd made" not in stdout
+
+
 @pytest.mark.parametrize(
   ("n", "overrides", "words", "not_words"),
   [

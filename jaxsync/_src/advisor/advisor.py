@@ -74,6 +74,9 @@ class Estimate:
       multiple of their length (``<= 1``: measured, no extrapolation).
     diverged: seeds whose run diverged (non-finite loss, or accuracy at
       chance); their estimate is ``inf``.
+    run_updates: median server updates in a short run: under
+      ``FEW_UPDATES`` (a DiLoCo with a long period, a short run) the estimate
+      rests on too few points to trust, and the advice says so.
   """
 
   strategy: str
@@ -86,6 +89,7 @@ class Estimate:
   seeds: int
   reach: float
   diverged: int
+  run_updates: float = math.nan
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,8 +227,20 @@ def _power_law(x: np.ndarray, gap: np.ndarray) -> tuple[float, float] | None:
   return float(b), float(log_a)
 
 
-def _first_crossing(x: np.ndarray, values: np.ndarray, target: float, higher: bool) -> float | None:
-  """``x`` where ``values`` first reaches ``target``, linearly interpolated from the evaluation before."""
+# Fewer server updates than this in a candidate's short run and its estimate is flagged as coarse.
+FEW_UPDATES = 4
+
+
+def _first_crossing(
+  x: np.ndarray, values: np.ndarray, target: float, higher: bool, updates: np.ndarray
+) -> float | None:
+  """``x`` where ``values`` first reaches ``target``: interpolated over the updates since the evaluation
+  before, rounded up to a whole update.
+
+  The model changes only at server updates, so the metric is a step function of them: with many
+  updates between two evaluations this is the linear interpolation, with one (a DiLoCo round, a BSP
+  round evaluated every round) it is the evaluation itself, not a point before the update happened.
+  """
   hit = values >= target if higher else values <= target
   if not hit.any():
     return None
@@ -232,7 +248,11 @@ def _first_crossing(x: np.ndarray, values: np.ndarray, target: float, higher: bo
   if i == 0:
     return float(x[0])
   x0, x1, v0, v1 = x[i - 1], x[i], values[i - 1], values[i]
-  return float(x0 + (x1 - x0) * (target - v0) / (v1 - v0)) if v1 != v0 else float(x1)
+  steps = updates[i] - updates[i - 1]
+  if v1 == v0 or steps <= 0:
+    return float(x1)
+  needed = math.ceil((target - v0) / (v1 - v0) * steps - 1e-9)  # whole updates into the interval
+  return float(x0 + (x1 - x0) * min(needed, steps) / steps)
 
 
 def diverged(history: History, metric: str, chance: float | None = None) -> bool:
@@ -270,17 +290,18 @@ def _one_seed(
       return time_budget, None, end_value, False
     gap = math.exp(fit[1]) * time_budget ** fit[0]
     return time_budget, None, (1.0 - gap if higher else gap), False
-  seconds = _first_crossing(t, values, target, higher)
+  seconds = _first_crossing(t, values, target, higher, u)
   if seconds is not None:
-    return seconds, _first_crossing(u, values, target, higher), end_value, True
+    return seconds, _first_crossing(u, values, target, higher, u), end_value, True
   wanted = _gap(np.asarray(target), metric)
   out = []
   for x in (t, u):
     fit = _power_law(x, _gap(values, metric))
     if fit is None or fit[0] >= 0 or wanted <= 0:  # too few points, not improving, or unreachable
       out.append(math.inf)
-    else:
-      out.append(math.exp((math.log(wanted) - fit[1]) / fit[0]))
+    else:  # a nearly flat fit puts the target beyond any float: never, not an OverflowError
+      log_x = (math.log(wanted) - fit[1]) / fit[0]
+      out.append(math.exp(log_x) if log_x < 700 else math.inf)
   return out[0], (out[1] if math.isfinite(out[1]) else None), end_value, False
 
 
@@ -330,6 +351,7 @@ def estimate(
     seeds=len(seeds),
     reach=median_seconds / run_length if run_length > 0 else math.inf,
     diverged=sum(diverged(h, metric, chance) for h in histories),
+    run_updates=float(np.median([h.updates for h in histories])),
   )
 
 
@@ -437,6 +459,13 @@ def _reason(
     )
   elif best.reach > 3:
     text += " Its estimate reaches far beyond the short runs: check it with a longer run."
+  coarse = [e.strategy for e in ranking if e.run_updates < FEW_UPDATES]
+  if coarse:
+    text += (
+      f" {', '.join(coarse)} made fewer than {FEW_UPDATES} server updates in {'its' if len(coarse) == 1 else 'their'}"
+      " short runs (DiLoCo-style rounds of many local steps, or a short run), too few to estimate from;"
+      " give them a larger fraction before trusting their rank."
+    )
   return text
 
 
