@@ -322,8 +322,15 @@ def test_three_worker_ormo_reaches_the_simulated_accuracy_band(tmp_path, strateg
     # InHAD on two nodes of two workers: each node's first worker process runs its aggregator.
     ("inhad", "{local_workers: 2, learning_rate: 0.1}", 4, 5),
     # Asynchronous local SGD: local AdamW steps, pseudo-gradients applied by Delayed Nesterov. (Without
-    # DyLU: its steps are sized for the simulated slow worker, and real processes are equally fast.)
-    ("async_local_sgd", "{period: 4, learning_rate: 0.003}", 3, 4),
+    # DyLU: its steps are sized for the simulated slow worker, and real processes are equally fast.) At
+    # DiLoCo's outer rate and momentum (0.7, 0.9) three asynchronous workers oscillate between 0.6 and
+    # 0.9 in the simulator as on real processes, a band no test can hold; at 0.5, 0.5 both settle at 0.97.
+    (
+      "async_local_sgd",
+      "{period: 4, learning_rate: 0.003, outer_learning_rate: 0.5, outer_momentum: 0.5}",
+      3,
+      4,
+    ),
     # Streaming DiLoCo on the all-reduce loop: a fragment per round, int4 on the wire, overlapped and mixed.
     ("streaming_diloco", "{period: 4, learning_rate: 0.003}", 2, 2),
   ],
@@ -365,10 +372,21 @@ def test_elastic_fastest_k_and_ea_wild_group_runs_reach_the_simulated_accuracy_b
     # 225 pushes of 4 local steps each.
     assert summary["updates"] == num_events == 225 and summary["gradients"] == 900, summary
   elif strategy == "streaming_diloco":
-    # 225 rounds of 2 local steps on 2 workers, one fragment of the CNN each, 4-bit: a ring of 2 moves
-    # 2 messages a round, each far less than the float32 model.
+    # 225 rounds of 2 local steps on 2 workers, one fragment of the MLP each (113 of the first, 112 of
+    # the second), through the all-to-all and all-gather of their 4-bit integers and scales.
     assert summary["updates"] == 225 and summary["gradients"] == 900, summary
-    assert summary["bytes_moved"] < 225 * 2 * exp.model.num_params * 4 / 4, summary
+    from jaxsync._src.distributed import quantized_all_reduce
+    from jaxsync._src.rules import diloco
+
+    leaves = [x.size for x in jax.tree.leaves(exp.model.params)]
+    owner = diloco.fragment_of_leaves(exp.model.params, 2)
+    per_round = [
+      quantized_all_reduce.bytes_moved([n for n, o in zip(leaves, owner) if o == p], "int4", 64, 2)
+      for p in (0, 1)
+    ]
+    assert summary["bytes_moved"] == 113 * per_round[0] + 112 * per_round[1], summary
+    # Against a float32 ring all-reduce of the whole model every round: 14x fewer bytes.
+    assert summary["bytes_moved"] * 14 < 225 * 2 * exp.model.num_params * 4, summary
   else:
     # 300 rounds, the first 2 gradients of each applied; every later one dropped, never applied. (On a
     # loaded machine the third worker may join after the run's 1.5 s: then nothing was late.)

@@ -189,6 +189,19 @@ def test_the_wire_formats_round_trip_and_count_their_bytes():
   assert quantize.quantized(x, "bfloat16", 64).dtype == jnp.float32
   # 130 values: float32 520 B; bfloat16 260; int8 130 + 3 scales of 4 B; int4 65 + 12.
   assert [quantize.wire_bytes(x, f, 64) for f in (None, "bfloat16", "int8", "int4")] == [520, 260, 142, 77]
+  # What the wire carries: int4 integers two to a byte, each nibble q + 8; the scales beside them.
+  codes = jnp.asarray([-7, 7, 0, -1, 3, -4], jnp.int8)
+  packed = quantize.pack(codes, "int4")
+  assert packed.dtype == jnp.uint8 and np.asarray(packed).tolist() == [1 | 15 << 4, 8 | 7 << 4, 11 | 4 << 4]
+  np.testing.assert_array_equal(np.asarray(quantize.unpack(packed, "int4")), np.asarray(codes))
+  padded = jnp.pad(x, (0, 62))  # three whole blocks
+  for fmt in ("int4", "int8", "bfloat16"):
+    values, scales = quantize.encode(padded, fmt, 64)
+    assert scales.shape == ((0,) if fmt == "bfloat16" else (3,))
+    sent = quantize.unpack(quantize.pack(values, fmt), fmt)
+    np.testing.assert_array_equal(
+      np.asarray(quantize.decode(sent, scales, fmt, 64))[:130], np.asarray(quantize.quantized(x, fmt, 64))
+    )
   with pytest.raises(ValueError, match=r"quantize='fp4'.*'bfloat16', 'int8', 'int4'"):
     jaxsync.diloco(optax.sgd(0.1), sync_every=4, quantize="fp4")
   with pytest.raises(ValueError, match=r"overlap=2.*\[0, 2\)"):

@@ -12,8 +12,12 @@ where the sum is a ``psum`` across processes (gloo on CPU) and, for
 hierarchical all-reduce, two ``psum``s: inside each group of ``G`` workers,
 then across the groups' results. The server rule then runs on every process
 on the same reduced gradient, so the parameters stay bit-identical on every
-process without a broadcast. Local SGD keeps each worker's model on its own
-device and averages the models every ``local_steps``.
+process without a broadcast. Local SGD and DiLoCo keep each worker's model on
+its own device and average their pseudo-gradients every ``local_steps``: only
+the leaves of the round's fragment cross the wire (Streaming DiLoCo), in the
+exchange's format: a ``psum`` of float32, or quantized (bfloat16, int8, int4)
+through an all-to-all and an all-gather of the packed bytes
+(:mod:`jaxsync._src.distributed.quantized_all_reduce`).
 
 :class:`SyncRuntime` has the simulator's interface, so :func:`training.train`
 drives it; every process calls it with the same chunks, process 0 writes the
@@ -36,10 +40,11 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
+from jaxsync._src.distributed import quantized_all_reduce
 from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.interface.history import RunTotals
 from jaxsync._src.interface.runtime import FaultAfterProgress, RuntimeBase
-from jaxsync._src.rules import contracts
+from jaxsync._src.rules import contracts, diloco
 from jaxsync._src.steps import sync_round
 from jaxsync._src.steps.records import stack_workers
 from jaxsync._src.strategies.strategy import Communication, Engine, Strategy, WorkerProtocol
@@ -102,6 +107,13 @@ def check_strategy(strategy: Strategy, num_devices: int) -> Strategy:
       "a strategy that aggregates every worker's gradient; dropping the slowest (fastest_k) needs "
       "cancellable collectives: it runs on the parameter server (jaxsync launch -n K+1)",
     )
+  if strategy.exchange.quantize is not None and strategy.communication == Communication.HIERARCHICAL:
+    raise validation.invalid(
+      _WHAT,
+      "quantize",
+      strategy.exchange.quantize,
+      "None with hierarchical communication: a quantized exchange runs over one flat group of workers",
+    )
   if strategy.num_workers != num_devices:
     raise validation.invalid(
       _WHAT,
@@ -149,7 +161,8 @@ class SyncRuntime(RuntimeBase):
     self._replicated = NamedSharding(self.mesh, P())
     self._per_worker = NamedSharding(self.mesh, P(_AXES))
     self._liveness = liveness
-    self._round = jax.jit(self._round_impl)
+    # The fragment a round exchanges is static: its leaves, and only they, cross the wire.
+    self._round = jax.jit(self._round_impl, static_argnames=("fragment",))
     self._inputs = None  # (the training data, the held-out arrays) on the mesh, made on the first advance
     self._started = time.perf_counter()
     self._clock_offset: float | None = None
@@ -198,7 +211,7 @@ class SyncRuntime(RuntimeBase):
     per_round = 2.0 * (num_workers - 1)  # a ring all-reduce per round
     moved = per_round * int(state.event) * message
     if self.strategy.protocol == WorkerProtocol.LOCAL:  # each round moves its fragment, in the wire format
-      moved = sync_round.exchanged_bytes(self.strategy, state.params, int(state.event), per_round)
+      moved = self._exchanged_bytes(state.params, int(state.event), per_round)
     return RunTotals(
       worker_steps=steps,
       worker_used=steps,
@@ -206,6 +219,46 @@ class SyncRuntime(RuntimeBase):
       bytes_moved=moved,
       bytes_moved_intra=0.0,
     )
+
+  def _fragment_leaves(self, tree) -> list[list[int]]:
+    """The leaf indices of each fragment (all of them with one fragment)."""
+    fragments = self.strategy.exchange.fragments
+    owner = diloco.fragment_of_leaves(tree, fragments) if fragments > 1 else [0] * len(jax.tree.leaves(tree))
+    return [[i for i, p in enumerate(owner) if p == fragment] for fragment in range(fragments)]
+
+  def _exchanged_bytes(self, params, rounds: int, per_round: float) -> float:
+    """Bytes ``rounds`` local rounds moved: float32 as a ring all-reduce counts them, or exactly what the
+    quantized collectives sent (the packed slices and their scales, padded to whole blocks)."""
+    exchange = self.strategy.exchange
+    if exchange.quantize is None:
+      return sync_round.exchanged_bytes(self.strategy, params, rounds, per_round)
+    sizes = [x.size for x in jax.tree.leaves(params)]
+    per_fragment = [
+      quantized_all_reduce.bytes_moved(
+        [sizes[i] for i in leaves], exchange.quantize, exchange.quantize_block, self.strategy.num_workers
+      )
+      for leaves in self._fragment_leaves(params)
+    ]
+    return float(
+      sum(b * n for b, n in zip(per_fragment, sync_round.rounds_per_fragment(rounds, len(per_fragment))))
+    )
+
+  def _mean_of_fragment(self, contribution, fragment: int):
+    """``mean_k`` of the workers' pseudo-gradients: the fragment's leaves over the wire, zeros elsewhere."""
+    exchange, num_workers = self.strategy.exchange, self.strategy.num_workers
+    leaves, treedef = jax.tree.flatten(contribution)
+    picked = self._fragment_leaves(contribution)[fragment]
+    sent = [leaves[i] for i in picked]
+    if exchange.quantize is None:
+      mean = [x / num_workers for x in self._sum(sent)]
+    else:  # a flat mesh: "groups" holds every worker ("members" is 1)
+      mean = quantized_all_reduce.quantized_mean(
+        sent, exchange.quantize, exchange.quantize_block, "groups", num_workers
+      )
+    out = [jnp.zeros_like(x) for x in leaves]
+    for i, m in zip(picked, mean):
+      out[i] = m
+    return treedef.unflatten(out)
 
   # -- one round, compiled ----------------------------------------------------------------------
 
@@ -227,10 +280,9 @@ class SyncRuntime(RuntimeBase):
     )
     return update, loss, s._replace(steps=s.steps + 1)
 
-  def _local_round(self, s: SyncState, data: WorkerData):
+  def _local_round(self, s: SyncState, data: WorkerData, fragment: int):
     strategy = self.strategy
     num_workers = strategy.num_workers
-    fragment = sync_round.round_fragment(strategy, s.event)
 
     def per_worker(params, xs, states, steps, data):
       worker = self._worker_index()
@@ -238,7 +290,7 @@ class SyncRuntime(RuntimeBase):
       work = sync_round.local_work(
         strategy, self.loss_fn, lambda t: data.batch(worker, t), params, x, state, steps[worker], fragment
       )
-      mean_delta = jax.tree.map(lambda d: d / num_workers, self._sum(work.contribution))
+      mean_delta = self._mean_of_fragment(work.contribution, fragment)
       loss = self._sum(jnp.mean(work.losses) / num_workers)
       return mean_delta, loss, jax.tree.map(lambda a: a[None], (work.model, work.worker_state))
 
@@ -260,10 +312,11 @@ class SyncRuntime(RuntimeBase):
       ),
     )
 
-  def _round_impl(self, s: SyncState, now, data: WorkerData, eval_arrays: list):
-    """One round; the training and held-out arrays are arguments, not constants folded into the program."""
+  def _round_impl(self, s: SyncState, now, data: WorkerData, eval_arrays: list, *, fragment: int = 0):
+    """One round (of ``fragment``, ``event mod P``); the training and held-out arrays are arguments, not
+    constants folded into the program."""
     if self.strategy.protocol == WorkerProtocol.LOCAL:
-      update, loss, s = self._local_round(s, data)
+      update, loss, s = self._local_round(s, data, fragment)
     else:
       update, loss, s = self._gradient_round(s, data)
     version = s.version + update.finite.astype(jnp.int32)
@@ -334,15 +387,18 @@ class SyncRuntime(RuntimeBase):
     s = self._global(state)
     if self._inputs is None:  # every process holds the same arrays: replicated on the mesh once
       self._inputs = self._on_mesh((self.data, self.schedule.eval_arrays()))
-    rows = []
+    rows, first, fragments = [], int(state.event), self.strategy.exchange.fragments
     try:
-      for _ in range(num_events):
+      for i in range(num_events):
         # Process 0's clock for everyone: time-based evaluation must decide the same on every process.
         now = multihost_utils.broadcast_one_to_all(
           np.float32(self._clock_offset + time.perf_counter() - self._started)
         )
         after, row = self._round(
-          s, jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()), *self._inputs
+          s,
+          jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()),
+          *self._inputs,
+          fragment=(first + i) % fragments,
         )
         # Reading the row waits for the round: a collective that failed raises here, and ``s`` stays
         # the last round that completed.

@@ -48,15 +48,58 @@ def wire_bytes(tree: Any, fmt: str | None, block_size: int) -> int:
   return int(math.ceil(total))
 
 
-def _integer_round_trip(x: jax.Array, levels: int, block_size: int) -> jax.Array:
+def encode(flat: jax.Array, fmt: str, block_size: int) -> tuple[jax.Array, jax.Array]:
+  """A flat float vector in wire format ``fmt``: ``(values, scales)``.
+
+  ``bfloat16``: the values in bfloat16 and no scales. ``int8``/``int4`` (the
+  length a multiple of ``block_size``): the integers ``q = clip(round(x / s),
+  -L, L)`` as int8 and one float32 scale ``s = max|x| / L`` per block (1 for
+  a block of zeros: nothing to divide).
+  """
+  if fmt == "bfloat16":
+    return flat.astype(jnp.bfloat16), jnp.zeros([0], jnp.float32)
+  levels = _LEVELS[fmt]
+  blocks = flat.astype(jnp.float32).reshape(-1, block_size)
+  absmax = jnp.max(jnp.abs(blocks), axis=1, keepdims=True)
+  scale = jnp.where(absmax > 0, absmax / levels, 1.0)
+  q = jnp.clip(jnp.round(blocks / scale), -levels, levels)
+  return q.astype(jnp.int8).reshape(-1), scale.reshape(-1)
+
+
+def decode(values: jax.Array, scales: jax.Array, fmt: str, block_size: int) -> jax.Array:
+  """The float32 vector :func:`encode` sent: ``q s`` per block, or the bfloat16 values widened."""
+  if fmt == "bfloat16":
+    return values.astype(jnp.float32)
+  q = values.astype(jnp.float32).reshape(-1, block_size)
+  return (q * scales.reshape(-1, 1)).reshape(-1)
+
+
+def pack(values: jax.Array, fmt: str) -> jax.Array:
+  """:func:`encode`'s values as bytes on the wire: int4 two to a byte (``q + 8`` in each nibble), else as they are.
+
+  The last axis (of even length for int4) is the one packed.
+  """
+  if fmt != "int4":
+    return values
+  nibbles = (values.astype(jnp.int32) + 8).astype(jnp.uint8)
+  return nibbles[..., 0::2] | (nibbles[..., 1::2] << 4)
+
+
+def unpack(packed: jax.Array, fmt: str) -> jax.Array:
+  """:func:`pack` undone: int4 bytes back to one int8 integer per value."""
+  if fmt != "int4":
+    return packed
+  low = (packed & 0xF).astype(jnp.int8) - 8
+  high = (packed >> 4).astype(jnp.int8) - 8
+  return jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)
+
+
+def _integer_round_trip(x: jax.Array, fmt: str, block_size: int) -> jax.Array:
   flat = x.reshape(-1).astype(jnp.float32)
   n = flat.shape[0]
-  padded = jnp.pad(flat, (0, -n % block_size)).reshape(-1, block_size)
-  # Absmax scale per block (a block of zeros keeps scale 1: nothing to divide).
-  absmax = jnp.max(jnp.abs(padded), axis=1, keepdims=True)
-  scale = jnp.where(absmax > 0, absmax / levels, 1.0)
-  q = jnp.clip(jnp.round(padded / scale), -levels, levels)
-  return (q * scale).reshape(-1)[:n].reshape(x.shape).astype(x.dtype)
+  padded = jnp.pad(flat, (0, -n % block_size))
+  values, scales = encode(padded, fmt, block_size)
+  return decode(values, scales, fmt, block_size)[:n].reshape(x.shape).astype(x.dtype)
 
 
 def quantized(tree: Any, fmt: str | None, block_size: int = 64) -> Any:
@@ -80,5 +123,4 @@ def quantized(tree: Any, fmt: str | None, block_size: int = 64) -> Any:
     return tree
   if fmt == "bfloat16":
     return jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), tree)
-  levels = _LEVELS[fmt]
-  return jax.tree.map(lambda x: _integer_round_trip(x, levels, block_size), tree)
+  return jax.tree.map(lambda x: _integer_round_trip(x, fmt, block_size), tree)

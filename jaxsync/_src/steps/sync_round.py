@@ -159,13 +159,16 @@ def fragment_bytes(strategy: Strategy, params, *, on_wire: bool = True) -> tuple
   )
 
 
+def rounds_per_fragment(rounds: int, fragments: int) -> list[int]:
+  """How many of the first ``rounds`` rounds exchanged each fragment (round ``t`` exchanges ``t mod P``)."""
+  return [rounds // fragments + (p < rounds % fragments) for p in range(fragments)]
+
+
 def exchanged_bytes(strategy: Strategy, params, rounds: int, messages_per_round: float) -> float:
   """Bytes ``rounds`` local rounds moved: ``messages_per_round`` messages of each round's fragment's size."""
   sizes = fragment_bytes(strategy, params)
-  fragments = len(sizes)
   return float(
-    sum(sizes[p] * (rounds // fragments + (p < rounds % fragments)) for p in range(fragments))
-    * messages_per_round
+    sum(b * n for b, n in zip(sizes, rounds_per_fragment(rounds, len(sizes)))) * messages_per_round
   )
 
 
