@@ -346,9 +346,19 @@ def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_th
   assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
   store = results / "low_communication_runs.jsonl"
   rows = [json.loads(line) for line in store.read_text().splitlines()]
-  # Three methods: one tuning run each, then two links with slow workers.
-  assert len(rows) == 3 + 3 * 2 and len({r["key"] for r in rows}) == len(rows)
+  # Three methods: one tuning run each, and DiLoCo's outer rate 0.3 next to its default 0.7 at its
+  # inner pick; then two links with slow workers.
+  assert len(rows) == 3 + 1 + 3 * 2 and len({r["key"] for r in rows}) == len(rows)
   assert {r["method"] for r in rows} == {"all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"}
+  tuning = [r for r in rows if r["method"] == "DiLoCo H=10" and r["seed"] == module.TUNING_SEED]
+  assert sorted(r["outer_rate"] for r in tuning) == [0.3, 0.7]
+  chosen = module.picks(
+    module.Plan(**module.TINY, store=store), module.load_store(store), 8, run_missing=False
+  )
+  faster = min(tuning, key=lambda r: (module._speed(r), r["outer_rate"]))["outer_rate"]
+  assert chosen["DiLoCo H=10"].outer == faster and chosen["all-reduce SGD"].outer is None
+  cells = [r for r in rows if r["method"] == "DiLoCo H=10" and r["seed"] == 0]
+  assert {r["outer_rate"] for r in cells} == {faster}  # every cell at the picked outer rate
   markdown = (results / "low_communication.md").read_text()
   found = tables(markdown)
   regime, cells = found[0], next(t for t in found if t[0][-1] == "bytes per gradient")
