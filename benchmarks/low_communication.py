@@ -516,6 +516,33 @@ def workload_facts() -> str:
   )
 
 
+def outer_table(plan: Plan, store: dict, workers: int, chosen: dict[str, Pick]) -> list[str]:
+  """How the local-update methods' time to the target moves with their outer rate (the tuning runs)."""
+  setting = Setting(workers, TUNING_LINK, "none")
+  methods = [m for m in plan.methods if has_outer(m) and m not in TUNED_AS and chosen[m].rate is not None]
+  if not methods or len(plan.outer_grid) < 2:
+    return []
+  lines = [
+    f"Time to the target on the tuning runs (simulated s; `—`: not reached, final accuracy then) at each "
+    f"outer rate, the inner rate at its pick, K = {workers}:",
+    "",
+    "| method | " + " | ".join(f"outer {o:g}" for o in plan.outer_grid) + " |",
+    "|---|" + "---|" * len(plan.outer_grid),
+  ]
+  for method in methods:
+    cells = []
+    for outer in plan.outer_grid:
+      row = store.get(key(setting, method, chosen[method].rate, TUNING_SEED, plan.per_worker, outer))
+      if row is None:
+        cells.append("missing")
+      elif row["time_to_target"] is None:
+        cells.append(f"— ({100 * (row['final_accuracy'] or 0):.1f}%)")
+      else:
+        cells.append(_fmt_time(row["time_to_target"]))
+    lines.append(f"| {method} | " + " | ".join(cells) + " |")
+  return [*lines, ""]
+
+
 def report(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int) -> str:
   lines = [
     "# Low-communication training against the parameter-server family",
@@ -544,6 +571,7 @@ def report(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int) -> str
       twin = f" (as {TUNED_AS[method]})" if method in TUNED_AS else ""
       body.append(f"| {method} | {grid} | {pick.text()}{twin} |")
     body.append("")
+    body += outer_table(plan, store, k, chosen[k])
     for slow in plan.slow:
       body += [
         f"## K = {k}, {'a quarter of the workers 4x slower' if slow == 'slow' else 'equal workers'}",
