@@ -84,6 +84,9 @@ METHODS: dict[str, tuple[str, dict[str, Any], str, str]] = {
   "async local SGD H=50": ("async_local_sgd", {"period": 50}, "adamw", "local updates"),
   "async local SGD H=50 DyLU": ("async_local_sgd", {"period": 50, "dylu": True}, "adamw", "local updates"),
 }
+FASHION_MNIST_METHODS = tuple(METHODS)
+# The language-model part: DiLoCo against its synchronous baseline at a period its short run allows.
+METHODS["Streaming DiLoCo H=10"] = ("streaming_diloco", {"period": 10}, "adamw", "local updates")
 # DyLU differs from plain asynchronous local SGD only when workers differ in speed, which the tuning
 # setting's do not: it runs at the plain run's rates.
 TUNED_AS = {"async local SGD H=50 DyLU": "async local SGD H=50"}
@@ -109,15 +112,52 @@ def has_outer(method: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
-class Plan:
-  """What a sitting runs: the full benchmark, or the suite's tiny smoke size."""
+class Workload:
+  """A model and data the methods train: its config, the overrides every run takes, its target."""
 
+  name: str  # the prefix of its runs' keys
+  config: str  # under configs/
+  base: tuple[str, ...]
+  target: float  # held-out accuracy
+  description: str
+
+
+FASHION_MNIST = Workload(
+  NAME,
+  "fashion_mnist.yaml",
+  (
+    "data.name=fashion_mnist",
+    "model.name=mlp",
+    "model.hidden=[128]",
+    "data.batch_size=32",
+    "strategy.schedule.kind=constant",
+  ),
+  TARGET,
+  "an MLP (128 hidden units) on Fashion-MNIST, batch 32",
+)
+# The language model these methods are made for: next-byte accuracy of the small transformer on the
+# Jargon File (the share of held-out bytes predicted exactly).
+JARGON = Workload(
+  f"{NAME}_lm",
+  "jargon_transformer.yaml",
+  ("data.name=jargon", "model.name=transformer", "data.batch_size=32", "strategy.schedule.kind=constant"),
+  0.30,
+  "the small transformer (2 blocks of width 64, 120,576 parameters) on the Jargon File, next-byte "
+  "prediction, batch 32 sequences of 64 bytes",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """What a sitting runs: the full benchmark, the language-model part, or the suite's tiny smoke size."""
+
+  workload: Workload = FASHION_MNIST
   per_worker: int = PER_WORKER
   links: tuple[str, ...] = LINKS
   slow: tuple[str, ...] = tuple(SLOW)
   grids: dict = dataclasses.field(default_factory=lambda: GRIDS)
   outer_grid: tuple[float, ...] = OUTER_GRID
-  methods: tuple[str, ...] = tuple(METHODS)
+  methods: tuple[str, ...] = FASHION_MNIST_METHODS
   store: pathlib.Path = STORE
   report: pathlib.Path = REPORT
 
@@ -129,6 +169,22 @@ TINY = dict(
   grids={"sgd": (0.1,), "adamw": (3e-3,)},
   outer_grid=(0.3, 0.7),
   methods=("all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"),
+)
+
+
+# The language model at 8 workers: 200 steps each (1,600 gradients of 32 x 64 bytes, 0.13 passes over
+# the text), two links, equal workers; AdamW rates, DiLoCo's outer rate (0.7, the fastest for every
+# synchronous DiLoCo variant on Fashion-MNIST at 8 workers).
+LANGUAGE_MODEL = dict(
+  workload=JARGON,
+  per_worker=200,
+  links=("100mbps", "10gbps"),
+  slow=("none",),
+  grids={"adamw": (1e-3, 3e-3, 1e-2)},
+  outer_grid=(OUTER_DEFAULT,),
+  methods=("all-reduce Adam", "DiLoCo H=10", "Streaming DiLoCo H=10"),
+  store=REPO / "benchmarks" / "results" / f"{NAME}_lm_runs.jsonl",
+  report=REPO / "benchmarks" / "results" / f"{NAME}_lm.md",
 )
 
 
@@ -152,6 +208,7 @@ def overrides(
   seed: int,
   per_worker: int = PER_WORKER,
   outer: float | None = None,
+  workload: Workload = FASHION_MNIST,
 ) -> list[str]:
   strategy, options, _, _ = METHODS[method]
   fraction, slowdown = SLOW[setting.slow]
@@ -159,11 +216,7 @@ def overrides(
   if outer is not None and outer != OUTER_DEFAULT:  # the default's runs keep their keys
     options["outer_learning_rate"] = outer
   return [
-    "data.name=fashion_mnist",
-    "model.name=mlp",
-    "model.hidden=[128]",
-    "data.batch_size=32",
-    "strategy.schedule.kind=constant",
+    *workload.base,
     f"strategy.name={strategy}",
     f"strategy.options={json.dumps(options)}",
     f"cluster.num_workers={setting.workers}",
@@ -184,10 +237,10 @@ def key(
   seed: int,
   per_worker: int = PER_WORKER,
   outer: float | None = None,
+  workload: Workload = FASHION_MNIST,
 ) -> str:
-  text = json.dumps(
-    [NAME, overrides(setting, method, rate, seed, per_worker, outer), TARGET, EVALUATIONS], sort_keys=True
-  )
+  ran = overrides(setting, method, rate, seed, per_worker, outer, workload)
+  text = json.dumps([workload.name, ran, workload.target, EVALUATIONS], sort_keys=True)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -198,11 +251,11 @@ def load_store(path: pathlib.Path) -> dict[str, dict]:
   return {row["key"]: row for row in rows}
 
 
-def time_to_target(times: list[float], accuracy: list[float]) -> float | None:
+def time_to_target(times: list[float], accuracy: list[float], target: float = TARGET) -> float | None:
   """The first evaluation after which the accuracy stays at or above the target (a crossing that holds)."""
   held = None
   for t, a in zip(times, accuracy):
-    if a >= TARGET:
+    if a >= target:
       held = t if held is None else held
     else:
       held = None
@@ -216,9 +269,10 @@ def run_one(
   seed: int,
   per_worker: int = PER_WORKER,
   outer: float | None = None,
+  workload: Workload = FASHION_MNIST,
 ) -> dict:
   cfg = config_lib.load(
-    REPO / "configs" / "fashion_mnist.yaml", overrides(setting, method, rate, seed, per_worker, outer)
+    REPO / "configs" / workload.config, overrides(setting, method, rate, seed, per_worker, outer, workload)
   )
   exp = experiment.build(cfg)
   run = _harness._evaluated(cfg.run, exp, EVALUATIONS)
@@ -233,7 +287,7 @@ def run_one(
   loss = [float(x) for x in history.eval_metrics["loss"]]
   finite = all(math.isfinite(x) for x in loss)
   return {
-    "key": key(setting, method, rate, seed, per_worker, outer),
+    "key": key(setting, method, rate, seed, per_worker, outer, workload),
     "workers": setting.workers,
     "link": setting.link,
     "slow": setting.slow,
@@ -250,7 +304,7 @@ def run_one(
     "updates": int(history.version[-1]),
     "gradients": int(np.sum(history.worker_steps)),
     "bytes_moved": float(history.bytes_moved),
-    "time_to_target": time_to_target(times, accuracy) if finite else None,
+    "time_to_target": time_to_target(times, accuracy, workload.target) if finite else None,
     "eval_time": [round(t, 5) for t in times],
     "eval_accuracy": [round(a, 5) for a in accuracy],
     "eval_loss": [round(x, 5) for x in loss],
@@ -260,9 +314,9 @@ def run_one(
 def ensure(
   plan: Plan, store: dict, setting: Setting, method: str, rate: float, seed: int, outer: float | None = None
 ) -> dict:
-  k = key(setting, method, rate, seed, plan.per_worker, outer)
+  k = key(setting, method, rate, seed, plan.per_worker, outer, plan.workload)
   if k not in store:
-    row = run_one(setting, method, rate, seed, plan.per_worker, outer)
+    row = run_one(setting, method, rate, seed, plan.per_worker, outer, plan.workload)
     store[k] = row
     plan.store.parent.mkdir(parents=True, exist_ok=True)
     with plan.store.open("a") as f:
@@ -270,7 +324,7 @@ def ensure(
     print(
       f"[{NAME}] {setting.label} | {method} lr={rate:g}{'' if outer is None else f' outer {outer:g}'} "
       f"seed {seed}: acc {row['final_accuracy']}, "
-      f"to {TARGET:.0%} at {row['time_to_target']} s, {row['wall_seconds']} s",
+      f"to {plan.workload.target:.0%} at {row['time_to_target']} s, {row['wall_seconds']} s",
       file=sys.stderr,
       flush=True,
     )
@@ -305,7 +359,7 @@ def picks(plan: Plan, store: dict, workers: int, run_missing: bool) -> dict[str,
   def run(method, rate, outer=None):
     if run_missing:
       return ensure(plan, store, setting, method, rate, TUNING_SEED, outer)
-    return store.get(key(setting, method, rate, TUNING_SEED, plan.per_worker, outer))
+    return store.get(key(setting, method, rate, TUNING_SEED, plan.per_worker, outer, plan.workload))
 
   out: dict[str, Pick] = {}
   for method in plan.methods:
@@ -366,7 +420,10 @@ def cell(plan: Plan, store: dict, pick: Pick, setting: Setting, method: str, see
   rows = (
     []
     if pick.rate is None
-    else [store.get(key(setting, method, pick.rate, s, plan.per_worker, pick.outer)) for s in range(seeds)]
+    else [
+      store.get(key(setting, method, pick.rate, s, plan.per_worker, pick.outer, plan.workload))
+      for s in range(seeds)
+    ]
   )
   got = [r for r in rows if r is not None]
   return CellResult(
@@ -391,7 +448,7 @@ def verdicts(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int, chos
     return cell(plan, store, chosen[k].get(method, Pick(None)), Setting(k, link, slow), method, seeds)
 
   for k in workers:
-    if "DiLoCo H=50" in plan.methods and "all-reduce Adam" in plan.methods:
+    if "all-reduce Adam" in plan.methods:
       sync = [get(k, link, "none", "all-reduce Adam") for link in plan.links]
       for h in (10, 50, 200):
         label = f"DiLoCo H={h}"
@@ -502,11 +559,10 @@ def verdicts(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int, chos
   return lines
 
 
-def workload_facts() -> str:
-  """The MLP's simulated step time and message size, read from the experiment the runs build."""
-  cfg = config_lib.load(
-    REPO / "configs" / "fashion_mnist.yaml", overrides(Setting(8, TUNING_LINK, "none"), "ASP", 0.01, 0)
-  )
+def workload_facts(workload: Workload) -> str:
+  """The model's simulated step time and message size, read from the experiment the runs build."""
+  ran = overrides(Setting(8, TUNING_LINK, "none"), "ASP", 0.01, 0, workload=workload)
+  cfg = config_lib.load(REPO / "configs" / workload.config, ran)
   exp = experiment.build(cfg)
   step = float(exp.time_model.mean_compute_times()[0])
   message = exp.time_model.with_message_bytes(exp.model.params).message_bytes
@@ -532,7 +588,9 @@ def outer_table(plan: Plan, store: dict, workers: int, chosen: dict[str, Pick]) 
   for method in methods:
     cells = []
     for outer in plan.outer_grid:
-      row = store.get(key(setting, method, chosen[method].rate, TUNING_SEED, plan.per_worker, outer))
+      row = store.get(
+        key(setting, method, chosen[method].rate, TUNING_SEED, plan.per_worker, outer, plan.workload)
+      )
       if row is None:
         cells.append("missing")
       elif row["time_to_target"] is None:
@@ -545,15 +603,18 @@ def outer_table(plan: Plan, store: dict, workers: int, chosen: dict[str, Pick]) 
 
 def report(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int) -> str:
   lines = [
-    "# Low-communication training against the parameter-server family",
+    "# Low-communication training against the parameter-server family"
+    + ("" if plan.workload is FASHION_MNIST else ": the language model"),
     "",
-    f"- Command: `python benchmarks/{NAME}.py --workers {','.join(map(str, workers))} --seeds {seeds}`; "
-    f"the tables are rewritten from the store `benchmarks/results/{NAME}_runs.jsonl` with `--report-only`.",
+    f"- Command: `python benchmarks/{NAME}.py "
+    + ("--workload lm " if plan.workload is JARGON else "")
+    + f"--workers {','.join(map(str, workers))} --seeds {seeds}`; "
+    f"the tables are rewritten from the store `benchmarks/results/{plan.store.name}` with `--report-only`.",
     f"- Machine: {_harness.machine()}",
     f"- Runs in the store: {len(store)}; their simulation took "
     f"{sum(r['wall_seconds'] for r in store.values()) / 60:.1f} min of wall time.",
-    f"- Workload: an MLP (128 hidden units) on Fashion-MNIST, batch 32, {plan.per_worker} gradients per worker, "
-    f"{workload_facts()}; target: {TARGET:.0%} test accuracy, held (the first "
+    f"- Workload: {plan.workload.description}, {plan.per_worker} gradients per worker, "
+    f"{workload_facts(plan.workload)}; target: {plan.workload.target:.0%} test accuracy, held (the first "
     "evaluation after which the accuracy stays at or above it). Times are simulated seconds.",
     "",
   ]
@@ -624,6 +685,12 @@ def main(argv: list[str] | None = None) -> int:
   parser.add_argument(
     "--size", choices=("tiny", "default"), default="default", help="tiny: the suite's smoke run"
   )
+  parser.add_argument(
+    "--workload",
+    choices=("fashion_mnist", "lm"),
+    default="fashion_mnist",
+    help="lm: the small transformer on the Jargon File, 8 workers (its own store and results file)",
+  )
   parser.add_argument("--results-dir", type=pathlib.Path, default=None, help="default: benchmarks/results")
   args = parser.parse_args(argv)
   workers = tuple(int(w) for w in args.workers.split(",") if w.strip().isdigit())
@@ -631,7 +698,11 @@ def main(argv: list[str] | None = None) -> int:
     raise SystemExit(
       f"{NAME}: --workers={args.workers!r} --seeds={args.seeds}; expected 8 and/or 32, seeds >= 1"
     )
-  plan = Plan(**(TINY if args.size == "tiny" else {}))
+  if args.workload == "lm":
+    if args.size == "tiny":
+      raise SystemExit(f"{NAME}: --workload lm has no tiny size; the suite's smoke run is Fashion-MNIST's")
+    workers = (8,)
+  plan = Plan(**(TINY if args.size == "tiny" else LANGUAGE_MODEL if args.workload == "lm" else {}))
   if args.results_dir is not None:
     plan = dataclasses.replace(
       plan, store=args.results_dir / f"{NAME}_runs.jsonl", report=args.results_dir / f"{NAME}.md"

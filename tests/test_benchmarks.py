@@ -340,6 +340,24 @@ def test_about_n_evaluations_per_run_whatever_the_strategy():
   assert run.eval_every is None and run.eval_every_time == pytest.approx(1280 * per_gradient / 40, rel=1e-3)
 
 
+def test_low_communication_language_model_part_builds_the_transformer_under_its_own_keys():
+  from jaxsync._src.app import config as config_lib
+  from jaxsync._src.app import experiment
+
+  module = importlib.import_module("low_communication")
+  plan = module.Plan(**module.LANGUAGE_MODEL)
+  setting = module.Setting(8, "10gbps", "none")
+  ran = module.overrides(setting, "DiLoCo H=10", 3e-3, 0, plan.per_worker, None, plan.workload)
+  exp = experiment.build(config_lib.load(module.REPO / "configs" / plan.workload.config, ran))
+  assert exp.model.num_params == 120_576 and exp.strategy.name == "diloco" and exp.strategy.local_steps == 10
+  assert exp.num_events == 200 * 8 // (8 * 10)  # 20 rounds of 8 workers x 10 steps
+  # The same method and rates on Fashion-MNIST is another run, kept apart in the stores.
+  assert module.key(setting, "DiLoCo H=10", 3e-3, 0, plan.per_worker, None, plan.workload) != module.key(
+    setting, "DiLoCo H=10", 3e-3, 0, plan.per_worker
+  )
+  assert plan.store.name == "low_communication_lm_runs.jsonl" and plan.workload.target == 0.30
+
+
 def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_the_store(tmp_path):
   module = importlib.import_module("low_communication")
   results = tmp_path / "results"
