@@ -136,12 +136,13 @@ FASHION_MNIST = Workload(
   "an MLP (128 hidden units) on Fashion-MNIST, batch 32",
 )
 # The language model these methods are made for: next-byte accuracy of the small transformer on the
-# Jargon File (the share of held-out bytes predicted exactly).
+# Jargon File (the share of held-out bytes predicted exactly); all-reduce Adam at 3e-3 passed 0.28 at
+# 110 of its 200 rounds in a trial run (0.30 at about 150).
 JARGON = Workload(
   f"{NAME}_lm",
   "jargon_transformer.yaml",
   ("data.name=jargon", "model.name=transformer", "data.batch_size=32", "strategy.schedule.kind=constant"),
-  0.30,
+  0.28,
   "the small transformer (2 blocks of width 64, 120,576 parameters) on the Jargon File, next-byte "
   "prediction, batch 32 sequences of 64 bytes",
 )
