@@ -548,10 +548,16 @@ def verdicts(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int, chos
             f"{'a quarter 4x slower' if slow == 'slow' else 'equal workers'}) | ASP's time to the target / "
             f"DC-ASGD-a's: {text}; final accuracy {np.mean(gaps):+.1f} points | {verdict} |"
           )
+  held = []
+  for k in workers:
+    runs = [
+      get(k, link, slow, method).runs for slow in plan.slow for link in plan.links for method in plan.methods
+    ]
+    held.append(f"{min(runs)} at K={k}" if min(runs) == max(runs) else f"{min(runs)}-{max(runs)} at K={k}")
   lines += [
     "",
-    f"Verdicts rest on {seeds} seed(s) per cell: differences of about a point of accuracy, or 20% of "
-    "time, are within what one seed can show by chance here. Rates are picked per worker count at "
+    f"Seeds per cell: {', '.join(held)} (of {seeds} asked). With one seed, differences of about a point "
+    "of accuracy, or 20% of time, are within what chance can show here. Rates are picked per worker count at "
     f"{TUNING_LINK} without slow workers and used in every column (the local-update methods' outer rate "
     "after their inner one): DyLU, which differs from plain asynchronous local SGD only when workers "
     "differ in speed, runs at the plain run's rates.",
