@@ -611,6 +611,57 @@ def outer_table(plan: Plan, store: dict, workers: int, chosen: dict[str, Pick]) 
   return [*lines, ""]
 
 
+def _accuracy_at(row: dict, t: float) -> float:
+  """The accuracy of the last evaluation at or before ``t`` simulated seconds."""
+  before = [a for time, a in zip(row["eval_time"], row["eval_accuracy"]) if time <= t * (1 + 1e-9)]
+  return before[-1] if before else row["eval_accuracy"][0]
+
+
+def equal_time_table(
+  plan: Plan, store: dict, workers: int, slow: str, chosen: dict[str, Pick], seeds: int
+) -> list[str]:
+  """Each method's accuracy when the quickest run of its link has finished: a fixed time budget.
+
+  Methods that move fewer bytes finish their gradients sooner on a slow link; this reads every run at
+  the moment the first one ends (the last evaluation before it), the question of a user with a budget.
+  """
+  rows = {}
+  for method in plan.methods:
+    pick = chosen[method]
+    for link in plan.links:
+      setting = Setting(workers, link, slow)
+      rows[method, link] = [
+        r
+        for s in range(seeds)
+        if pick.rate is not None
+        and (r := store.get(key(setting, method, pick.rate, s, plan.per_worker, pick.outer, plan.workload)))
+        and r["final_accuracy"] is not None
+      ]
+  budget = {
+    link: min((r["simulated_seconds"] for m in plan.methods for r in rows[m, link]), default=None)
+    for link in plan.links
+  }
+  if all(b is None for b in budget.values()):
+    return []
+  lines = [
+    "Accuracy at a fixed time: each run read when the quickest run of its link has ended ("
+    + ", ".join(f"{link}: {_fmt_time(b)} s" for link, b in budget.items())
+    + "; mean over seeds).",
+    "",
+    "| method | " + " | ".join(plan.links) + " |",
+    "|---|" + "---|" * len(plan.links),
+  ]
+  for method in plan.methods:
+    cells = [
+      f"{100 * np.mean([_accuracy_at(r, budget[link]) for r in rows[method, link]]):.1f}%"
+      if rows[method, link]
+      else "—"
+      for link in plan.links
+    ]
+    lines.append(f"| {method} | " + " | ".join(cells) + " |")
+  return [*lines, ""]
+
+
 def report(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int) -> str:
   lines = [
     "# Low-communication training against the parameter-server family"
@@ -674,6 +725,7 @@ def report(plan: Plan, store: dict, workers: tuple[int, ...], seeds: int) -> str
       body.append("")
       if missing:
         body += [f"Missing: {missing} runs of this table are not in the store yet.", ""]
+      body += equal_time_table(plan, store, k, slow, chosen[k], seeds)
       label = f"{k}, {'a quarter 4x slower' if slow == 'slow' else 'equal'}"
       regime.append(
         f"| {label} | "
