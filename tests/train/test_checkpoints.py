@@ -116,3 +116,25 @@ def test_asyncio_reports_of_abandoned_checkpoint_reads_are_dropped_and_nothing_e
     )
   finally:
     checkpoints._FAILED_RESTORES.discard(failed)
+
+
+def test_ctrl_c_during_a_save_reaches_the_handler_that_was_there_once_the_save_is_done():
+  import signal
+
+  from jaxsync._src.train.checkpoints import _interrupts_deferred
+
+  presses = []
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: presses.append(signum))
+  try:
+    with _interrupts_deferred():
+      os.kill(os.getpid(), signal.SIGINT)  # a press in the middle of a save
+      assert presses == []  # held back while the save runs
+    # Handed on once: the command line's handler notes a stop (it does not raise KeyboardInterrupt,
+    # which would end the run at once, as a second press does).
+    assert presses == [signal.SIGINT]
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    with pytest.raises(KeyboardInterrupt):
+      with _interrupts_deferred():
+        os.kill(os.getpid(), signal.SIGINT)
+  finally:
+    signal.signal(signal.SIGINT, previous)

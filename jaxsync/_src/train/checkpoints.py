@@ -224,19 +224,25 @@ def _interrupts_deferred():
 
   Interrupted mid-save, orbax's threads go on writing into an interpreter that
   is shutting down (the previous checkpoint stays intact, but they print
-  tracebacks); a save takes a fraction of a second, so it is let finish.
+  tracebacks); a save takes a fraction of a second, so it is let finish. Each
+  press is then handed to the handler that was there: the command line's
+  (a first press asks the run to stop at its chunk's end, a second stops it),
+  or Python's (``KeyboardInterrupt``).
   """
   if threading.current_thread() is not threading.main_thread():
     yield
     return
   caught = []
-  previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append(signum))
+  previous = signal.signal(signal.SIGINT, lambda signum, frame: caught.append((signum, frame)))
   try:
     yield
   finally:
     signal.signal(signal.SIGINT, previous)
-  if caught:
-    raise KeyboardInterrupt
+  for signum, frame in caught:
+    if callable(previous):
+      previous(signum, frame)
+    elif previous != signal.SIG_IGN:  # SIG_DFL, or a handler not installed from Python (None)
+      raise KeyboardInterrupt
 
 
 # What orbax's and tensorstore's threads raise when an operation they were serving outlived it: a
