@@ -93,3 +93,17 @@ def test_the_bytes_of_a_quantized_exchange_are_its_padded_slices():
   # int4 slices hold whole bytes: an odd block size pairs blocks up.
   assert quantized_all_reduce.slice_bytes([9], "int4", 3, 1) == 6 + 4 * 4  # 12 values: 6 B, 4 scales
   assert quantized_all_reduce.slice_bytes([9], "int4", 3, 2) == 3 + 2 * 4  # 6 values: 3 B, 2 scales
+
+
+def test_a_quantized_exchange_over_hierarchical_groups_is_refused_naming_the_format():
+  import dataclasses
+
+  import jaxsync
+  from jaxsync._src.distributed import sync_runtime
+  from jaxsync._src.strategies.strategy import Communication
+
+  strategy = jaxsync.strategies.make("streaming_diloco", 4)
+  grouped = dataclasses.replace(strategy, communication=Communication.HIERARCHICAL)
+  with pytest.raises(ValueError, match=r"quantize='int4' is invalid; expected None with hierarchical"):
+    sync_runtime.check_strategy(grouped, 4)
+  assert sync_runtime.check_strategy(strategy, 4) is strategy  # flat: accepted

@@ -42,9 +42,8 @@ def _padded_sizes(sizes: Sequence[int], fmt: str, block_size: int, num_workers: 
 def slice_bytes(sizes: Sequence[int], fmt: str, block_size: int, num_workers: int) -> int:
   """Wire bytes of one worker's slice of leaves of ``sizes`` values: packed values and their scales."""
   _, per_slice = _padded_sizes(sizes, fmt, block_size, num_workers)
-  if fmt == "bfloat16":
-    return 2 * per_slice
-  return per_slice * (4 if fmt == "int4" else 8) // 8 + 4 * (per_slice // block_size)
+  # Whole blocks (and bytes, for int4): the format's bytes per value give a whole number.
+  return round(per_slice * quantize.bytes_per_value(fmt, block_size))
 
 
 def bytes_moved(sizes: Sequence[int], fmt: str, block_size: int, num_workers: int) -> int:
