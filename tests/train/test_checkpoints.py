@@ -138,3 +138,44 @@ def test_ctrl_c_during_a_save_reaches_the_handler_that_was_there_once_the_save_i
         os.kill(os.getpid(), signal.SIGINT)
   finally:
     signal.signal(signal.SIGINT, previous)
+
+
+def test_a_failed_restores_abandoned_reads_are_silent_even_when_reported_before_the_error(tmp_path, caplog):
+  """A sibling read's "exception was never retrieved" can be logged from orbax's thread while the first
+  failure is still unwinding (CI saw it before the one-line error); it must be dropped then too."""
+  import logging
+
+  import numpy as np
+
+  from jaxsync._src.steps.records import EventRecord
+  from jaxsync._src.train.checkpoints import CheckpointError, RunCheckpoints
+
+  state = {"w": np.arange(8, dtype=np.float32)}
+  records = EventRecord(
+    **{f: np.zeros(4, np.float32) for f in EventRecord._fields if f != "metrics"},
+    metrics={"accuracy": np.zeros(4, np.float32)},
+  )
+  saved = RunCheckpoints(tmp_path / "checkpoints")
+  saved.save(4, state, records, {"stopped_by": None})
+  restore = saved._manager.restore
+  where = tmp_path / "checkpoints" / "4"
+
+  def failing_restore(step, args):
+    if "state" not in args:  # the progress record reads as before
+      return restore(step, args=args)
+    sibling = ValueError(f'DATA_LOSS: Error reading "b/.zarray" in OCDBT database at "{where}/state/"')
+    logging.getLogger("asyncio").error(
+      "Task exception was never retrieved", exc_info=(ValueError, sibling, None)
+    )
+    raise ValueError(f'DATA_LOSS: Error reading "w/.zarray" in OCDBT database at "{where}/state/"')
+
+  saved._manager.restore = failing_restore
+  with caplog.at_level(logging.ERROR, logger="asyncio"), pytest.raises(CheckpointError, match="is corrupt"):
+    saved.restore(state)
+  assert not [r for r in caplog.records if r.name == "asyncio"], caplog.text
+  # An unrelated future's error is still reported.
+  logging.getLogger("asyncio").error(
+    "Task exception was never retrieved", exc_info=(ValueError, ValueError("elsewhere"), None)
+  )
+  assert [r for r in caplog.records if r.name == "asyncio"]
+  saved.close()

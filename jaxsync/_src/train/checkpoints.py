@@ -143,6 +143,9 @@ class RunCheckpoints:
       abstract = jax.tree.map(np.asarray, like_state)
     else:
       abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(np.shape(x), x.dtype), like_state)
+    # Marked before the attempt: a failed read's sibling futures can be collected (and asyncio report
+    # them) while the first failure is still unwinding through orbax, before the except clause runs.
+    _FAILED_RESTORES.add(str(where))
     try:
       with _step_metadata_notes_dropped(self.directory):
         out = self._manager.restore(
@@ -153,8 +156,8 @@ class RunCheckpoints:
         )
       records = EventRecord(**jax.tree.map(np.asarray, out.records))
     except Exception as err:  # corrupt array files surface as several exception types
-      _FAILED_RESTORES.add(str(where))
       raise CheckpointError(f"checkpoint {str(where)!r} is corrupt: {_first_line(err)}") from None
+    _FAILED_RESTORES.discard(str(where))
     if len(records.time) != step:
       raise CheckpointError(
         f"checkpoint {str(where)!r} is corrupt: it holds {len(records.time)} event records, expected {step}."
@@ -251,8 +254,8 @@ def _interrupts_deferred():
 _LEFTOVER_ERRORS = ("Event loop is closed", "cannot schedule new futures after shutdown")
 
 
-# Checkpoint directories whose restore failed (and was reported in one line): the reads of their other
-# arrays, abandoned, end as asyncio futures whose exception nobody retrieves.
+# Checkpoint directories whose restore failed (and was reported in one line), or is under way: the reads
+# of a failed restore's other arrays, abandoned, end as asyncio futures whose exception nobody retrieves.
 _FAILED_RESTORES: set[str] = set()
 
 
