@@ -3,6 +3,7 @@
   jaxsync train configs/quickstart.yaml [--set run.gradients=800] [--out runs/q]
   jaxsync compare configs/ormo_table.yaml --strategies asp,ormo --seeds 3
   jaxsync advise configs/quickstart.yaml [--fraction 0.25] [--seeds 2]   (which strategy to use)
+  jaxsync calibrate configs/quickstart.yaml --out quickstart_here.yaml   (measure this machine)
   jaxsync resume runs/q
   jaxsync launch -n 3 configs/quickstart.yaml --set cluster.num_workers=2   (real processes)
   jaxsync strategies
@@ -163,6 +164,39 @@ def _parser() -> argparse.ArgumentParser:
   goal.add_argument(
     "--time-budget", type=float, metavar="SECONDS", help="rank by accuracy after this many simulated seconds"
   )
+  calibrate = sub.add_parser(
+    "calibrate",
+    help="measure this machine for the simulator: compute time and jitter, link, server cost per arrival",
+    description="Measures what the simulator's time model needs on this machine: the config model's compute "
+    "time per step and its spread, a link's latency and bandwidth (ZeroMQ round trips, over loopback or to "
+    "`jaxsync calibrate --serve-echo PORT` on another host), and the parameter server's time per arrival. "
+    "Prints the measured cluster: section; --out writes the whole config with it, which train, compare, "
+    "advise and launch take as it is.",
+  )
+  calibrate.add_argument(
+    "config", type=pathlib.Path, nargs="?", help="a YAML config, e.g. configs/quickstart.yaml"
+  )
+  calibrate.add_argument(
+    "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a value"
+  )
+  calibrate.add_argument("--out", type=pathlib.Path, help="write the config with the measured cluster here")
+  calibrate.add_argument(
+    "--processes",
+    type=int,
+    default=1,
+    help="compute probes run at once, sharing the cores as a run's workers on this machine would (default: 1)",
+  )
+  calibrate.add_argument("--steps", type=int, default=100, help="steps timed per probe (default: 100)")
+  calibrate.add_argument(
+    "--link-to", metavar="tcp://HOST:PORT", help="measure the link to this echo (default: loopback)"
+  )
+  calibrate.add_argument(
+    "--serve-echo",
+    type=int,
+    metavar="PORT",
+    help="only answer another host's link measurement, until stopped",
+  )
+  calibrate.add_argument("--bind", default="0.0.0.0", help="the interface --serve-echo listens on")
   resume = sub.add_parser(
     "resume",
     help="continue a run (or a compare) from its latest checkpoint",
@@ -269,6 +303,8 @@ def _dispatch(args: argparse.Namespace) -> int:
   if args.command == "config":
     print(_config(args), end="")
     return 0
+  if args.command == "calibrate":
+    return _calibrate(args)
   if getattr(args, "max_restarts", 0) < 0:  # before anything is built
     raise config_lib.ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
   if args.command == "launch":
@@ -338,6 +374,42 @@ def _dispatch(args: argparse.Namespace) -> int:
     print(result["table"], end="")
   elif args.progress != "quiet":
     _print_summary(result.summary, result.run_dir)
+  return 0
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+  from jaxsync._src.app import calibrate
+  from jaxsync._src.app import config as config_lib
+
+  if args.serve_echo is not None:
+    from jaxsync._src.calibration.probes import EchoServer
+
+    echo = EchoServer(args.bind, args.serve_echo)
+    print(f"jaxsync calibrate: echoing at {echo.address} until stopped (Ctrl-C)", file=sys.stderr, flush=True)
+    echo.serve_forever()
+    return 0
+  if args.config is None:
+    raise config_lib.ConfigError(
+      "calibrate needs a CONFIG (or --serve-echo PORT); e.g. configs/quickstart.yaml"
+    )
+  if args.out is not None and args.out.exists() and args.out.resolve() == args.config.resolve():
+    raise config_lib.ConfigError(f"--out={str(args.out)!r} is the config itself; give another file.")
+  cal, raw = calibrate.calibrate(
+    args.config,
+    args.overrides,
+    processes=args.processes,
+    steps=args.steps,
+    link_to=args.link_to,
+    say=lambda line: print(f"jaxsync calibrate: {line}", file=sys.stderr, flush=True),
+  )
+  print(calibrate.dump({"cluster": cal.cluster_section()}), end="")
+  if args.out is not None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+      f"# {args.config} with its cluster measured by `jaxsync calibrate` (see cluster.calibration)\n"
+      + calibrate.dump(raw)
+    )
+    print(f"jaxsync calibrate: wrote {args.out}", file=sys.stderr)
   return 0
 
 

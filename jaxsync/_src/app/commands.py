@@ -289,7 +289,7 @@ def _run_distributed(
 
   result = roles.run_process(
     exp.strategy, exp.loss_fn, exp.data, exp.model.params, group=group, servers=exp.config.cluster.servers,
-    evaluation=exp.evaluation(), drive=drive, stop_requested=stop_requested,
+    evaluation=exp.evaluation(), drive=drive, stop_requested=stop_requested, slowdowns=exp.slowdowns(),
   )  # fmt: skip
   if result is not None and roles.serves(exp.strategy):
     run_directory.write_json(run_dir / "summary.json", result.summary)  # with the server's fault counts

@@ -194,6 +194,18 @@ class StrategyConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class LinkConfig:
+  """A measured link (``jaxsync calibrate`` writes one): sending ``n`` bytes takes ``latency + n / bandwidth``."""
+
+  latency: float = _key(meaning="seconds per message, >= 0")
+  bandwidth: float = _key(meaning="bytes per second, > 0 (1 Gbit/s is 1.25e8)")
+
+  def __post_init__(self):
+    _require(self.latency >= 0, "cluster.link.latency", self.latency, "seconds >= 0")
+    _require(self.bandwidth > 0, "cluster.link.bandwidth", self.bandwidth, "bytes per second > 0")
+
+
+@dataclasses.dataclass(frozen=True)
 class ClusterConfig:
   """The simulated cluster (``jaxsync.sim.TimeModel``); ``compute_time: null`` uses the model's FLOPs."""
 
@@ -207,8 +219,10 @@ class ClusterConfig:
   )
   slow_fraction: float = _key(0.25, meaning="the fraction of workers that are slow, in [0, 1)")
   slowdown: float = _key(4.0, meaning="how many times slower a slow worker is")
-  link: str = _key(
-    "10gbps", meaning="the network between workers and server: 100mbps, 1gbps, 10gbps or 100gbps"
+  link: str | LinkConfig = _key(
+    "10gbps",
+    meaning="the network between workers and server: 100mbps, 1gbps, 10gbps, 100gbps, or a measured "
+    "{latency: seconds, bandwidth: bytes/s}",
   )
   apply_time: float = _key(
     0.0, meaning="seconds the server takes per applied update, on top of server_bandwidth"
@@ -221,6 +235,16 @@ class ClusterConfig:
     None,
     meaning="the server's memory bandwidth for applying updates: 3GB/s, 10GB/s, 30GB/s, bytes per second, "
     "or null (updates cost the server no time)",
+  )
+  emulate_slow_workers: bool = _key(
+    False,
+    meaning="on real processes (jaxsync launch), the slow workers sleep (slowdown - 1) x each step's measured "
+    "compute time after it, as slow as the simulator's; false: real workers run at their own speed",
+  )
+  calibration: dict[str, str] | None = _key(
+    None,
+    meaning="where each measured value of this section came from (jaxsync calibrate writes it; the advisor "
+    "prints it); null: presets, not measured",
   )
   # The workers are the processes after the server shards. The simulator ignores it.
   servers: int = _key(
@@ -244,7 +268,17 @@ class ClusterConfig:
       _require(
         self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null"
       )
-    _require(self.link in LINK_PRESETS, "cluster.link", self.link, f"one of {', '.join(LINK_PRESETS)}")
+    _require(
+      isinstance(self.link, LinkConfig) or self.link in LINK_PRESETS,
+      "cluster.link",
+      self.link,
+      f"one of {', '.join(LINK_PRESETS)}, or a mapping {{latency: seconds, bandwidth: bytes per second}}",
+    )
+    if self.calibration is not None:
+      for key, source in self.calibration.items():
+        _require(
+          isinstance(source, str), f"cluster.calibration.{key}", source, "a string (where it came from)"
+        )
     _require(
       self.server_bandwidth is None
       or self.server_bandwidth in SERVER_PRESETS
@@ -265,7 +299,7 @@ class ClusterConfig:
       ``TimeModel``'s arguments; ``compute_time: null`` becomes the model's
       ``3 F b / device_flops`` (``jaxsync.sim.compute_time_from_flops``).
     """
-    from jaxsync._src.sim.time_model import compute_time_from_flops
+    from jaxsync._src.sim.time_model import Link, compute_time_from_flops
 
     compute_time = self.compute_time or compute_time_from_flops(
       flops_per_sample, batch_size, self.device_flops
@@ -276,7 +310,7 @@ class ClusterConfig:
       jitter_shape=self.jitter_shape,
       slow_fraction=self.slow_fraction,
       slowdown=self.slowdown,
-      link=self.link,
+      link=Link(self.link.latency, self.link.bandwidth) if isinstance(self.link, LinkConfig) else self.link,
       apply_time=self.apply_time,
       message_bytes=self.message_bytes,
       server_bandwidth=self.server_bandwidth,
@@ -399,7 +433,10 @@ def _coerce(path: str, hint: Any, value: Any) -> Any:
     if value is None and type(None) in options:
       return None
     errors = []
-    for option in options:
+    # A mapping is meant for a section's option: its error (a key out of range) is the one to report.
+    for option in sorted(
+      options, key=lambda o: not (isinstance(value, dict) and dataclasses.is_dataclass(o))
+    ):
       if option is type(None):
         continue
       try:
@@ -457,6 +494,15 @@ def _build(cls: type, raw: Any, prefix: str = "") -> Any:
     raise ConfigError(
       f"unknown config key {dotted}; valid keys{' of ' + prefix if prefix else ''}: {_keys(cls)}."
     )
+  required = [
+    f.name
+    for f in dataclasses.fields(cls)
+    if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+  ]
+  missing = [name for name in required if name not in raw]
+  if missing:
+    dotted = ", ".join(f"{prefix}.{k}" if prefix else k for k in missing)
+    raise ConfigError(f"{where}={raw!r} is invalid; {dotted} missing (it needs {', '.join(required)}).")
   values = {}
   for name, hint in hints.items():
     if name in raw:
@@ -575,6 +621,8 @@ def _type_words(hint: Any) -> str:
     return f"list of {_type_words(typing.get_args(hint)[0])}s"
   if origin is dict:
     return "mapping"
+  if dataclasses.is_dataclass(hint):
+    return f"mapping {{{', '.join(f.name for f in dataclasses.fields(hint))}}}"
   return {int: "integer", float: "number", str: "string", bool: "true/false"}.get(hint, _type_name(hint))
 
 

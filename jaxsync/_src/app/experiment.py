@@ -17,6 +17,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from jaxsync._src.advisor import advisor
 from jaxsync._src.app.config import Config, ConfigError, ScheduleConfig
 from jaxsync._src.data import datasets
@@ -99,6 +101,15 @@ class Experiment:
       seed=self.config.seed,
       evaluations=evaluations,
     )
+
+  def slowdowns(self) -> tuple[float, ...] | None:
+    """Each unit's (worker's, or EA-wild group's) compute-time factor over a fast worker, when real
+    processes emulate the cluster's slow workers (``cluster.emulate_slow_workers``); None otherwise."""
+    if not self.config.cluster.emulate_slow_workers:
+      return None
+    factors = self.time_model.mean_compute_times() / np.min(self.time_model.mean_compute_times())
+    g = self.strategy.workers_per_unit
+    return tuple(float(np.max(factors[u * g : (u + 1) * g])) for u in range(len(factors) // g))
 
   @property
   def label(self) -> str:

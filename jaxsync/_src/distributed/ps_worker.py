@@ -81,6 +81,7 @@ def run_worker(
   peer: str = "the parameter server (process 0)",
   stop_requested=None,
   preemption_grace: float = PREEMPTION_GRACE,
+  slowdown: float = 1.0,
 ) -> dict[str, Any]:
   """Works for the server at ``address`` until it says STOP; returns counters.
 
@@ -108,6 +109,9 @@ def run_worker(
       this machine is being taken: the server goes on without it, as after a
       kill, and nothing it applied is lost).
     preemption_grace: see ``stop_requested``.
+    slowdown: ``>= 1``; above 1 the worker emulates a slow one: after each
+      step it sleeps ``slowdown - 1`` times that step's measured compute time
+      (``cluster.emulate_slow_workers``).
 
   Returns:
     ``{"pushes": n, "wall_seconds": s, "compute_seconds": [per step], "devices": D,
@@ -119,6 +123,7 @@ def run_worker(
   """
   worker = validation.check_int(_WHAT, "worker", worker, low=0)
   preemption_grace = validation.check_real(_WHAT, "preemption_grace", preemption_grace, low=0.0)
+  slowdown = validation.check_real(_WHAT, "slowdown", slowdown, low=1.0)
   flat_like, unravel = ravel_pytree(params_like)
   count, dtype = int(flat_like.size), str(flat_like.dtype)
   devices = list(jax.local_devices() if devices is None else devices)
@@ -138,6 +143,7 @@ def run_worker(
     sockets.append(socket)
   link = _Link(sockets, layout, token, worker, dtype, reply_timeout, (peer, server_alive))
   link.leave_when = _Notice(stop_requested, preemption_grace)
+  link.slowdown = slowdown
   link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
   loop = _elastic_loop if server_step.mode(strategy) == "elastic" else _gradient_loop
   start = time.perf_counter()
@@ -191,6 +197,14 @@ class _Link:
     self.itemsize = np.dtype(wire.numpy_dtype(dtype)).itemsize
     self.inbox = wire.Inbox(wire.max_message_bytes(self.count, dtype))
     self.leave_when = _Notice(None, 0.0)  # run_worker sets the process's preemption notice
+    self.slowdown = 1.0  # run_worker sets the emulated slowdown
+
+  def pace(self, compute_times: list[float]) -> None:
+    """An emulated slow worker sleeps ``(slowdown - 1)`` times the step it just measured, so its steps
+    take ``slowdown`` times its own compute, as the simulator's slow workers' do (the first step, which
+    compiles, is not stretched)."""
+    if self.slowdown > 1.0 and len(compute_times) > 1:
+      time.sleep((self.slowdown - 1.0) * compute_times[-1])
 
   def send(self, header: wire.Header, payload=None) -> None:
     """To every shard (the others before the leader, so their slices are there when it orders them
@@ -280,6 +294,7 @@ def _gradient_loop(
       )
       flat = np.asarray(flat)  # waits for the result: the step's compute time ends here
       compute_times.append(time.perf_counter() - began)
+      link.pace(compute_times)
       push = link.header(
         wire.Kind.PUSH,
         version=reply.version,
@@ -332,6 +347,7 @@ def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, param
       got, exchange = compute(x, rule_state, jnp.int32(step), data)
       exchange = bool(exchange)  # waits for the gradient
       compute_times.append(time.perf_counter() - began)
+      link.pace(compute_times)
       header = dict(version=version, step=step, loss=float(got.loss), finite=bool(got.finite))
       if not exchange:
         link.send(link.header(wire.Kind.STEP, **header))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 from jaxsync._src.data.worker_data import WorkerData
@@ -48,6 +48,7 @@ def run_process(
   evaluation: dict[str, Any],
   drive: Callable[[Any, bool], Any],
   stop_requested: Callable[[], bool] | None = None,
+  slowdowns: Sequence[float] | None = None,
 ) -> Any:
   """Plays this process's role in the run until the run ends; process 0's result, None elsewhere.
 
@@ -66,6 +67,10 @@ def run_process(
     stop_requested: ``() -> bool``, True once this process got a preemption
       notice (the drive asks it too, between chunks); a parameter-server
       worker asks it while it works (:func:`ps_worker.run_worker`).
+    slowdowns: optional per-worker (per EA-wild group) compute-time factors
+      ``>= 1``: a worker with a factor ``s > 1`` sleeps ``(s - 1)`` times each
+      step's measured compute time after it, as the simulator's slow workers
+      are slower (``cluster.emulate_slow_workers``).
 
   Returns:
     What ``drive`` returned in process 0 (with the parameter server's fault
@@ -75,10 +80,11 @@ def run_process(
   _log_to_stderr()
   client = cluster.coordination_client()
   if not serves(strategy):
-    return _sync_worker(strategy, loss_fn, data, group, client, evaluation, drive)
+    return _sync_worker(strategy, loss_fn, data, group, client, evaluation, drive, slowdowns)
   if group.index < servers:
     return _serve(strategy, group, servers, client, evaluation, drive)
-  _ps_worker(strategy, loss_fn, data, params, group, servers, client, stop_requested)
+  slowdown = 1.0 if slowdowns is None else slowdowns[group.index - servers]
+  _ps_worker(strategy, loss_fn, data, params, group, servers, client, stop_requested, slowdown)
   return None
 
 
@@ -127,11 +133,13 @@ def _log_to_stderr() -> None:
   logger.propagate = False  # absl configures the root logger too
 
 
-def _sync_worker(strategy, loss_fn, data, group: ProcessGroup, client, evaluation, drive) -> Any:
+def _sync_worker(strategy, loss_fn, data, group: ProcessGroup, client, evaluation, drive, slowdowns) -> Any:
   """One worker of a synchronous run; every process leaves at the same barrier, process 0 last."""
   client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
   liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
-  runtime = sync_runtime.SyncRuntime(strategy, loss_fn, data, liveness=liveness, **evaluation)
+  runtime = sync_runtime.SyncRuntime(
+    strategy, loss_fn, data, liveness=liveness, slowdowns=slowdowns, **evaluation
+  )
   try:
     result = drive(runtime, group.is_primary)
   except PreemptedError:  # every process stopped at the same round (SyncRuntime.agree_to_stop)
@@ -143,7 +151,7 @@ def _sync_worker(strategy, loss_fn, data, group: ProcessGroup, client, evaluatio
 
 
 def _ps_worker(
-  strategy, loss_fn, data, params, group: ProcessGroup, servers: int, client, stop_requested
+  strategy, loss_fn, data, params, group: ProcessGroup, servers: int, client, stop_requested, slowdown
 ) -> None:
   """A worker process of a parameter-server run (and, for InHAD, its node's aggregator)."""
   heartbeat = cluster.Heartbeat(client, group.index).start()
@@ -178,7 +186,7 @@ def _ps_worker(
     peer = f"node {node}'s aggregator (process {lead})"
   done = ps_worker.run_worker(
     strategy, loss_fn, data, params, worker=worker, address=addresses, token=token,
-    server_alive=server_alive, peer=peer, stop_requested=stop_requested,
+    server_alive=server_alive, peer=peer, stop_requested=stop_requested, slowdown=slowdown,
   )  # fmt: skip
   if aggregator is not None:
     aggregator.stop()

@@ -134,6 +134,10 @@ class SyncRuntime(RuntimeBase):
     eval_fn, eval_every, eval_every_time: as for the simulator (wall seconds).
     devices: the mesh's devices (default: ``jax.devices()``, every process's).
     liveness: ``() -> set of live process ids`` used to name a lost process.
+    slowdowns: optional per-worker compute-time factors ``>= 1``; a process
+      whose workers' largest factor ``s`` exceeds 1 sleeps ``(s - 1)`` times its
+      measured compute of a round before each round, as the simulator's slow
+      workers are slower (``cluster.emulate_slow_workers``).
 
   Example:
     ``jaxsync launch -n 2 configs/quickstart.yaml --set strategy.name=bsp --set cluster.num_workers=2``
@@ -150,6 +154,7 @@ class SyncRuntime(RuntimeBase):
     eval_every_time: float | None = None,
     devices=None,
     liveness=None,
+    slowdowns=None,
   ):
     devices = list(jax.devices() if devices is None else devices)
     super().__init__(eval_fn, eval_every, eval_every_time)
@@ -167,6 +172,14 @@ class SyncRuntime(RuntimeBase):
     self._started = time.perf_counter()
     self._clock_offset: float | None = None
     self._rounds_done: int | None = None  # after the last advance
+    # An emulated slow worker (cluster.emulate_slow_workers): this process's slowest worker's factor;
+    # it sleeps (factor - 1) x its measured compute before each round (measured on the first advance).
+    mine = [i for i, d in enumerate(devices) if d.process_index == jax.process_index()]
+    factors = [1.0] if slowdowns is None else [float(slowdowns[i]) for i in mine] or [1.0]
+    for factor in factors:
+      validation.check_real(_WHAT, "slowdowns[i]", factor, low=1.0)
+    self._slowdown, self._my_worker = max(factors), (mine or [0])[0]
+    self._delay: float | None = None
 
   # -- collectives ------------------------------------------------------------------------------
 
@@ -388,8 +401,12 @@ class SyncRuntime(RuntimeBase):
     if self._inputs is None:  # every process holds the same arrays: replicated on the mesh once
       self._inputs = self._on_mesh((self.data, self.schedule.eval_arrays()))
     rows, first, fragments = [], int(state.event), self.strategy.exchange.fragments
+    if self._slowdown > 1.0 and self._delay is None:
+      self._delay = (self._slowdown - 1.0) * self._round_compute(self._local(s).params)
     try:
       for i in range(num_events):
+        if self._delay:
+          time.sleep(self._delay)
         # Process 0's clock for everyone: time-based evaluation must decide the same on every process.
         now = multihost_utils.broadcast_one_to_all(
           np.float32(self._clock_offset + time.perf_counter() - self._started)
@@ -415,6 +432,19 @@ class SyncRuntime(RuntimeBase):
       raise lost from None
     self._rounds_done = int(local.event)
     return local, self._stack(rows)
+
+  def _round_compute(self, params) -> float:
+    """Seconds of this process's compute in a round, measured alone: the median of 5 gradients of its
+    worker's batch (after one that compiles), times the local steps of a round."""
+    step = jax.jit(jax.value_and_grad(self.loss_fn))
+    batch = self.data.batch(self._my_worker, 0)
+    times = []
+    for _ in range(6):
+      began = time.perf_counter()
+      jax.block_until_ready(step(params, batch))
+      times.append(time.perf_counter() - began)
+    local = self.strategy.local_steps if self.strategy.protocol == WorkerProtocol.LOCAL else 1
+    return float(np.median(times[1:])) * local
 
   @staticmethod
   def _stack(rows: list):

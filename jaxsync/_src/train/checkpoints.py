@@ -164,6 +164,24 @@ class RunCheckpoints:
       )
     return out.state, records, progress
 
+  def records(self, step: int | None = None) -> EventRecord:
+    """The event records of checkpoint ``step`` (default: the latest) alone, without the run's state (whose
+    structure only a runtime of the same run knows): what a finished run recorded, e.g. a real run's.
+
+    Raises:
+      CheckpointError: no checkpoint, or an unreadable one.
+    """
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise CheckpointError(f"no complete checkpoint in {str(self.directory)!r}; no records to read.")
+    where = self.directory / str(step)
+    try:
+      with _step_metadata_notes_dropped(self.directory):
+        out = self._manager.restore(step, args=ocp.args.Composite(records=ocp.args.StandardRestore()))
+      return EventRecord(**jax.tree.map(np.asarray, out.records))
+    except Exception as err:  # orbax raises many types for unreadable files
+      raise CheckpointError(f"checkpoint {str(where)!r} is corrupt: {_first_line(err)}") from None
+
   def close(self) -> None:
     """Releases orbax's resources."""
     self._manager.close()

@@ -1,0 +1,82 @@
+"""The time model's numbers from measurements: a Gamma jitter, a link's latency and bandwidth, a server's costs."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from jaxsync._src.core import validation
+from jaxsync._src.sim.time_model import Link
+
+_WHAT = "calibration"
+
+
+def gamma_shape(times: np.ndarray) -> float:
+  r"""The Gamma shape of step times with the same coefficient of variation: ``mean^2 / var``.
+
+  The time model draws a step as ``c X`` with ``X ~ Gamma(a, 1/a)`` (mean 1,
+  coefficient of variation ``1/sqrt(a)``); the method of moments gives
+  ``a = (\bar t / s_t)^2``. A spread below 0.1% is treated as 0.1% (shape 1e6:
+  practically deterministic).
+  """
+  times = np.asarray(times, np.float64)
+  if times.size < 2 or not np.all(np.isfinite(times)) or np.any(times <= 0):
+    raise validation.invalid(_WHAT, "times", times.tolist()[:8], "two or more positive, finite step times")
+  cv = max(float(times.std(ddof=1) / times.mean()), 1e-3)
+  return 1.0 / cv**2
+
+
+def link_from_round_trips(round_trips: Mapping[int, np.ndarray]) -> Link:
+  """Latency and bandwidth fitted to echoed round trips: ``rtt(n) / 2 = l + n / B``.
+
+  A message of ``n`` bytes goes out and comes back, so half of the median
+  round trip is one message's time. A least-squares line through the sizes
+  gives ``l`` (its intercept, floored at 0) and ``B`` (its inverse slope).
+
+  Raises:
+    ValueError: fewer than two sizes, or times that do not grow with size.
+  """
+  sizes = np.asarray(sorted(round_trips), np.float64)
+  if sizes.size < 2:
+    raise validation.invalid(_WHAT, "round_trips", sorted(round_trips), "round trips at two or more sizes")
+  one_way = np.asarray([np.median(round_trips[int(n)]) / 2 for n in sizes])
+  slope, intercept = np.polyfit(sizes, one_way, 1)
+  if not slope > 0:
+    raise validation.invalid(
+      _WHAT,
+      "round_trips",
+      {int(n): f"{t * 1e3:.3f} ms" for n, t in zip(sizes, one_way)},
+      "one-way times that grow with the message size (measure larger messages)",
+    )
+  return Link(latency=max(float(intercept), 0.0), bandwidth=float(1.0 / slope))
+
+
+def server_costs(per_arrival: Mapping[int, float], arrays: float) -> tuple[float, float | None]:
+  r"""``(apply_time, server_bandwidth)`` fitted to the server's seconds per arrival at several sizes.
+
+  The time model charges an arrival ``t_apply + a n / M`` (``a`` parameter-sized
+  arrays read and written, ``n`` bytes each): a line through ``(n, t)`` gives
+  ``t_apply`` (its intercept, floored at 0) and ``M = a / slope``. Where the
+  cost does not grow with the size (a small model, whose arrivals cost the
+  server's fixed work per message), ``M`` is None (no memory cost) and
+  ``t_apply`` the mean cost.
+
+  Args:
+    per_arrival: ``{message bytes: seconds per arrival}``, two or more sizes.
+    arrays: ``a``, the measured rule's arrays per arrival (``Strategy.server_traffic``).
+
+  Raises:
+    ValueError: fewer than two sizes.
+  """
+  sizes = np.asarray(sorted(per_arrival), np.float64)
+  if sizes.size < 2:
+    raise validation.invalid(_WHAT, "per_arrival", sorted(per_arrival), "seconds at two or more sizes")
+  seconds = np.asarray([per_arrival[int(n)] for n in sizes])
+  slope, intercept = np.polyfit(sizes, seconds, 1)
+  if not slope > 0 or intercept < 0:
+    # Not separable: no per-byte cost above the noise, or one that the smallest size cannot carry.
+    if not slope > 0:
+      return float(seconds.mean()), None
+    return 0.0, float(arrays * sizes[0] / seconds[0])
+  return float(intercept), float(arrays / slope)

@@ -1,0 +1,248 @@
+"""Measurements of what the time model needs: a worker-step, a link's round trips, the server's work per arrival.
+
+Each probe measures the real thing the multi-process runtime does: the
+jitted gradient of the model on a batch, ZeroMQ messages between processes
+(or hosts) in the runtime's framing, and the real :class:`ParameterServer`
+answering pushes. The fits that turn the measurements into the time model's
+numbers are in :mod:`fit`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import zmq
+
+from jaxsync._src.core import validation
+from jaxsync._src.distributed import wire
+from jaxsync._src.distributed.server import param_server
+from jaxsync._src.strategies import registry as strategies
+
+_WHAT = "calibration"
+
+
+def step_times(
+  loss_fn: Callable[[Any, Any], Any],
+  params: Any,
+  batch_of: Callable[[int], Any],
+  *,
+  steps: int = 100,
+  warmup: int = 3,
+  start_at: float | None = None,
+) -> np.ndarray:
+  """Seconds of each of ``steps`` worker-steps: the jitted loss and gradient of ``loss_fn`` at ``params``
+  on batch ``batch_of(i)``, waited for, after ``warmup`` steps (the first compiles).
+
+  Args:
+    loss_fn: ``(params, batch) -> scalar``.
+    params: the model's parameters.
+    batch_of: ``step -> batch``.
+    steps: steps timed, ``>= 2``.
+    warmup: steps run first, not timed.
+    start_at: optional ``time.time()`` to wait for after the warm-up, so that
+      several processes measure over the same seconds (sharing the cores as
+      a run's workers do).
+
+  Returns:
+    ``float64[steps]``.
+  """
+  steps = validation.check_int(_WHAT, "steps", steps, low=2)
+  warmup = validation.check_int(_WHAT, "warmup", warmup, low=1)
+  step = jax.jit(jax.value_and_grad(loss_fn))
+  batches = [batch_of(i) for i in range(warmup + steps)]
+  for i in range(warmup):
+    jax.block_until_ready(step(params, batches[i]))
+  if start_at is not None:
+    time.sleep(max(0.0, start_at - time.time()))
+  times = np.empty(steps)
+  for i in range(steps):
+    began = time.perf_counter()
+    jax.block_until_ready(step(params, batches[warmup + i]))
+    times[i] = time.perf_counter() - began
+  return times
+
+
+class EchoServer:
+  """A ZeroMQ ROUTER that sends every message back as it came: the far end of :func:`round_trips`.
+
+  Args:
+    bind: the interface to listen on.
+    port: the port (0: a free one).
+
+  Example:
+    >>> echo = EchoServer().start()  # doctest: +SKIP
+    >>> round_trips(echo.address, [1024, 1 << 20])  # doctest: +SKIP
+    >>> echo.stop()  # doctest: +SKIP
+  """
+
+  def __init__(self, bind: str = "127.0.0.1", port: int = 0):
+    self._socket = zmq.Context.instance().socket(zmq.ROUTER)
+    self._socket.setsockopt(zmq.LINGER, 0)
+    if port:
+      self._socket.bind(f"tcp://{bind}:{port}")
+    else:
+      port = self._socket.bind_to_random_port(f"tcp://{bind}")
+    self.address = f"tcp://{bind}:{port}"
+    self._stopping = threading.Event()
+    self._thread = threading.Thread(target=self._serve, daemon=True)
+
+  def start(self) -> EchoServer:
+    self._thread.start()
+    return self
+
+  def serve_forever(self) -> None:
+    """Echoes in this thread until the process is stopped (``jaxsync calibrate --serve-echo``)."""
+    self._serve()
+
+  def _serve(self) -> None:
+    poller = zmq.Poller()
+    poller.register(self._socket, zmq.POLLIN)
+    while not self._stopping.is_set():
+      if poller.poll(100):
+        self._socket.send_multipart(self._socket.recv_multipart(copy=False), copy=False)
+
+  def stop(self) -> None:
+    self._stopping.set()
+    self._thread.join(timeout=5)
+    self._socket.close(linger=0)
+
+
+def round_trips(
+  address: str, sizes: Sequence[int], *, rounds: int = 20, warmup: int = 3
+) -> dict[int, np.ndarray]:
+  """Seconds of ``rounds`` round trips of a ``size``-byte message to the :class:`EchoServer` at ``address``
+  and back, for each size (the runtime's transport: a DEALER to a ROUTER, zero-copy frames).
+
+  Returns:
+    ``{size: float64[rounds]}``.
+  """
+  rounds = validation.check_int(_WHAT, "rounds", rounds, low=1)
+  socket = zmq.Context.instance().socket(zmq.DEALER)
+  socket.setsockopt(zmq.LINGER, 0)
+  socket.setsockopt(zmq.RCVTIMEO, 60_000)
+  socket.connect(address)
+  out = {}
+  try:
+    for size in sizes:
+      size = validation.check_int(_WHAT, "size", size, low=1)
+      payload = np.ones(size, np.uint8)
+      times = np.empty(rounds)
+      for i in range(warmup + rounds):
+        began = time.perf_counter()
+        socket.send(payload, copy=False)
+        try:
+          socket.recv(copy=False)
+        except zmq.Again:
+          raise TimeoutError(
+            f"{_WHAT}: no echo from {address} within 60 s; is `jaxsync calibrate --serve-echo` running there?"
+          ) from None
+        if i >= warmup:
+          times[i - warmup] = time.perf_counter() - began
+      out[size] = times
+  finally:
+    socket.close(linger=0)
+  return out
+
+
+# A worker's side of push and pull, without its compute: pushes a gradient of ``count`` float32 values
+# as soon as the parameters arrive, ``rounds`` times, and prints each round trip's seconds.
+_PUSH_CLIENT = textwrap.dedent(
+  """
+  import json, sys, time, numpy as np, zmq
+  from jaxsync._src.distributed import wire
+  wire.keep_freed_memory()  # as every process of a multi-process run
+  address, token, count, rounds = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+  sock = zmq.Context.instance().socket(zmq.DEALER)
+  sock.connect(address)
+  sock.send_multipart(wire.encode(wire.Header(kind=wire.Kind.HELLO, token=token, worker=0)))
+  reply = wire.decode_header(sock.recv_multipart(copy=False)[0], token=token)
+  grad = np.full(count, 1e-6, np.float32)
+  times = []
+  for _ in range(rounds):
+    began = time.perf_counter()
+    header = wire.Header(kind=wire.Kind.PUSH, token=token, worker=0, version=reply.version, step=reply.step,
+                         count=count)
+    sock.send_multipart(wire.encode(header, grad), copy=False)
+    frames = sock.recv_multipart(copy=False)
+    reply = wire.decode_header(frames[0], token=token)
+    wire.decode_payload(reply, frames[1:], dtype="float32", count=count)
+    times.append(time.perf_counter() - began)
+  print(json.dumps(times))
+  """
+)
+
+
+def _push_client(address: str, token: bytes, count: int, rounds: int) -> subprocess.Popen:
+  return subprocess.Popen(
+    [sys.executable, "-c", _PUSH_CLIENT, address, token.hex(), str(count), str(rounds)],
+    stdout=subprocess.PIPE,
+    text=True,
+    env={**os.environ, "JAX_PLATFORMS": "cpu"},
+  )
+
+
+def _echo_of_pushes(count: int, rounds: int) -> np.ndarray:
+  """The push client against a ROUTER that answers each push at once with a ready payload: the
+  transport's share of a push and pull, none of the server's work."""
+  token = bytes(16)
+  socket = zmq.Context.instance().socket(zmq.ROUTER)
+  socket.setsockopt(zmq.LINGER, 0)
+  port = socket.bind_to_random_port("tcp://127.0.0.1")
+  inbox, reply = wire.Inbox(4 * count), np.full(count, 1e-6, np.float32)
+  header = wire.Header(kind=wire.Kind.PARAMS, token=token, worker=0)
+
+  def serve():
+    for _ in range(rounds + 1):  # HELLO, then every push
+      frames = inbox.receive(socket, routed=True)
+      socket.send_multipart([frames[0], *wire.encode(header, reply)], copy=False)
+
+  thread = threading.Thread(target=serve, daemon=True)
+  thread.start()
+  client = _push_client(f"tcp://127.0.0.1:{port}", token, count, rounds)
+  out, _ = client.communicate(timeout=600)
+  thread.join(timeout=60)
+  socket.close(linger=0)
+  return np.asarray(json.loads(out))
+
+
+def _server_pushes(strategy_name: str, count: int, rounds: int) -> np.ndarray:
+  """The push client against the real :class:`ParameterServer` running ``strategy_name`` (one worker) on
+  ``count`` parameters: the transport plus the server's whole work per arrival."""
+  strategy = strategies.make(strategy_name, 1, learning_rate=1e-3)
+  server = param_server.ParameterServer(strategy)
+  state = server.init({"w": jnp.zeros([count], jnp.float32)})
+  client = _push_client(server.address, server.token, count, rounds)
+  server.advance(state, rounds)
+  out, _ = client.communicate(timeout=600)
+  server.stop(timeout=5)
+  return np.asarray(json.loads(out))
+
+
+def server_times(parameters: int, *, strategy: str = "asp", rounds: int = 30) -> dict[str, np.ndarray]:
+  """Seconds per arrival the real parameter server spends on a push of ``parameters`` float32 values.
+
+  A client process pushes ``rounds`` gradients, one after each reply, to the
+  real server (ZeroMQ, header checks, the jitted rule, the reply) and to an
+  echo of the same sockets that does no work; the difference of the medians
+  is the server's own time per arrival. The first 5 round trips (compiling)
+  are dropped.
+
+  Returns:
+    ``{"server": round trips through the server, "echo": through the echo}``, seconds.
+  """
+  parameters = validation.check_int(_WHAT, "parameters", parameters, low=1)
+  rounds = validation.check_int(_WHAT, "rounds", rounds, low=2)
+  echo = _echo_of_pushes(parameters, rounds + 5)[5:]
+  server = _server_pushes(strategy, parameters, rounds + 5)[5:]
+  return {"server": server, "echo": echo}
