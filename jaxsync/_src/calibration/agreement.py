@@ -1,10 +1,12 @@
 """How far a simulated run is from the real run of the same config: rates, staleness, time to a target, accuracy.
 
 Both runs are read from their event records (:class:`EventRecord`: the
-simulator's, and a real run's final checkpoint), on clocks that start at each
-run's first event: a real run's seconds before its first arrival (starting
-processes, compiling) are not what the time model predicts, and are reported
-apart (:attr:`RunMeasures.start`).
+simulator's, and a real run's final checkpoint), on clocks that start when
+every worker is running: at the event that brings the last worker's first
+arrival (a synchronous run's first round). A real run's seconds before it
+(processes starting, each worker compiling its first step, which the fastest
+ones do sooner) are not what the time model predicts, and are reported apart
+(:attr:`RunMeasures.start`).
 """
 
 from __future__ import annotations
@@ -24,14 +26,16 @@ class RunMeasures(NamedTuple):
   """What one run is compared on.
 
   Attributes:
-    start: seconds of the run's clock at its first event.
+    start: seconds of the run's clock when every worker is running (the event
+      of the last worker's first arrival; a synchronous run's first round).
     gradients_per_second: gradients computed per second over the run's second
       half of events (its steady state).
     updates_per_second: server updates per second over the same events.
     staleness: every accepted arrival's staleness (``int[n]``).
-    eval_time: each evaluation's seconds since the first event.
+    eval_time: each evaluation's seconds since ``start`` (the last one taken
+      before it counts as taken at 0).
     accuracy: each evaluation's accuracy.
-    duration: seconds from the first event to the last.
+    duration: seconds from ``start`` to the last event.
   """
 
   start: float
@@ -62,15 +66,21 @@ def measures(records: EventRecord, gradients_per_event: float, metric: str = "ac
   accepted = ~np.asarray(records.rejected, bool)
   if np.asarray(records.worker).min() < 0:  # a synchronous round: no arrival, no staleness
     accepted = np.zeros_like(accepted)
-  evaluated = np.asarray(records.evaluated, bool)
+  workers = np.asarray(records.worker)
+  first = 0 if workers.min() < 0 else max(int(np.argmax(workers == w)) for w in np.unique(workers))
+  start = float(time[first])
+  evaluated = np.flatnonzero(np.asarray(records.evaluated, bool))
+  accuracy = np.asarray(records.metrics[metric], np.float64)
+  before = evaluated[evaluated < first]
+  kept = np.concatenate([before[-1:], evaluated[evaluated >= first]])
   return RunMeasures(
-    start=float(time[0]),
+    start=start,
     gradients_per_second=events * gradients_per_event / span if span > 0 else math.inf,
     updates_per_second=float(released[half:].sum()) / span if span > 0 else math.inf,
     staleness=np.asarray(records.staleness)[accepted].astype(np.int64),
-    eval_time=time[evaluated] - time[0],
-    accuracy=np.asarray(records.metrics[metric], np.float64)[evaluated],
-    duration=float(time[-1] - time[0]),
+    eval_time=np.maximum(time[kept] - start, 0.0),
+    accuracy=accuracy[kept],
+    duration=float(time[-1] - start),
   )
 
 
@@ -108,33 +118,55 @@ def relative_error(simulated: float | None, real: float | None) -> float | None:
   return (simulated - real) / real
 
 
-def compare(real: RunMeasures, simulated: RunMeasures, *, target: float) -> dict[str, float | None]:
-  """The simulated run against the real one.
+def _median(values: list[float | None]) -> float | None:
+  """The median of the values, None unless more than half of them are there (a target most runs miss)."""
+  present = [v for v in values if v is not None]
+  return float(np.median(present)) if len(present) * 2 > len(values) else None
+
+
+def compare(real: RunMeasures, simulated: list[RunMeasures], *, target: float) -> dict[str, dict | float]:
+  """The real run against simulated runs of the same config (seeds: a real run is one draw of its data
+  order and timing, the simulated runs say how much of a difference such draws make).
 
   Returns:
-    ``gradients_per_second``, ``updates_per_second``, ``time_to_target`` (each
-    ``{"real", "simulated", "error"}``, error relative to the real value),
-    ``staleness`` (means, and ``total_variation`` of the two distributions),
-    ``accuracy_at_equal_time`` (both runs' accuracy at the shorter run's end),
-    and ``start`` (the real run's seconds before its first event).
+    ``gradients_per_second``, ``updates_per_second`` and ``time_to_target``,
+    each ``{"real", "simulated", "error"}`` (the simulated median over seeds,
+    the error relative to the real value; time to target also ``"range"``,
+    the simulated runs' least and greatest); ``staleness`` (means, and the
+    ``total_variation`` of the real distribution against the simulated runs'
+    pooled one); ``accuracy_at_equal_time`` (at the shorter run's end, the
+    simulated median); and ``start`` (the real run's seconds before every
+    worker ran, which no simulated clock has).
   """
+  if not simulated:
+    raise validation.invalid(_WHAT, "simulated", simulated, "one or more simulated runs")
   out: dict = {}
   for key in ("gradients_per_second", "updates_per_second"):
-    r, s = getattr(real, key), getattr(simulated, key)
+    r, s = getattr(real, key), _median([getattr(m, key) for m in simulated])
     out[key] = {"real": r, "simulated": s, "error": relative_error(s, r)}
   r = time_to_hold(real.eval_time, real.accuracy, target)
-  s = time_to_hold(simulated.eval_time, simulated.accuracy, target)
-  out["time_to_target"] = {"real": r, "simulated": s, "error": relative_error(s, r), "target": target}
+  times = [time_to_hold(m.eval_time, m.accuracy, target) for m in simulated]
+  s = _median(times)
+  reached = [t for t in times if t is not None]
+  out["time_to_target"] = {
+    "real": r,
+    "simulated": s,
+    "error": relative_error(s, r),
+    "target": target,
+    "range": [min(reached), max(reached)] if reached else None,
+    "reached": f"{len(reached)} of {len(times)}",
+  }
+  pooled = np.concatenate([m.staleness for m in simulated])
   out["staleness"] = {
     "real": float(real.staleness.mean()) if real.staleness.size else None,
-    "simulated": float(simulated.staleness.mean()) if simulated.staleness.size else None,
-    "total_variation": total_variation(real.staleness, simulated.staleness),
+    "simulated": float(pooled.mean()) if pooled.size else None,
+    "total_variation": total_variation(real.staleness, pooled),
   }
-  horizon = min(real.duration, simulated.duration)
+  horizon = min(real.duration, *[m.duration for m in simulated])
   out["accuracy_at_equal_time"] = {
     "seconds": horizon,
     "real": accuracy_at(real.eval_time, real.accuracy, horizon),
-    "simulated": accuracy_at(simulated.eval_time, simulated.accuracy, horizon),
+    "simulated": _median([accuracy_at(m.eval_time, m.accuracy, horizon) for m in simulated]),
   }
   out["start"] = real.start
   return out

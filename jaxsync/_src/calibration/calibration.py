@@ -81,23 +81,25 @@ def compute_from(times: np.ndarray, *, processes: int, batch_size: int) -> tuple
 
 
 def measure_link(message_bytes: int, *, link_to: str | None = None, rounds: int = 20) -> tuple[Link, str]:
-  """The link fitted to echoed messages of 1 KB up to twice ``message_bytes``; ``link_to``: a remote
-  :class:`probes.EchoServer` (``jaxsync calibrate --serve-echo``), default a local one (loopback)."""
+  """The link from ``rounds`` round trips of 1 KB (latency) and a stream of messages of ``message_bytes``,
+  at least 32 MB in all (bandwidth); ``link_to``: a remote :class:`probes.EchoServer` (``jaxsync calibrate
+  --serve-echo``), default a local one (loopback)."""
   message_bytes = validation.check_int(_WHAT, "message_bytes", message_bytes, low=1)
-  sizes = sorted(
-    {1024, max(message_bytes // 4, 2048), max(message_bytes, 4096), max(2 * message_bytes, 8192)}
-  )
+  count = max(20, -(-(32 << 20) // message_bytes))
   echo = None if link_to else probes.EchoServer().start()
   try:
-    trips = probes.round_trips(link_to or echo.address, sizes, rounds=rounds)
+    address = link_to or echo.address
+    small = float(np.median(probes.round_trips(address, [1024], rounds=rounds)[1024]))
+    seconds = probes.stream_seconds(address, message_bytes, count)
   finally:
     if echo is not None:
       echo.stop()
-  link = fit.link_from_round_trips(trips)
+  link = fit.link_from_measurements(small, 1024, count * message_bytes, seconds)
   where = f"to {link_to}" if link_to else "over loopback (one machine)"
   source = (
-    f"measured: ZeroMQ round trips {where} of {', '.join(f'{n:,}' for n in sizes)} bytes, {rounds} each, "
-    f"median / 2 fitted to latency + bytes / bandwidth, from {machine()}"
+    f"measured: ZeroMQ messages {where}: {rounds} round trips of 1 KB (median {small * 1e6:.0f} us) for the "
+    f"latency, {count} messages of {message_bytes:,} bytes streamed and echoed ({seconds:.3f} s) for the "
+    f"bandwidth; from {machine()}"
   )
   return link, source
 

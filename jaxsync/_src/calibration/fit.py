@@ -27,29 +27,20 @@ def gamma_shape(times: np.ndarray) -> float:
   return 1.0 / cv**2
 
 
-def link_from_round_trips(round_trips: Mapping[int, np.ndarray]) -> Link:
-  """Latency and bandwidth fitted to echoed round trips: ``rtt(n) / 2 = l + n / B``.
+def link_from_measurements(
+  small_round_trip: float, small_bytes: int, stream_bytes: int, stream_seconds: float
+) -> Link:
+  """Latency and bandwidth from a small message's round trip and a sustained stream.
 
-  A message of ``n`` bytes goes out and comes back, so half of the median
-  round trip is one message's time. A least-squares line through the sizes
-  gives ``l`` (its intercept, floored at 0) and ``B`` (its inverse slope).
-
-  Raises:
-    ValueError: fewer than two sizes, or times that do not grow with size.
+  A stream of ``S`` bytes each way, echoed as it goes, takes about ``S / B``
+  (the two directions overlap): ``B = S / t_stream``. A small message of ``s``
+  bytes goes out and back in ``2 (l + s / B)``: ``l = rtt / 2 - s / B``,
+  floored at 0.
   """
-  sizes = np.asarray(sorted(round_trips), np.float64)
-  if sizes.size < 2:
-    raise validation.invalid(_WHAT, "round_trips", sorted(round_trips), "round trips at two or more sizes")
-  one_way = np.asarray([np.median(round_trips[int(n)]) / 2 for n in sizes])
-  slope, intercept = np.polyfit(sizes, one_way, 1)
-  if not slope > 0:
-    raise validation.invalid(
-      _WHAT,
-      "round_trips",
-      {int(n): f"{t * 1e3:.3f} ms" for n, t in zip(sizes, one_way)},
-      "one-way times that grow with the message size (measure larger messages)",
-    )
-  return Link(latency=max(float(intercept), 0.0), bandwidth=float(1.0 / slope))
+  for name, value in (("small_round_trip", small_round_trip), ("stream_seconds", stream_seconds)):
+    validation.check_real(_WHAT, name, value, low=0.0, low_open=True)
+  bandwidth = stream_bytes / stream_seconds
+  return Link(latency=max(small_round_trip / 2 - small_bytes / bandwidth, 0.0), bandwidth=float(bandwidth))
 
 
 def server_costs(per_arrival: Mapping[int, float], arrays: float) -> tuple[float, float | None]:

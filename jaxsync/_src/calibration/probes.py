@@ -155,6 +155,34 @@ def round_trips(
   return out
 
 
+def stream_seconds(address: str, size: int, count: int) -> float:
+  """Seconds to send ``count`` messages of ``size`` bytes back to back to the :class:`EchoServer` at
+  ``address`` and have every echo back: a sustained transfer, which a shaped card's burst allowance does
+  not hide (a single round trip of a message within the burst would be measured at the burst's speed)."""
+  size = validation.check_int(_WHAT, "size", size, low=1)
+  count = validation.check_int(_WHAT, "count", count, low=1)
+  socket = zmq.Context.instance().socket(zmq.DEALER)
+  socket.setsockopt(zmq.LINGER, 0)
+  socket.setsockopt(zmq.RCVTIMEO, 120_000)
+  socket.setsockopt(zmq.SNDHWM, 0)
+  socket.setsockopt(zmq.RCVHWM, 0)
+  socket.connect(address)
+  payload = np.ones(size, np.uint8)
+  try:
+    socket.send(payload, copy=False)  # connected, and the echo's first reply out of the way
+    socket.recv(copy=False)
+    began = time.perf_counter()
+    for _ in range(count):
+      socket.send(payload, copy=False)
+    for _ in range(count):
+      socket.recv(copy=False)
+    return time.perf_counter() - began
+  except zmq.Again:
+    raise TimeoutError(f"{_WHAT}: the echo at {address} stopped answering within 120 s") from None
+  finally:
+    socket.close(linger=0)
+
+
 # A worker's side of push and pull, without its compute: pushes a gradient of ``count`` float32 values
 # as soon as the parameters arrive, ``rounds`` times, and prints each round trip's seconds.
 _PUSH_CLIENT = textwrap.dedent(

@@ -197,9 +197,11 @@ def _ps_worker(
       f"worker {worker} left {ps_worker.PREEMPTION_GRACE:.0f} s after its preemption notice (SIGTERM), "
       f"after {done['pushes']} pushes; the server applied every one it received and goes on without it",
     )
+  steps = done["compute_seconds"][1:]  # the first compiled
   print(
     f"worker {worker}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "
-    f"{done['devices']} device(s); the server said stop"
+    f"{done['devices']} device(s), {1e3 * sum(steps) / max(len(steps), 1):.2f} ms of compute per step "
+    f"(slowdown {slowdown:g}); the server said stop"
   )
   jax.distributed.shutdown()  # before process 0, which waits for this worker's heartbeat to go
 
