@@ -41,10 +41,10 @@ import _harness
 import jax
 import jax.numpy as jnp
 import numpy as np
-import zmq
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
+from jaxsync._src.calibration import probes
 from jaxsync._src.distributed import wire
 from jaxsync._src.distributed.server import param_server
 from jaxsync._src.sim.simulator import Simulator
@@ -53,32 +53,6 @@ from jaxsync._src.strategies import registry as strategies
 
 RESULTS = _harness.REPO / "benchmarks" / "results"
 TARGET = 0.8  # of a raw loopback socket's bytes/s
-
-_PS_CLIENT = textwrap.dedent(
-  """
-  import json, sys, time, numpy as np, zmq
-  from jaxsync._src.distributed import wire
-  wire.keep_freed_memory()  # as every process of a multi-process run (cluster.initialize)
-  address, token, count, rounds = sys.argv[1], bytes.fromhex(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-  sock = zmq.Context.instance().socket(zmq.DEALER)
-  sock.connect(address)
-  sock.send_multipart(wire.encode(wire.Header(kind=wire.Kind.HELLO, token=token, worker=0)))
-  frames = sock.recv_multipart(copy=False)
-  reply = wire.decode_header(frames[0], token=token)
-  grad = np.full(count, 1e-6, np.float32)
-  times = []
-  for _ in range(rounds):
-    t = time.perf_counter()
-    header = wire.Header(kind=wire.Kind.PUSH, token=token, worker=0, version=reply.version, step=reply.step,
-                         count=count)
-    sock.send_multipart(wire.encode(header, grad), copy=False)
-    frames = sock.recv_multipart(copy=False)
-    reply = wire.decode_header(frames[0], token=token)
-    params = wire.decode_payload(reply, frames[1:], dtype="float32", count=count)
-    times.append(time.perf_counter() - t)
-  print(json.dumps(times))
-  """
-)
 
 _RAW_CLIENT = textwrap.dedent(
   """
@@ -164,25 +138,7 @@ def raw_round_trips(size: int, rounds: int) -> list[float]:
 
 def zmq_echo_round_trips(size: int, rounds: int) -> list[float]:
   """The server's client against a ZeroMQ echo: the server's sockets and inbox, none of its work (seconds)."""
-  token = bytes(16)
-  socket = zmq.Context.instance().socket(zmq.ROUTER)
-  socket.setsockopt(zmq.LINGER, 0)
-  port = socket.bind_to_random_port("tcp://127.0.0.1")
-  inbox, reply = wire.Inbox(size), np.full(size // 4, 1e-6, np.float32)
-  header = wire.Header(kind=wire.Kind.PARAMS, token=token, worker=0)
-
-  def serve():
-    for _ in range(rounds + 2):  # HELLO, then every push
-      frames = inbox.receive(socket, routed=True)
-      socket.send_multipart([frames[0], *wire.encode(header, reply)], copy=False)
-
-  thread = threading.Thread(target=serve, daemon=True)
-  thread.start()
-  client = _python(_PS_CLIENT, f"tcp://127.0.0.1:{port}", token.hex(), size // 4, rounds + 1)
-  out, _ = client.communicate(timeout=600)
-  thread.join(timeout=60)
-  socket.close()
-  return json.loads(out)[1:]
+  return probes.echo_of_pushes(size // 4, rounds + 1)[1:].tolist()
 
 
 def server_round_trips(size: int, rounds: int) -> tuple[list[float], list[float]]:
@@ -191,7 +147,7 @@ def server_round_trips(size: int, rounds: int) -> tuple[list[float], list[float]
   strategy = strategies.make("asp", 1, learning_rate=1e-3)
   server = param_server.ParameterServer(strategy)
   state = server.init({"w": jnp.zeros([count], jnp.float32)})
-  client = _python(_PS_CLIENT, server.address, server.token.hex(), count, rounds + 1)
+  client = probes.push_client(server.address, server.token, count, rounds + 1)
   state, _ = server.advance(state, rounds + 1)
   out, _ = client.communicate(timeout=600)
   server.stop(timeout=5)

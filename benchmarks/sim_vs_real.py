@@ -52,10 +52,9 @@ import _netns
 import numpy as np
 import yaml
 
+from jaxsync._src.app import calibrate, experiment
 from jaxsync._src.app import config as config_lib
-from jaxsync._src.app import experiment
 from jaxsync._src.calibration import agreement
-from jaxsync._src.train.checkpoints import RunCheckpoints
 
 NAME = "sim_vs_real"
 CONFIG = _harness.REPO / "configs" / "sim_vs_real.yaml"
@@ -66,6 +65,7 @@ STRATEGIES = {
 RATES = {"tiny": [1000.0], "default": [100.0, 1000.0]}  # Mbit/s of each host's card, each direction
 OVERRIDES = {"tiny": ["run.gradients=300", "run.target_accuracy=0.6"], "default": []}
 SIM_SEEDS = {"tiny": 2, "default": 5}  # simulated runs per real run (seeds 0, 1, ...)
+PLAIN_SEEDS = {"tiny": 1, "default": 3}  # ... and without the evaluations' cost
 ECHO_PORT = 4399
 TIMEOUT = 900  # seconds a real run may take
 
@@ -124,13 +124,12 @@ def real_run(config: pathlib.Path, strategy_set: list[str], rate: float, out: pa
   wall = time.perf_counter() - began
   if any(codes):
     raise RuntimeError(f"a real run's process failed (exit codes {codes}):\n{_netns.tails(logs, processes)}")
-  records = RunCheckpoints(out / "checkpoints", read_only=True).records()
   compute = []
   for i in range(processes):
     text = (logs / f"p{i}.log").read_text()
     compute += [float(x) for x in _re_compute(text)]
   return {
-    "measures": agreement.measures(records, exp.strategy.gradients_per_event),
+    "measures": calibrate.real_measures(out, cfg),
     "processes": processes,
     "wall": wall,
     "worker_compute_ms": compute,
@@ -141,18 +140,6 @@ def _re_compute(text: str) -> list[str]:
   import re
 
   return re.findall(r"([\d.]+) ms of compute per step \(slowdown 1\)", text)
-
-
-def simulated_runs(config: pathlib.Path, strategy_set: list[str], seeds: int) -> list[agreement.RunMeasures]:
-  """The simulated run of the same config with seeds 0, 1, ... (the real run's is 0)."""
-  out = []
-  for seed in range(seeds):
-    exp = experiment.build(config_lib.load(config, [*strategy_set, f"seed={seed}"]))
-    sim = exp.simulator()
-    state = sim.init(exp.model.params, exp.config.seed)
-    _, records = sim.advance(state, exp.num_events)
-    out.append(agreement.measures(records, exp.strategy.gradients_per_event))
-  return out
 
 
 def _summary(m: agreement.RunMeasures) -> dict:
@@ -227,17 +214,18 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
         if cluster.get("server_bandwidth")
         else ""
       )
-      + ".",
+      + f", {1e3 * cluster.get('eval_time', 0.0):.1f} ms per evaluation.",
       "",
     ]
     rows, real_times, sim_times = [], {}, {}
     for name in names:
       pair = store.find("pair", rate_mbit=rate, strategy=name, size=size)
       if pair is None:
-        rows.append([name] + ["missing"] + ["-"] * 10)
+        rows.append([name] + ["missing"] + ["-"] * 11)
         continue
       c = pair["comparison"]
       t = c["time_to_target"]
+      plain = pair["without_evaluation_cost"]
       if t["error"] is not None:
         errors.append((rate, name, t["error"]))
       real_times[name], sim_times[name] = t["real"], t["simulated"]
@@ -253,6 +241,7 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
           f"{_num(t['real'])} / {_num(t['simulated'])}"
           + (f" ({_num(t['range'][0])}-{_num(t['range'][1])})" if t.get("range") else ""),
           _pct(t["error"]),
+          f"{_pct(plain['gradients_per_second']['error'])}, {_pct(plain['time_to_target']['error'])}",
           f"{_num(c['accuracy_at_equal_time']['real'], 3)} / {_num(c['accuracy_at_equal_time']['simulated'], 3)}",
           _num(c["start"], 1),
           _num(float(np.mean(compute)), 2) if compute else "-",
@@ -270,6 +259,7 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
           "staleness TV",
           f"s to {cal['config']['run']['target_accuracy']:g} real / sim median (range)",
           "error",
+          "errors without the evaluations' cost (gradients/s, time)",
           "accuracy at equal time real / sim",
           "real start-up s",
           "real fast workers' compute ms/step",
@@ -316,6 +306,41 @@ def _kendall(a: list[str], b: list[str]) -> float:
   return concordant / (n * (n - 1) / 2) if n > 1 else 1.0
 
 
+def _calibrated(store: Store, runs: pathlib.Path, rate: float, size: str) -> pathlib.Path:
+  """The calibrated config of cards of ``rate`` Mbit/s: the store's, else measured now and stored."""
+  cal = store.find("calibration", rate_mbit=rate, size=size)
+  path = runs / f"calibrated_{rate:g}mbit.yaml"
+  runs.mkdir(parents=True, exist_ok=True)
+  if cal is None:
+    print(f"[{NAME}] calibrating on cards of {rate:g} Mbit/s", file=sys.stderr, flush=True)
+    raw = calibrate_on_hosts(rate, OVERRIDES[size], path)
+    cal = {
+      "kind": "calibration",
+      "rate_mbit": rate,
+      "size": size,
+      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+      "code": _harness.code_version(),
+      "config": raw,
+    }
+    store.add(cal)
+  path.write_text(yaml.safe_dump(cal["config"], sort_keys=False))
+  return path
+
+
+def _measures(summary: dict) -> agreement.RunMeasures:
+  """A stored run's measures back (``_summary``'s inverse)."""
+  counts = np.asarray(summary["staleness_counts"], np.int64)
+  return agreement.RunMeasures(
+    start=summary["start"],
+    gradients_per_second=summary["gradients_per_second"],
+    updates_per_second=summary["updates_per_second"],
+    staleness=np.repeat(np.arange(counts.size), counts),
+    eval_time=np.asarray(summary["eval_time"]),
+    accuracy=np.asarray(summary["accuracy"]),
+    duration=summary["duration"],
+  )
+
+
 def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--size", choices=("tiny", "default"), default="default")
@@ -324,6 +349,13 @@ def main(argv: list[str]) -> int:
   parser.add_argument("--results-dir", type=pathlib.Path, default=None)
   parser.add_argument("--runs-dir", type=pathlib.Path, default=None)
   parser.add_argument("--report-only", action="store_true", help="rewrite the results file from the store")
+  parser.add_argument(
+    "--phase",
+    choices=("real", "simulated", "both"),
+    default="both",
+    help="real: calibrations and real runs only (keep the machine otherwise idle); simulated: the simulated "
+    "runs of stored real runs (default: both)",
+  )
   args = parser.parse_args(argv)
   tiny = args.size == "tiny"
   results = args.results_dir or (
@@ -334,40 +366,53 @@ def main(argv: list[str]) -> int:
   names = args.strategies.split(",") if args.strategies else STRATEGIES[args.size]
   store = Store(results / f"{NAME}_runs.jsonl")
   command = "python benchmarks/sim_vs_real.py " + " ".join(argv)
-  if not args.report_only:
+  if not args.report_only and args.phase in ("real", "both"):
     for rate in rates:
-      calibrated = runs / f"calibrated_{rate:g}mbit.yaml"
-      cal = store.find("calibration", rate_mbit=rate, size=args.size)
-      if cal is None:
-        print(f"[{NAME}] calibrating on cards of {rate:g} Mbit/s", file=sys.stderr, flush=True)
-        runs.mkdir(parents=True, exist_ok=True)
-        raw = calibrate_on_hosts(rate, OVERRIDES[args.size], calibrated)
-        cal = {
-          "kind": "calibration",
-          "rate_mbit": rate,
-          "size": args.size,
-          "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-          "code": _harness.code_version(),
-          "config": raw,
-        }
-        store.add(cal)
-      runs.mkdir(parents=True, exist_ok=True)
-      calibrated.write_text(yaml.safe_dump(cal["config"], sort_keys=False))
+      calibrated = _calibrated(store, runs, rate, args.size)
       cfg = config_lib.load(calibrated)
       for name in names:
-        if store.find("pair", rate_mbit=rate, strategy=name, size=args.size) is not None:
+        if store.find("real", rate_mbit=rate, strategy=name, size=args.size) is not None:
           continue
-        chosen = strategy_overrides(cfg, name)
         out = runs / f"{rate:g}mbit" / name
         print(f"[{NAME}] {rate:g} Mbit/s, {name}: real run", file=sys.stderr, flush=True)
         try:
-          real = real_run(calibrated, chosen, rate, out)
+          real = real_run(calibrated, strategy_overrides(cfg, name), rate, out)
         except (RuntimeError, TimeoutError) as err:  # reported, and the next pair runs; a rerun retries it
           print(f"[{NAME}] {rate:g} Mbit/s, {name}: the real run failed: {err}", file=sys.stderr, flush=True)
           continue
-        print(f"[{NAME}] {rate:g} Mbit/s, {name}: simulated run", file=sys.stderr, flush=True)
-        sims = simulated_runs(calibrated, chosen, SIM_SEEDS[args.size])
-        comparison = agreement.compare(real["measures"], sims, target=cfg.run.target_accuracy)
+        store.add(
+          {
+            "kind": "real",
+            "rate_mbit": rate,
+            "strategy": name,
+            "size": args.size,
+            "code": _harness.code_version(),
+            "real": _summary(real["measures"]),
+            "real_wall": real["wall"],
+            "worker_compute_ms": real["worker_compute_ms"],
+          }
+        )
+        shutil.rmtree(out, ignore_errors=True)  # the store holds what the report needs
+  if not args.report_only and args.phase in ("simulated", "both"):
+    for rate in rates:
+      if store.find("calibration", rate_mbit=rate, size=args.size) is None:
+        continue
+      calibrated = _calibrated(store, runs, rate, args.size)
+      cfg = config_lib.load(calibrated)
+      for name in names:
+        real = store.find("real", rate_mbit=rate, strategy=name, size=args.size)
+        if real is None or store.find("pair", rate_mbit=rate, strategy=name, size=args.size) is not None:
+          continue
+        print(f"[{NAME}] {rate:g} Mbit/s, {name}: simulated runs", file=sys.stderr, flush=True)
+        chosen = strategy_overrides(cfg, name)
+        sims = calibrate.simulated_measures(config_lib.load(calibrated, chosen), SIM_SEEDS[args.size])
+        # The same calibration without the evaluations' cost: what the time model did before it had one.
+        plain = calibrate.simulated_measures(
+          config_lib.load(calibrated, [*chosen, "cluster.eval_time=0"]), PLAIN_SEEDS[args.size]
+        )
+        measured = _measures(real["real"])
+        target = cfg.run.target_accuracy
+        comparison = agreement.compare(measured, sims, target=target)
         store.add(
           {
             "kind": "pair",
@@ -375,10 +420,10 @@ def main(argv: list[str]) -> int:
             "strategy": name,
             "size": args.size,
             "code": _harness.code_version(),
-            "real": _summary(real["measures"]),
             "simulated": [_summary(m) for m in sims],
             "comparison": comparison,
-            "real_wall": real["wall"],
+            "without_evaluation_cost": agreement.compare(measured, plain, target=target),
+            "real_wall": real["real_wall"],
             "worker_compute_ms": real["worker_compute_ms"],
           }
         )
@@ -389,7 +434,6 @@ def main(argv: list[str]) -> int:
           file=sys.stderr,
           flush=True,
         )
-        shutil.rmtree(out, ignore_errors=True)  # the store holds what the report needs
   text = report(store, args.size, rates, names, command)
   results.mkdir(parents=True, exist_ok=True)
   (results / f"{NAME}.md").write_text(text)

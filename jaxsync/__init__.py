@@ -62,8 +62,8 @@ passes the extra arg ``grads_finite`` and the rule trusts it.
 
 ``import jaxsync`` loads nothing heavy: a rule's first use (``jaxsync.ordered_momentum``)
 imports JAX, optax and the rules, and the submodules :mod:`jaxsync.datasets`,
-:mod:`jaxsync.dist`, :mod:`jaxsync.models`, :mod:`jaxsync.sim` and
-:mod:`jaxsync.strategies` (with flax, ZeroMQ, grain...) are imported on first
+:mod:`jaxsync.dist`, :mod:`jaxsync.models`, :mod:`jaxsync.sim`,
+:mod:`jaxsync.calibration` and :mod:`jaxsync.strategies` (with flax, ZeroMQ, grain...) are imported on first
 use, e.g. ``jaxsync.sim.Simulator``. So the command line answers ``--help`` at once.
 """
 
@@ -106,7 +106,7 @@ _RULES = {
 _APP = {"train_config": "jaxsync._src.app.commands"}
 
 if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr__ imports them on first use
-  from jaxsync import datasets, dist, models, sim, strategies
+  from jaxsync import calibration, datasets, dist, models, sim, strategies
   from jaxsync._src.app.commands import train_config
   from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
   from jaxsync._src.rules.barzilai_borwein import (
@@ -133,7 +133,7 @@ if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr_
   from jaxsync._src.rules.staleness import ScaleByStalenessState, scale_by_staleness
 
 __version__ = "0.1.0"
-_SUBMODULES = ("datasets", "dist", "models", "sim", "strategies")
+_SUBMODULES = ("calibration", "datasets", "dist", "models", "sim", "strategies")
 
 __all__ = (
   "AdaptiveKState",
@@ -150,6 +150,7 @@ __all__ = (
   "adaptive_k",
   "armijo_backtracking",
   "bb_step_size",
+  "calibration",
   "datasets",
   "dc_asgd",
   "delayed_nesterov",

@@ -191,6 +191,15 @@ def _parser() -> argparse.ArgumentParser:
     "--link-to", metavar="tcp://HOST:PORT", help="measure the link to this echo (default: loopback)"
   )
   calibrate.add_argument(
+    "--check",
+    metavar="STRATEGY",
+    help="then run STRATEGY on real processes of this machine (jaxsync launch) and its simulation, and keep "
+    "the errors in cluster.calibration.check (the advisor prints them)",
+  )
+  calibrate.add_argument(
+    "--check-gradients", type=int, default=400, help="gradients of the --check run (default: 400)"
+  )
+  calibrate.add_argument(
     "--serve-echo",
     type=int,
     metavar="PORT",
@@ -400,6 +409,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     processes=args.processes,
     steps=args.steps,
     link_to=args.link_to,
+    check_strategy=args.check,
+    check_gradients=args.check_gradients,
     say=lambda line: print(f"jaxsync calibrate: {line}", file=sys.stderr, flush=True),
   )
   print(calibrate.dump({"cluster": cal.cluster_section()}), end="")
@@ -436,7 +447,10 @@ def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
   if args.progress == "jsonl":
     print(json.dumps(json.loads((out / "advice.json").read_text())))
   elif args.progress != "quiet":
-    print(f"{advice.table()}\n\nRecommended: {advice.recommended}. {advice.reason}\n(written to {out})")
+    print(
+      f"{advice.table()}\n\nRecommended: {advice.recommended}. {advice.reason}\n\n"
+      f"{commands.clock_note(cfg.cluster)}\n(written to {out})"
+    )
   return 0
 
 

@@ -102,7 +102,8 @@ def test_docstring_examples_run(module, scratch_registries):
 
 
 @pytest.mark.parametrize(
-  "module", [jaxsync.datasets, jaxsync.dist, jaxsync.models, jaxsync.sim, jaxsync.strategies]
+  "module",
+  [jaxsync.calibration, jaxsync.datasets, jaxsync.dist, jaxsync.models, jaxsync.sim, jaxsync.strategies],
 )
 def test_submodules_document_every_public_name(module):
   assert module.__doc__

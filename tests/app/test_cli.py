@@ -175,6 +175,10 @@ def _run(capsys, *argv):
     (["strategy.options.lr=0.1"], ["strategy.options.lr", "learning_rate"]),
     (["data.batch_size=1000"], ["data.batch_size", "batch_size=1000", "shard size"]),
     (["cluster.link=5gbps"], ["cluster.link='5gbps'", "10gbps"]),
+    (["cluster.link={latency: 1e-4}"], ["cluster.link.bandwidth missing", "latency, bandwidth"]),
+    (["cluster.link={latency: -1, bandwidth: 1e8}"], ["cluster.link.latency=-1.0", "seconds >= 0"]),
+    (["cluster.link={latency: 0, bandwidth: 1e8, mtu: 9000}"], ["cluster.link.mtu", "latency, bandwidth"]),
+    (["cluster.calibration={compute_time: 3}"], ["cluster.calibration.compute_time=3", "a string"]),
   ],
 )
 def test_config_errors_exit_2_with_one_line_naming_key_and_value(tmp_path, capsys, overrides, words):

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import pathlib
 
 import pytest
+import yaml
 
-from jaxsync._src.app import config
+import jaxsync
+from jaxsync._src.app import config, experiment
+
+QUICKSTART = pathlib.Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 
 
 def test_defaults_and_a_full_round_trip(tmp_path):
@@ -229,3 +234,29 @@ def test_setting_one_of_two_alternative_keys_unsets_the_other(tmp_path):
     config.load(path, ["run.eval_every=50", "run.eval_every_time=0.1"])  # both given: both kept, refused
   on_time = config.load(tmp_path / "c.yaml", ["run.eval_every_time=0.2"])
   assert on_time.run.eval_every is None and on_time.run.eval_every_time == 0.2
+
+
+def test_a_measured_link_reaches_the_time_model_and_a_config_with_it_round_trips(tmp_path):
+  raw = {
+    "model": {"name": "mlp"},
+    "cluster": {
+      "link": {"latency": 3e-5, "bandwidth": 1.1e8},
+      "calibration": {"link": "measured: round trips to tcp://10.0.0.2:4399"},
+    },
+  }
+  cfg = config.from_dict(raw)
+  exp = experiment.build(cfg)
+  assert exp.time_model.link == jaxsync.sim.Link(latency=3e-5, bandwidth=1.1e8)
+  # What a run directory keeps (config.yaml) reads back the same.
+  path = tmp_path / "config.yaml"
+  path.write_text(yaml.safe_dump(config.to_dict(cfg)))
+  assert config.load(path) == cfg
+
+
+def test_emulated_slow_workers_are_the_time_models_slow_workers():
+  cfg = config.load(QUICKSTART, ["cluster.num_workers=4", "cluster.slow_fraction=0.5", "cluster.slowdown=3"])
+  assert experiment.build(cfg).slowdowns() is None  # real workers at their own speed by default
+  on = experiment.build(
+    dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, emulate_slow_workers=True))
+  )
+  assert on.slowdowns() == (1.0, 1.0, 3.0, 3.0)

@@ -7,6 +7,7 @@ and data, warms up, and times the same seconds (a common start time).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import pathlib
@@ -20,7 +21,8 @@ import yaml
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
-from jaxsync._src.calibration import calibration
+from jaxsync._src.calibration import agreement, calibration
+from jaxsync._src.strategies import registry as strategies
 
 # Seconds the extra compute probes get to start, build and compile before the common start.
 _START_SLACK = 30.0
@@ -50,15 +52,31 @@ def calibrate(
   processes: int = 1,
   steps: int = 100,
   link_to: str | None = None,
+  check_strategy: str | None = None,
+  check_gradients: int = 400,
+  workdir: pathlib.Path | None = None,
   say=lambda line: None,
 ) -> tuple[calibration.Calibration, dict[str, Any]]:
   """Measures the config's model on this machine; returns the calibration and the whole config with its
   ``cluster:`` section replaced by the measured one (as plain data, validated).
 
+  With ``check_strategy``, a short real run of the calibrated config on this
+  machine (``check_gradients`` gradients) is compared with its simulated runs
+  (:func:`check`), and the sentence kept as ``cluster.calibration.check``.
+
   Raises:
     ConfigError: a bad config, or ``processes`` / ``steps`` out of range.
   """
   cfg = config_lib.load(config_path, overrides)
+  if check_strategy is not None and check_strategy not in strategies.names():
+    raise config_lib.ConfigError(
+      f"--check={check_strategy!r} is not a strategy; expected one of: {', '.join(strategies.names())}."
+    )
+  if check_strategy is not None:
+    if not isinstance(check_gradients, int) or check_gradients < 10:
+      raise config_lib.ConfigError(
+        f"--check-gradients={check_gradients!r} is invalid; expected an integer >= 10."
+      )
   if not isinstance(processes, int) or processes < 1:
     raise config_lib.ConfigError(f"--processes={processes!r} is invalid; expected an integer >= 1.")
   if not isinstance(steps, int) or steps < 10:
@@ -105,6 +123,7 @@ def calibrate(
     step_seconds=np.concatenate(pooled),
     processes=processes,
     link_to=link_to,
+    eval_fn=exp.eval_fn,
   )
   raw = config_lib.apply_overrides(
     config_lib.load_yaml(pathlib.Path(config_path).read_text()) or {}, overrides
@@ -115,7 +134,94 @@ def calibrate(
   cluster.update(cal.cluster_section())
   raw["cluster"] = cluster
   config_lib.from_dict(raw)  # what it writes, a run reads
+  if check_strategy is not None:
+    say(f"check: a real run of {check_strategy} ({check_gradients} gradients) against its simulation")
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+      sentence = check(raw, check_strategy, workdir or pathlib.Path(tmp), gradients=check_gradients)
+    cluster["calibration"]["check"] = sentence
+    cal = dataclasses.replace(cal, sources={**cal.sources, "check": sentence})
   return cal, raw
+
+
+def simulated_measures(config: config_lib.Config, seeds: int) -> list[agreement.RunMeasures]:
+  """The config's simulated run with seeds ``config.seed``, ``+1``, ...: what a real run is compared with."""
+  out = []
+  for i in range(seeds):
+    exp = experiment.build(dataclasses.replace(config, seed=config.seed + i))
+    sim = exp.simulator()
+    _, records = sim.advance(sim.init(exp.model.params, exp.config.seed), exp.num_events)
+    out.append(agreement.measures(records, exp.strategy.gradients_per_event))
+  return out
+
+
+def real_measures(run_dir: pathlib.Path, config: config_lib.Config) -> agreement.RunMeasures:
+  """A finished real run's measures, from the event records of its final checkpoint."""
+  from jaxsync._src.train.checkpoints import RunCheckpoints
+
+  records = RunCheckpoints(run_dir / "checkpoints", read_only=True).records()
+  return agreement.measures(records, experiment.build(config).strategy.gradients_per_event)
+
+
+def check(
+  raw: dict[str, Any], strategy: str, workdir: pathlib.Path, *, gradients: int, seeds: int = 3
+) -> str:
+  """A short real run of the calibrated config (``jaxsync launch`` on this machine) against its simulated
+  runs: one sentence with the errors, for ``cluster.calibration.check``.
+
+  Raises:
+    ConfigError: an unknown strategy, or one the config cannot run.
+    RuntimeError: the real run failed (its output's end in the message).
+  """
+  from jaxsync._src.distributed import roles
+
+  workdir.mkdir(parents=True, exist_ok=True)
+  path = workdir / "calibrated.yaml"
+  path.write_text(dump(raw))
+  base = config_lib.load(path)
+  options = experiment.for_strategy(base, strategy, base.seed).strategy.options
+  overrides = [
+    f"strategy.name={strategy}",
+    f"strategy.options={json.dumps(options)}",
+    f"run.gradients={gradients}",
+    "run.checkpoint_every=null",
+  ]
+  cfg = config_lib.load(path, overrides)
+  exp = experiment.build(cfg)
+  processes = exp.strategy.num_units + (1 if roles.serves(exp.strategy) else 0)
+  argv = [sys.executable, "-m", "jaxsync.cli", "launch", "-n", str(processes), str(path)]
+  argv += [f"--set={o}" for o in overrides] + ["--out", str(workdir / "real"), "--overwrite"]
+  done = subprocess.run(argv + ["--progress", "quiet"], capture_output=True, text=True, timeout=900)
+  if done.returncode != 0:
+    raise RuntimeError(
+      f"calibrate --check: the real run failed (exit code {done.returncode}):\n{done.stderr[-2000:]}"
+    )
+  c = agreement.compare(
+    real_measures(workdir / "real", cfg), simulated_measures(cfg, seeds), target=cfg.run.target_accuracy
+  )
+  return describe_check(c, strategy=strategy, gradients=gradients, processes=processes, seeds=seeds)
+
+
+def describe_check(c: dict, *, strategy: str, gradients: int, processes: int, seeds: int) -> str:
+  """One sentence of :func:`agreement.compare`'s numbers."""
+
+  def pct(x):
+    return "-" if x is None else f"{100 * x:+.0f}%"
+
+  def num(x, digits=2):
+    return "-" if x is None else f"{x:.{digits}f}"
+
+  g, t, st, acc = c["gradients_per_second"], c["time_to_target"], c["staleness"], c["accuracy_at_equal_time"]
+  return (
+    f"{strategy}, {gradients} gradients on {processes} processes of this machine against {seeds} simulated "
+    f"seeds ({time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}): gradients/s real {num(g['real'], 0)}, "
+    f"simulated {num(g['simulated'], 0)} ({pct(g['error'])}); mean staleness {num(st['real'])} vs "
+    f"{num(st['simulated'])} (total variation {num(st['total_variation'])}); time to accuracy "
+    f"{t['target']:g} real {num(t['real'])} s, simulated {num(t['simulated'])} s ({pct(t['error'])}); accuracy "
+    f"after {acc['seconds']:.1f} s real {num(acc['real'], 3)}, simulated {num(acc['simulated'], 3)}; the real "
+    f"run's {c['start']:.1f} s of start-up (processes, compiling) are not simulated"
+  )
 
 
 def dump(raw: dict[str, Any]) -> str:

@@ -549,5 +549,29 @@ def advice_report(
     "How to read it: a time marked `measured` was reached within the short runs; otherwise it is a power "
     "law of the error (1 - accuracy) against time, fitted to the second half of each short run and "
     "extended `reach` times beyond it. A learning-rate decay after the short runs speeds the real run up "
-    "in a way the fit cannot see; the range is the smallest and largest seed's estimate.\n"
+    "in a way the fit cannot see; the range is the smallest and largest seed's estimate.\n\n"
+    f"{clock_note(config.cluster)}\n"
   )
+
+
+def clock_note(cluster: config_lib.ClusterConfig) -> str:
+  """How far to trust the simulated seconds: where the cluster's numbers came from, and a measured
+  check against a real run when ``jaxsync calibrate --check`` made one."""
+  if not cluster.calibration:
+    link = cluster.link if isinstance(cluster.link, str) else "a given link"
+    compute = f"{cluster.compute_time:g} s per step" if cluster.compute_time else "the model's FLOPs"
+    return (
+      f"The clock is the config's presets ({compute}, {link}), not measured on your machines: the times "
+      "are what such a cluster would take. `jaxsync calibrate CONFIG --out FILE` measures yours (the "
+      "documentation's Calibration page gives the simulator's measured error against real runs)."
+    )
+  lines = ["The clock was measured (`jaxsync calibrate`):"]
+  for key, source in cluster.calibration.items():
+    if key != "check":
+      lines.append(f"- {key}: {source}")
+  check = cluster.calibration.get("check")
+  if check:
+    lines.append(f"- against a real run: {check}")
+  else:
+    lines.append("- not checked against a real run (`jaxsync calibrate --check STRATEGY` does)")
+  return "\n".join(lines)

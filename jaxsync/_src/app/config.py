@@ -236,6 +236,11 @@ class ClusterConfig:
     meaning="the server's memory bandwidth for applying updates: 3GB/s, 10GB/s, 30GB/s, bytes per second, "
     "or null (updates cost the server no time)",
   )
+  eval_time: float = _key(
+    0.0,
+    meaning="seconds one evaluation takes: the server (or every all-reduce worker) stops for it, as a real run "
+    "does (jaxsync calibrate measures it); 0: evaluations cost no time",
+  )
   emulate_slow_workers: bool = _key(
     False,
     meaning="on real processes (jaxsync launch), the slow workers sleep (slowdown - 1) x each step's measured "
@@ -264,6 +269,7 @@ class ClusterConfig:
     _require(0 <= self.slow_fraction < 1, "cluster.slow_fraction", self.slow_fraction, "a fraction in [0, 1)")
     _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
     _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
+    _require(self.eval_time >= 0, "cluster.eval_time", self.eval_time, "seconds >= 0")
     if self.message_bytes is not None:
       _require(
         self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null"
@@ -314,6 +320,7 @@ class ClusterConfig:
       apply_time=self.apply_time,
       message_bytes=self.message_bytes,
       server_bandwidth=self.server_bandwidth,
+      eval_time=self.eval_time,
     )
 
 

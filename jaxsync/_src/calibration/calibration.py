@@ -33,6 +33,7 @@ class Calibration:
     server_bandwidth: bytes per second of the server's memory traffic (None: its cost did not grow
       with the message size, all of it is ``apply_time``).
     sources: for each of them, how it was measured (what ``cluster.calibration`` holds).
+    eval_time: seconds of one evaluation on the held-out data (0: not measured).
   """
 
   compute_time: float
@@ -41,6 +42,7 @@ class Calibration:
   apply_time: float
   server_bandwidth: float | None
   sources: dict[str, str]
+  eval_time: float = 0.0
 
   def cluster_section(self) -> dict[str, Any]:
     """The ``cluster:`` keys of a config (``train``, ``compare`` and ``advise`` take them as they are)."""
@@ -50,6 +52,7 @@ class Calibration:
       "link": {"latency": _round(self.link.latency), "bandwidth": _round(self.link.bandwidth)},
       "apply_time": _round(self.apply_time),
       "server_bandwidth": None if self.server_bandwidth is None else _round(self.server_bandwidth),
+      "eval_time": _round(self.eval_time),
       "calibration": dict(self.sources),
     }
 
@@ -141,6 +144,7 @@ def calibrate(
   processes: int = 1,
   link_to: str | None = None,
   rounds: int = 20,
+  eval_fn: Callable[[Any], Any] | None = None,
 ) -> Calibration:
   """Measures this machine (and the link to ``link_to``) for the time model.
 
@@ -160,6 +164,8 @@ def calibrate(
     processes: how many processes measured ``step_seconds`` at once.
     link_to: a remote echo's ``tcp://host:port``; default loopback.
     rounds: round trips per message size.
+    eval_fn: ``params -> metrics`` on the held-out data; its jitted time is
+      ``eval_time`` (what a run pays per evaluation). None: not measured (0).
 
   Returns:
     A :class:`Calibration`; ``.cluster_section()`` is a config's ``cluster:`` keys.
@@ -176,6 +182,15 @@ def calibrate(
   message_bytes = int(sum(np.dtype(x.dtype).itemsize * np.size(x) for x in jax.tree.leaves(params)))
   link, link_source = measure_link(message_bytes, link_to=link_to, rounds=rounds)
   apply_time, bandwidth, server_source = measure_server(message_bytes)
+  sources = {}
+  eval_time = 0.0
+  if eval_fn is not None:
+    times = probes.evaluation_times(eval_fn, params)
+    eval_time = float(np.median(times))
+    sources["eval_time"] = (
+      f"measured: the median of {times.size} jitted evaluations on the held-out data "
+      f"({eval_time * 1e3:.1f} ms) on {machine()}"
+    )
   return Calibration(
     compute_time=compute_time,
     jitter_shape=jitter,
@@ -188,5 +203,7 @@ def calibrate(
       "link": link_source,
       "apply_time": server_source,
       "server_bandwidth": "with apply_time (the same measurement)",
+      **sources,
     },
+    eval_time=eval_time,
   )

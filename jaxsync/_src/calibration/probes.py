@@ -73,6 +73,19 @@ def step_times(
   return times
 
 
+def evaluation_times(eval_fn: Callable[[Any], Any], params: Any, *, rounds: int = 10) -> np.ndarray:
+  """Seconds of each of ``rounds`` jitted evaluations ``eval_fn(params)`` (after one that compiles)."""
+  rounds = validation.check_int(_WHAT, "rounds", rounds, low=1)
+  evaluate = jax.jit(eval_fn)
+  jax.block_until_ready(evaluate(params))
+  times = np.empty(rounds)
+  for i in range(rounds):
+    began = time.perf_counter()
+    jax.block_until_ready(evaluate(params))
+    times[i] = time.perf_counter() - began
+  return times
+
+
 class EchoServer:
   """A ZeroMQ ROUTER that sends every message back as it came: the far end of :func:`round_trips`.
 
@@ -211,7 +224,9 @@ _PUSH_CLIENT = textwrap.dedent(
 )
 
 
-def _push_client(address: str, token: bytes, count: int, rounds: int) -> subprocess.Popen:
+def push_client(address: str, token: bytes, count: int, rounds: int) -> subprocess.Popen:
+  """A process that pushes ``rounds`` gradients of ``count`` float32 values to the server at ``address``,
+  each as soon as the previous reply is in, and prints the round trips' seconds as JSON on its stdout."""
   return subprocess.Popen(
     [sys.executable, "-c", _PUSH_CLIENT, address, token.hex(), str(count), str(rounds)],
     stdout=subprocess.PIPE,
@@ -220,7 +235,7 @@ def _push_client(address: str, token: bytes, count: int, rounds: int) -> subproc
   )
 
 
-def _echo_of_pushes(count: int, rounds: int) -> np.ndarray:
+def echo_of_pushes(count: int, rounds: int) -> np.ndarray:
   """The push client against a ROUTER that answers each push at once with a ready payload: the
   transport's share of a push and pull, none of the server's work."""
   token = bytes(16)
@@ -237,7 +252,7 @@ def _echo_of_pushes(count: int, rounds: int) -> np.ndarray:
 
   thread = threading.Thread(target=serve, daemon=True)
   thread.start()
-  client = _push_client(f"tcp://127.0.0.1:{port}", token, count, rounds)
+  client = push_client(f"tcp://127.0.0.1:{port}", token, count, rounds)
   out, _ = client.communicate(timeout=600)
   thread.join(timeout=60)
   socket.close(linger=0)
@@ -250,7 +265,7 @@ def _server_pushes(strategy_name: str, count: int, rounds: int) -> np.ndarray:
   strategy = strategies.make(strategy_name, 1, learning_rate=1e-3)
   server = param_server.ParameterServer(strategy)
   state = server.init({"w": jnp.zeros([count], jnp.float32)})
-  client = _push_client(server.address, server.token, count, rounds)
+  client = push_client(server.address, server.token, count, rounds)
   server.advance(state, rounds)
   out, _ = client.communicate(timeout=600)
   server.stop(timeout=5)
@@ -271,6 +286,6 @@ def server_times(parameters: int, *, strategy: str = "asp", rounds: int = 30) ->
   """
   parameters = validation.check_int(_WHAT, "parameters", parameters, low=1)
   rounds = validation.check_int(_WHAT, "rounds", rounds, low=2)
-  echo = _echo_of_pushes(parameters, rounds + 5)[5:]
+  echo = echo_of_pushes(parameters, rounds + 5)[5:]
   server = _server_pushes(strategy, parameters, rounds + 5)[5:]
   return {"server": server, "echo": echo}

@@ -480,6 +480,27 @@ class EventEngine:
       snapshot_of = jnp.where(send, slot, workers.snapshot_of)
     noise = contracts.noise_ratio(a.rule_state)
 
+    # Events are taken in finish order; an exchange that queued at the server
+    # ends later than a following local step, so the clock is the running max.
+    clock = jnp.maximum(s.clock, cost.server_time)
+    evaluated, metrics, next_eval = schedule.maybe_evaluate(
+      s.next_eval, a.params, version, clock, metric_names
+    )
+    if time_model.eval_time:
+      # The server evaluates after applying and before replying (as the real one's compiled step
+      # does): the same exchange, its replies and its next receive waiting for it.
+      cost, network = time_model.exchange(
+        strategy,
+        s.network,
+        time=t,
+        unit=worker,
+        accepted=a.finite,
+        communicates=a.communicates,
+        released=a.released,
+        replies=jnp.sum(send).astype(jnp.int32),
+        pause=jnp.where(evaluated, time_model.eval_time, 0.0),
+      )
+
     # Next finish times; elastic workers continue locally without waiting.
     idle_since = workers.idle_since.at[worker].set(t)
     if strategy.dispatch == Dispatch.IMMEDIATE or elastic:
@@ -493,12 +514,6 @@ class EventEngine:
       finish = finish.at[worker].set(jnp.where(send[worker], finish[worker], jnp.inf))
       idle = workers.idle + jnp.where(send, cost.receive_time - idle_since, 0.0)
 
-    # Events are taken in finish order; an exchange that queued at the server
-    # ends later than a following local step, so the clock is the running max.
-    clock = jnp.maximum(s.clock, cost.server_time)
-    evaluated, metrics, next_eval = schedule.maybe_evaluate(
-      s.next_eval, a.params, version, clock, metric_names
-    )
     new = EventState(
       clock=clock,
       server=ServerState(

@@ -272,9 +272,12 @@ class RoundEngine:
     evaluated, metrics, next_eval = schedule.maybe_evaluate(
       s.next_eval, update.params, version, end, metric_names
     )
+    # Every worker evaluates inside the round (as the multi-controller loop does): the next round
+    # starts after it.
+    pause = jnp.where(evaluated, self.time_model.eval_time, 0.0) if self.time_model.eval_time else 0.0
     new = RoundState(
-      clock=end,
-      idle=s.idle + (end - s.clock - busy),
+      clock=end + pause,
+      idle=s.idle + (end - s.clock - busy) + pause,
       steps=s.steps + started,
       used=s.used + kept.astype(jnp.int32) * started,
       params=update.params,

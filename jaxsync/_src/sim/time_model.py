@@ -218,6 +218,11 @@ class TimeModel:
       costs no time.
     compute_times: optional explicit per-worker mean compute times (length
       ``K``), replacing ``compute_time``, ``slow_fraction`` and ``slowdown``.
+    eval_time: seconds one evaluation on the held-out data takes, ``>= 0``:
+      a parameter server evaluates between applying an arrival and replying
+      (its replies and its next receive wait), a synchronous round's workers
+      inside the round (the next round waits). ``0`` (default): evaluations
+      cost no time, as if a separate process took them.
   """
 
   num_workers: int
@@ -231,6 +236,7 @@ class TimeModel:
   apply_time: float = 0.0
   compute_times: Sequence[float] | None = None
   server_bandwidth: float | str | None = None
+  eval_time: float = 0.0
 
   def __post_init__(self):
     validation.check_int(_WHAT, "num_workers", self.num_workers)
@@ -249,6 +255,7 @@ class TimeModel:
     if self.message_bytes is not None:
       validation.check_int(_WHAT, "message_bytes", self.message_bytes, low=0)
     validation.check_real(_WHAT, "apply_time", self.apply_time, low=0.0)
+    validation.check_real(_WHAT, "eval_time", self.eval_time, low=0.0)
     object.__setattr__(self, "server_bandwidth", server_bandwidth(self.server_bandwidth))
     if self.compute_times is not None:
       times = tuple(self.compute_times)
@@ -419,6 +426,7 @@ class TimeModel:
     communicates: jax.Array,
     released: jax.Array,
     replies: jax.Array,
+    pause: jax.Array | float = 0.0,
   ) -> tuple[Exchange, NetworkState]:
     r"""One arrival's exchange through the server's queues (the formulas of the class docstring).
 
@@ -444,6 +452,9 @@ class TimeModel:
         between exchanges does not).
       released: the server released an update.
       replies: how many units get the parameters.
+      pause: seconds a parameter server spends after applying the arrival and
+        before replying (an evaluation, ``eval_time``): its replies and its
+        next receive wait; replies already queued go on leaving meanwhile.
 
     Returns:
       The exchange's times, and the network after it.
@@ -485,13 +496,16 @@ class TimeModel:
       locked = not (strategy.protocol == WorkerProtocol.ELASTIC and strategy.lock_free)
       in_done = jnp.maximum(network.nic_in, time + latency) + n_over
       server_time = in_done + apply + accumulate
-      nic_out = jnp.maximum(network.nic_out, server_time) + replies.astype(jnp.float32) * n_over
+      nic_out = jnp.maximum(network.nic_out, server_time + pause) + replies.astype(jnp.float32) * n_over
       exchange = Exchange(
         server_time=jnp.where(communicates, server_time, time),
         receive_time=jnp.where(communicates, nic_out + latency, time),
       )
+      # Receiving again once the arrival is applied (locked) or read (lock-free), and any evaluation done.
+      base = server_time if locked else in_done
+      free = jnp.where(pause > 0, jnp.maximum(base, server_time + pause), base)
       after = network._replace(
-        nic_in=jnp.where(communicates, server_time if locked else in_done, network.nic_in),
+        nic_in=jnp.where(communicates, free, network.nic_in),
         nic_out=jnp.where(communicates, nic_out, network.nic_out),
         inter_messages=jnp.where(communicates, network.inter_messages + 1 + replies, network.inter_messages),
       )

@@ -1,0 +1,89 @@
+"""``jaxsync calibrate``: this machine measured, written as a cluster section, and checked against a real run."""
+
+from __future__ import annotations
+
+import pathlib
+
+import numpy as np
+import pytest
+
+from jaxsync import cli
+from jaxsync._src.app import calibrate, experiment
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.train.checkpoints import RunCheckpoints
+
+QUICKSTART = pathlib.Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
+# The quickstart's CNN with two workers, the second 3x slower: on real processes too.
+TWO = [
+  "cluster.num_workers=2",
+  "cluster.slow_fraction=0.5",
+  "cluster.slowdown=3",
+  "cluster.emulate_slow_workers=true",
+  "run.eval_every_time=0.5",
+  "run.target_accuracy=0.5",
+]
+
+
+@pytest.mark.heavy
+def test_calibrate_measures_writes_a_cluster_a_run_takes_and_checks_it_against_a_real_run(tmp_path):
+  cal, raw = calibrate.calibrate(
+    QUICKSTART, TWO, steps=20, check_strategy="asp", check_gradients=240, workdir=tmp_path / "check"
+  )
+  # Measured numbers, in range, each with where it came from.
+  assert 1e-5 < cal.compute_time < 1.0 and cal.jitter_shape > 0
+  assert cal.link.bandwidth > 1e6 and cal.link.latency >= 0 and cal.apply_time >= 0
+  cluster = raw["cluster"]
+  assert cluster["compute_time"] == pytest.approx(cal.compute_time, rel=1e-3)
+  assert set(cluster["calibration"]) >= {"compute_time", "jitter_shape", "link", "apply_time", "check"}
+  assert "20 steps of the model's gradient" in cluster["calibration"]["compute_time"]
+  # What it writes, a run reads: the simulator's clock is the measured one.
+  cfg = config_lib.from_dict(raw)
+  exp = experiment.build(cfg)
+  assert exp.time_model.link.bandwidth == pytest.approx(cal.link.bandwidth, rel=1e-3)
+  assert float(exp.time_model.mean_compute_times()[0]) == pytest.approx(cal.compute_time, rel=1e-3)
+  # The check: a real two-worker run, its numbers in one sentence.
+  check = cluster["calibration"]["check"]
+  assert check.startswith("asp, 240 gradients on 3 processes of this machine against 3 simulated seeds")
+  assert "gradients/s real " in check and "time to accuracy 0.5" in check
+  # ... whose slow worker was really slower: about a third of the arrivals of the fast one.
+  records = RunCheckpoints(tmp_path / "check" / "real" / "checkpoints", read_only=True).records()
+  arrivals = np.bincount(records.worker, minlength=2)
+  assert arrivals.sum() == 240
+  assert 1.8 < arrivals[0] / arrivals[1] < 4.5, arrivals
+  # The advisor says where its clock came from.
+  from jaxsync._src.app import commands
+
+  note = commands.clock_note(cfg.cluster)
+  assert note.startswith("The clock was measured") and "against a real run: asp, 240 gradients" in note
+
+
+def test_the_clock_note_of_presets_says_they_are_not_measured():
+  from jaxsync._src.app import commands
+
+  note = commands.clock_note(config_lib.load(QUICKSTART).cluster)
+  assert note.startswith("The clock is the config's presets (0.01 s per step, 10gbps), not measured")
+  assert "jaxsync calibrate" in note
+
+
+def _run(capsys, *argv):
+  code = cli.main([str(a) for a in argv])
+  out, err = capsys.readouterr()
+  return code, out, err
+
+
+@pytest.mark.parametrize(
+  ("argv", "words"),
+  [
+    (["calibrate"], ["calibrate needs a CONFIG", "--serve-echo"]),
+    (["calibrate", QUICKSTART, "--check", "warp"], ["--check='warp' is not a strategy", "ormo"]),
+    (["calibrate", QUICKSTART, "--processes", "0"], ["--processes=0", "integer >= 1"]),
+    (["calibrate", QUICKSTART, "--steps", "3"], ["--steps=3", "integer >= 10"]),
+    (["calibrate", QUICKSTART, "--out", QUICKSTART], ["is the config itself"]),
+    (["calibrate", QUICKSTART, "--set", "cluster.link=5gbps"], ["cluster.link='5gbps'"]),
+  ],
+)
+def test_calibrate_refuses_bad_command_lines_in_one_line(capsys, argv, words):
+  code, _, err = _run(capsys, *argv)
+  assert code == 2 and err.startswith("jaxsync: error: ") and err.count("\n") == 1, err
+  for word in words:
+    assert word in err
