@@ -50,6 +50,7 @@ import numpy as np
 
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
+from jaxsync._src.calibration import agreement
 
 NAME = "low_communication"
 REPO = _harness.REPO
@@ -261,13 +262,9 @@ def load_store(path: pathlib.Path) -> dict[str, dict]:
 
 def time_to_target(times: list[float], accuracy: list[float], target: float = TARGET) -> float | None:
   """The first evaluation after which the accuracy stays at or above the target (a crossing that holds)."""
-  held = None
-  for t, a in zip(times, accuracy):
-    if a >= target:
-      held = t if held is None else held
-    else:
-      held = None
-  return held
+  if not len(times):
+    return None
+  return agreement.time_to_hold(np.asarray(times, float), np.asarray(accuracy, float), target)
 
 
 def run_one(

@@ -396,3 +396,38 @@ def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_th
   # The crossing that holds: 0.81 at t=1 falls back below, so the target is held from t=3.
   assert module.time_to_target([1.0, 2.0, 3.0, 4.0], [0.81, 0.7, 0.85, 0.9]) == 3.0
   assert module.time_to_target([1.0, 2.0], [0.81, 0.7]) is None
+
+
+def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and_compares(tmp_path):
+  """The calibrated simulator against a real run: calibrate on two namespace hosts with 1 Gbit/s cards,
+  asp on 4 hosts (a server, 3 workers, one 3x slower for real), 2 simulated seeds, one comparison."""
+  _netns = importlib.import_module("_netns")
+  probe = _netns.Hosts(1, rate_mbit=1000)
+  try:
+    probe.create()
+  except _netns.Unavailable as err:
+    pytest.skip(f"network namespaces or traffic shaping are unavailable here: {err}")
+  finally:
+    probe.destroy()
+  module = importlib.import_module("sim_vs_real")
+  results = tmp_path / "results"
+  argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
+  assert module.main(argv) == 0
+  rows = [json.loads(line) for line in (results / "sim_vs_real_runs.jsonl").read_text().splitlines()]
+  assert [r["kind"] for r in rows] == ["calibration", "real", "pair"]
+  cluster = rows[0]["config"]["cluster"]
+  # The link measured through the 1 Gbit/s cards (a sustained stream: the burst allowance does not count).
+  assert 0.6e9 / 8 < cluster["link"]["bandwidth"] < 1.05e9 / 8
+  assert cluster["eval_time"] > 0 and "to tcp://10.99.0.2:" in cluster["calibration"]["link"]
+  c = rows[2]["comparison"]
+  assert c["gradients_per_second"]["real"] > 0 and c["gradients_per_second"]["simulated"] > 0
+  assert 0 <= c["staleness"]["total_variation"] <= 1 and c["start"] > 0
+  markdown = (results / "sim_vs_real.md").read_text()
+  found = tables(markdown)
+  assert found[0][1][0] == "asp" and "ms per evaluation." in markdown
+  # The store alone rewrites the report; a rerun runs nothing more.
+  (results / "sim_vs_real.md").unlink()
+  assert module.main([*argv, "--report-only"]) == 0
+  assert tables((results / "sim_vs_real.md").read_text()) == found
+  assert module.main(argv) == 0
+  assert len((results / "sim_vs_real_runs.jsonl").read_text().splitlines()) == 3

@@ -7,8 +7,9 @@ import time
 import jax
 import pytest
 
-import helpers
 from jaxsync._src.distributed import sync_runtime
+
+import helpers
 
 
 def _runtime(slowdowns):

@@ -150,3 +150,47 @@ def test_without_a_server_bandwidth_memory_costs_nothing_and_presets_name_one():
     jaxsync.sim.TimeModel(num_workers=2, server_bandwidth="fast")
   with pytest.raises(ValueError, match="server_bandwidth=-1"):
     jaxsync.sim.TimeModel(num_workers=2, server_bandwidth=-1.0)
+
+
+def _run_with_eval_time(strategy: str, eval_time: float, *overrides: str):
+  import helpers
+
+  exp = helpers.quickstart_experiment(
+    "model.name=mlp",
+    f"strategy.name={strategy}",
+    "strategy.options={learning_rate: 0.02}",
+    "cluster.jitter_shape=null",
+    "cluster.slow_fraction=0",
+    "run.gradients=60",
+    "run.eval_every=5",
+    f"cluster.eval_time={eval_time}",
+    *overrides,
+  )
+  sim = exp.simulator()
+  _, records = sim.advance(sim.init(exp.model.params, 0), exp.num_events)
+  return records
+
+
+def test_a_synchronous_round_that_evaluates_ends_eval_time_later():
+  plain = _run_with_eval_time("bsp", 0.0, "cluster.num_workers=4")
+  paying = _run_with_eval_time("bsp", 0.25, "cluster.num_workers=4")
+  # The same rounds; every evaluation (but the last round's own, which ends the run) delays the rest.
+  np.testing.assert_array_equal(plain.evaluated, paying.evaluated)
+  evaluations_before = np.cumsum(paying.evaluated) - paying.evaluated
+  np.testing.assert_allclose(paying.time, plain.time + 0.25 * evaluations_before, rtol=1e-5)
+
+
+def test_a_parameter_server_that_evaluates_replies_and_receives_eval_time_later():
+  # One worker: each arrival waits for its reply, so each evaluation delays everything after it by e.
+  plain = _run_with_eval_time("asp", 0.0, "cluster.num_workers=1")
+  paying = _run_with_eval_time("asp", 0.5, "cluster.num_workers=1")
+  np.testing.assert_array_equal(plain.evaluated, paying.evaluated)
+  evaluations_before = np.cumsum(paying.evaluated) - paying.evaluated
+  np.testing.assert_allclose(paying.time, plain.time + 0.5 * evaluations_before, rtol=1e-5)
+  # No cost (the default): the same clock to the bit.
+  np.testing.assert_array_equal(plain.time, _run_with_eval_time("asp", 0.0, "cluster.num_workers=1").time)
+
+
+def test_eval_time_must_not_be_negative():
+  with pytest.raises(ValueError, match="eval_time=-1"):
+    jaxsync.sim.TimeModel(num_workers=2, eval_time=-1.0)

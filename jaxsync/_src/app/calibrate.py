@@ -24,8 +24,12 @@ from jaxsync._src.app import experiment
 from jaxsync._src.calibration import agreement, calibration
 from jaxsync._src.strategies import registry as strategies
 
-# Seconds the extra compute probes get to start, build and compile before the common start.
-_START_SLACK = 30.0
+
+# Seconds the extra compute probes get to start, build and compile before the common start (processes
+# that start together on few cores take longer each).
+def _start_slack(processes: int) -> float:
+  return 8.0 + 4.0 * processes
+
 
 _PROBE = "import sys; from jaxsync._src.app.calibrate import _probe_main; _probe_main(sys.argv[1:])"
 
@@ -85,7 +89,7 @@ def calibrate(
   say(
     f"compute: {steps} steps of {cfg.model.name} on batches of {cfg.data.batch_size}, {processes} process(es)"
   )
-  start_at = time.time() + _START_SLACK if processes > 1 else None
+  start_at = time.time() + _start_slack(processes) if processes > 1 else None
   extra = [
     subprocess.Popen(
       [

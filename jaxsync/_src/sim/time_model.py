@@ -178,6 +178,11 @@ class TimeModel:
   lock-free centre frees the receive side as soon as a push is in. A synchronous round through a
   server pays ``k a + r``; an all-reduce pays ``r`` on each worker, in parallel.
 
+  **Evaluations.** With ``eval_time`` ``e > 0``, an arrival after which the
+  server evaluates holds it ``e`` more before its replies and its next receive
+  (a real server evaluates inside its step); a synchronous round that
+  evaluates ends ``e`` later on every worker.
+
   **Collectives** over ``P`` workers (``G`` per group for the hierarchical form,
   groups joined by ``link``, members of a group by ``intra_link``):
 
