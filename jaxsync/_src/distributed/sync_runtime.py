@@ -402,7 +402,9 @@ class SyncRuntime(RuntimeBase):
       self._inputs = self._on_mesh((self.data, self.schedule.eval_arrays()))
     rows, first, fragments = [], int(state.event), self.strategy.exchange.fragments
     if self._slowdown > 1.0 and self._delay is None:
-      self._delay = (self._slowdown - 1.0) * self._round_compute(self._local(s).params)
+      # On this process's own copy of the parameters: reading the mesh's worker-sharded models back
+      # (local SGD's) would be a collective the other processes are not in.
+      self._delay = (self._slowdown - 1.0) * self._round_compute(state.params)
     try:
       for i in range(num_events):
         if self._delay:
