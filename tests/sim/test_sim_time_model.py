@@ -171,24 +171,24 @@ def _run_with_eval_time(strategy: str, eval_time: float, *overrides: str):
   return records
 
 
-def test_a_synchronous_round_that_evaluates_ends_eval_time_later():
-  plain = _run_with_eval_time("bsp", 0.0, "cluster.num_workers=4")
-  paying = _run_with_eval_time("bsp", 0.25, "cluster.num_workers=4")
-  # The same rounds; every evaluation (but the last round's own, which ends the run) delays the rest.
+@pytest.mark.parametrize(
+  ("strategy", "workers", "pause"),
+  [
+    # A synchronous round that evaluates ends eval_time later on every worker.
+    ("bsp", 4, 0.25),
+    # A parameter server evaluates before replying: with one worker, each arrival waits for its reply.
+    ("asp", 1, 0.5),
+  ],
+)
+def test_each_evaluation_delays_everything_after_it_by_eval_time(strategy, workers, pause):
+  plain = _run_with_eval_time(strategy, 0.0, f"cluster.num_workers={workers}")
+  paying = _run_with_eval_time(strategy, pause, f"cluster.num_workers={workers}")
   np.testing.assert_array_equal(plain.evaluated, paying.evaluated)
   evaluations_before = np.cumsum(paying.evaluated) - paying.evaluated
-  np.testing.assert_allclose(paying.time, plain.time + 0.25 * evaluations_before, rtol=1e-5)
-
-
-def test_a_parameter_server_that_evaluates_replies_and_receives_eval_time_later():
-  # One worker: each arrival waits for its reply, so each evaluation delays everything after it by e.
-  plain = _run_with_eval_time("asp", 0.0, "cluster.num_workers=1")
-  paying = _run_with_eval_time("asp", 0.5, "cluster.num_workers=1")
-  np.testing.assert_array_equal(plain.evaluated, paying.evaluated)
-  evaluations_before = np.cumsum(paying.evaluated) - paying.evaluated
-  np.testing.assert_allclose(paying.time, plain.time + 0.5 * evaluations_before, rtol=1e-5)
+  np.testing.assert_allclose(paying.time, plain.time + pause * evaluations_before, rtol=1e-5)
   # No cost (the default): the same clock to the bit.
-  np.testing.assert_array_equal(plain.time, _run_with_eval_time("asp", 0.0, "cluster.num_workers=1").time)
+  again = _run_with_eval_time(strategy, 0.0, f"cluster.num_workers={workers}")
+  np.testing.assert_array_equal(plain.time, again.time)
 
 
 def test_eval_time_must_not_be_negative():

@@ -458,9 +458,7 @@ class EventEngine:
       waiting = server.waiting
     else:
       send, waiting = dispatch(strategy, server.waiting, worker, steps, a.released, fresh, rejected)
-    cost, network = time_model.exchange(
-      strategy,
-      s.network,
+    arrival = dict(
       time=t,
       unit=worker,
       accepted=a.finite,
@@ -468,6 +466,7 @@ class EventEngine:
       released=a.released,
       replies=jnp.sum(send).astype(jnp.int32),
     )
+    cost, network = time_model.exchange(strategy, s.network, **arrival)
 
     # Replies: the current parameters (SMEGA2's look-ahead estimate), written once.
     snapshots, snapshot_of = workers.snapshots, workers.snapshot_of
@@ -489,17 +488,8 @@ class EventEngine:
     if time_model.eval_time:
       # The server evaluates after applying and before replying (as the real one's compiled step
       # does): the same exchange, its replies and its next receive waiting for it.
-      cost, network = time_model.exchange(
-        strategy,
-        s.network,
-        time=t,
-        unit=worker,
-        accepted=a.finite,
-        communicates=a.communicates,
-        released=a.released,
-        replies=jnp.sum(send).astype(jnp.int32),
-        pause=jnp.where(evaluated, time_model.eval_time, 0.0),
-      )
+      pause = jnp.where(evaluated, time_model.eval_time, 0.0)
+      cost, network = time_model.exchange(strategy, s.network, **arrival, pause=pause)
 
     # Next finish times; elastic workers continue locally without waiting.
     idle_since = workers.idle_since.at[worker].set(t)
