@@ -49,6 +49,13 @@ def test_a_synchronous_run_starts_at_its_first_round_and_has_no_staleness():
   assert m.staleness.size == 0
 
 
+def test_a_real_synchronous_run_starts_after_the_rounds_that_compiled():
+  # Round 1 compiles (9 s), round 2 waits for the first chunk's end (6.5 s), then 0.25 s a round.
+  time = [0.0, 9.0, 15.5, 15.75, 16.0, 16.25, 16.5, 16.75]
+  m = agreement.measures(_records(time, [-1] * 8), gradients_per_event=12)
+  assert m.start == 15.5 and m.duration == 1.25
+
+
 def test_time_to_target_is_a_crossing_that_holds():
   t = np.asarray([0.0, 1.0, 2.0, 3.0, 4.0])
   assert agreement.time_to_hold(t, np.asarray([0.1, 0.96, 0.90, 0.97, 0.98]), 0.95) == 3.0

@@ -3,7 +3,8 @@
 Both runs are read from their event records (:class:`EventRecord`: the
 simulator's, and a real run's final checkpoint), on clocks that start when
 every worker is running: at the event that brings the last worker's first
-arrival (a synchronous run's first round). A real run's seconds before it
+arrival, or a synchronous run's first round after its warm-up (leading rounds
+over 5 times the median round: compiling). A real run's seconds before it
 (processes starting, each worker compiling its first step, which the fastest
 ones do sooner) are not what the time model predicts, and are reported apart
 (:attr:`RunMeasures.start`).
@@ -27,7 +28,8 @@ class RunMeasures(NamedTuple):
 
   Attributes:
     start: seconds of the run's clock when every worker is running (the event
-      of the last worker's first arrival; a synchronous run's first round).
+      of the last worker's first arrival; a synchronous run's first round after
+      its warm-up).
     gradients_per_second: gradients computed per second over the run's second
       half of events (its steady state).
     updates_per_second: server updates per second over the same events.
@@ -67,7 +69,10 @@ def measures(records: EventRecord, gradients_per_event: float, metric: str = "ac
   if np.asarray(records.worker).min() < 0:  # a synchronous round: no arrival, no staleness
     accepted = np.zeros_like(accepted)
   workers = np.asarray(records.worker)
-  first = 0 if workers.min() < 0 else max(int(np.argmax(workers == w)) for w in np.unique(workers))
+  if workers.min() < 0:
+    first = _warm_up_rounds(time)
+  else:
+    first = max(int(np.argmax(workers == w)) for w in np.unique(workers))
   start = float(time[first])
   evaluated = np.flatnonzero(np.asarray(records.evaluated, bool))
   accuracy = np.asarray(records.metrics[metric], np.float64)
@@ -82,6 +87,15 @@ def measures(records: EventRecord, gradients_per_event: float, metric: str = "ac
     accuracy=accuracy[kept],
     duration=float(time[-1] - start),
   )
+
+
+def _warm_up_rounds(time: np.ndarray) -> int:
+  """Leading rounds that took over 5 times the median round: compiling the round, and on real processes
+  the first chunk's end (reading the workers' models back compiles a collective). The clock starts after
+  them; a simulated run has none."""
+  gaps = np.diff(time)
+  slow = gaps > 5 * np.median(gaps)
+  return int(np.argmin(slow)) if not slow.all() else 0
 
 
 def time_to_hold(eval_time: np.ndarray, accuracy: np.ndarray, target: float) -> float | None:
