@@ -274,6 +274,7 @@ API_PAGES = {
   "jaxsync": "jaxsync.md",
   "jaxsync.strategies": "strategies.md",
   "jaxsync.sim": "sim.md",
+  "jaxsync.calibration": "calibration.md",
   "jaxsync.dist": "dist.md",
   "jaxsync.models": "models.md",
   "jaxsync.datasets": "datasets.md",
