@@ -302,7 +302,9 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       f"- Evaluations: a real server evaluates inside its step, a real all-reduce round inside the round. The "
       f"clock charges the measured `eval_time` for each; without it the median |error| of gradients/s over the "
       f"{len(pairs)} pairs is {100 * statistics.median(without):.0f}%, with it "
-      f"{100 * statistics.median(with_cost):.0f}%.",
+      f"{100 * statistics.median(with_cost):.0f}%; of time to target "
+      f"{100 * statistics.median(_time_errors(pairs, 'without_evaluation_cost')):.0f}% without, "
+      f"{100 * statistics.median(_time_errors(pairs, 'comparison')):.0f}% with.",
       "- Synchronous rounds (the durations above): the multi-controller loop pays per round what the ring "
       "all-reduce formula has no term for (the clock's broadcast, a collective; the round's record read back to "
       "the host; gloo's own algorithm across hosts).",
@@ -335,6 +337,12 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       "",
     ]
   return "\n".join(lines) + "\n"
+
+
+def _time_errors(pairs: list[dict], key: str) -> list[float]:
+  """|error| of time to target of each pair's ``key`` comparison that has one."""
+  errors = [p[key]["time_to_target"]["error"] for p in pairs]
+  return [abs(e) for e in errors if e is not None] or [float("nan")]
 
 
 def _kendall(a: list[str], b: list[str]) -> float:
