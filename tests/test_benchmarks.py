@@ -417,7 +417,8 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
   assert [r["kind"] for r in rows] == ["calibration", "real", "pair"]
   cluster = rows[0]["config"]["cluster"]
   # The link measured through the 1 Gbit/s cards (a sustained stream: the burst allowance does not count).
-  assert 0.6e9 / 8 < cluster["link"]["bandwidth"] < 1.05e9 / 8
+  # (An unshaped veth moves 10-20 Gbit/s here; a busy machine's shaped one may fall below the rate.)
+  assert 0.3e9 / 8 < cluster["link"]["bandwidth"] < 1.05e9 / 8
   assert cluster["eval_time"] > 0 and "to tcp://10.99.0.2:" in cluster["calibration"]["link"]
   c = rows[2]["comparison"]
   assert c["gradients_per_second"]["real"] > 0 and c["gradients_per_second"]["simulated"] > 0

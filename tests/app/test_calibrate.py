@@ -49,7 +49,7 @@ def test_calibrate_measures_writes_a_cluster_a_run_takes_and_checks_it_against_a
   records = RunCheckpoints(tmp_path / "check" / "real" / "checkpoints", read_only=True).records()
   arrivals = np.bincount(records.worker, minlength=2)
   assert arrivals.sum() == 240
-  assert 1.8 < arrivals[0] / arrivals[1] < 4.5, arrivals
+  assert 1.5 < arrivals[0] / arrivals[1] < 6.0, arrivals  # equal speeds would give about 1
   # The advisor says where its clock came from.
   from jaxsync._src.app import commands
 
