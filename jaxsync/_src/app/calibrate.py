@@ -34,8 +34,8 @@ def _start_slack(processes: int) -> float:
 _PROBE = "import sys; from jaxsync._src.app.calibrate import _probe_main; _probe_main(sys.argv[1:])"
 
 
-def _step_seconds(config_path: pathlib.Path, overrides: list[str], steps: int, start_at: float | None):
-  exp = experiment.build(config_lib.load(config_path, overrides))
+def _step_seconds(exp: experiment.Experiment, steps: int, start_at: float | None):
+  """Worker 0's step times of ``exp``'s model on its own batches (:func:`probes.step_times`)."""
   from jaxsync._src.calibration import probes
 
   return probes.step_times(
@@ -46,7 +46,8 @@ def _step_seconds(config_path: pathlib.Path, overrides: list[str], steps: int, s
 def _probe_main(argv: list[str]) -> None:
   """One extra compute probe (a subprocess): prints its step times as JSON."""
   config_path, overrides, steps, start_at = argv[0], json.loads(argv[1]), int(argv[2]), float(argv[3])
-  print(json.dumps(_step_seconds(pathlib.Path(config_path), overrides, steps, start_at).tolist()))
+  exp = experiment.build(config_lib.load(pathlib.Path(config_path), overrides))
+  print(json.dumps(_step_seconds(exp, steps, start_at).tolist()))
 
 
 def calibrate(
@@ -107,12 +108,7 @@ def calibrate(
     )
     for _ in range(processes - 1)
   ]
-  from jaxsync._src.calibration import probes
-
-  mine = probes.step_times(
-    exp.loss_fn, exp.model.params, lambda i: exp.data.batch(0, i), steps=steps, start_at=start_at
-  )
-  pooled = [mine]
+  pooled = [_step_seconds(exp, steps, start_at)]
   for p in extra:
     out, _ = p.communicate(timeout=600)
     if p.returncode != 0:
