@@ -9,8 +9,15 @@ table can be rerun alone with the command the results file prints for it.
 Each script takes ``--size tiny|default|full`` (tiny: the suite's smoke size,
 seconds; default: under 30 minutes on 2 CPU cores; full: the paper's scale
 where this repo can reach it), ``--seeds``, ``--results-dir`` (default
-``benchmarks/results``) and ``--runs-dir`` (default ``runs/bench/<name>``,
-one run directory per seed of each cell, each with its metrics and summary).
+``benchmarks/results``), ``--runs-dir`` (default ``runs/bench/<name>``,
+one run directory per seed of each cell, each with its metrics and summary)
+and ``--report-only``.
+
+Every finished run is appended to the benchmark's results store,
+``<results-dir>/<name>_runs.jsonl`` (see ``_store.py``): a rerun skips the
+runs it holds, so a full-size benchmark runs in several sittings, on several
+machines, and ``--report-only`` rewrites the results file from the store alone,
+naming the runs it lacks.
 """
 
 from __future__ import annotations
@@ -33,11 +40,13 @@ import numpy as np
 import yaml
 
 matplotlib.use("Agg")
+import _store
 import matplotlib.pyplot as plt  # noqa: E402
 
 from jaxsync._src.app import commands, experiment
 from jaxsync._src.app import config as config_lib  # noqa: E402
 from jaxsync._src.app.config import Config  # noqa: E402
+from jaxsync._src.interface.history import crossing
 from jaxsync._src.train import (
   plots,
   run_directory,
@@ -77,18 +86,29 @@ def parser(doc: str) -> argparse.ArgumentParser:
   p.add_argument(
     "--fresh",
     action="store_true",
-    help="rerun every cell (default: reuse finished runs with the same config)",
+    help="rerun every cell (default: reuse the runs of the same config the results store holds)",
+  )
+  p.add_argument(
+    "--report-only",
+    action="store_true",
+    help="train nothing: rewrite the results file from the results store, naming the runs it lacks",
   )
   return p
 
 
 @dataclasses.dataclass
 class Cell:
-  """One strategy in one setting: its runs over seeds, and the command that reproduces one of them."""
+  """One strategy in one setting: its runs over seeds, and the command that reproduces one of them.
+
+  ``missing``: seeds the results store lacks (``--report-only``); ``results`` (and ``measures``, the
+  benchmark's own numbers of each run) hold the others."""
 
   label: str
   results: list[training.RunResult]
   command: str
+  missing: int = 0
+  measures: list[dict[str, Any]] = dataclasses.field(default_factory=list)  # each run's ``measure``
+  config: Config | None = None  # the first seed's, as run (the store may lack its run)
 
   @property
   def summaries(self) -> list[dict[str, Any]]:
@@ -110,8 +130,11 @@ class Cell:
     return float(np.mean(values))
 
   def text(self, key: str, digits: int, scale: float = 1.0) -> str:
-    """``mean ± std`` over seeds, as in ``jaxsync compare``'s results.md; one seed: its value alone."""
+    """``mean ± std`` over seeds, as in ``jaxsync compare``'s results.md; one seed: its value alone;
+    ``missing`` when the store holds none of the cell's runs."""
     values = [None if v is None else v * scale for v in self.values(key)]
+    if not values:
+      return "missing"
     if len(values) == 1:
       return "-" if values[0] is None or not np.isfinite(values[0]) else f"{values[0]:.{digits}f}"
     return commands.mean_std(values, digits)
@@ -143,6 +166,10 @@ class Benchmark:
     self.run_count = self.reused_count = 0
     self.train_seconds = 0.0  # the runs' own training wall time, reused runs included
     self.keeps_run_dirs = True  # False: the runs stay in memory (the results file says nothing of them)
+    self.report_only = bool(getattr(args, "report_only", False))
+    self.store = _store.RunStore(self.results_dir / f"{name}_runs.jsonl") if self.seeds else None
+    self.used_keys: set[str] = set()  # the store's runs this report is made of
+    self.missing: list[str] = []  # "setting | label | seed" of each run the store lacks (--report-only)
 
   # -- running ---------------------------------------------------------------------------------------
 
@@ -162,14 +189,18 @@ class Benchmark:
     overrides: list[str] = (),
     seeds: int | None = None,
     evaluations: int | None = None,
+    measure=None,
+    event_rows: int = 1,
   ) -> Cell:
     """Runs ``strategy`` (the config's shared options, ``compare.options[strategy]``, then ``options``)
-    over ``seeds`` seeds (default: the benchmark's).
+    over ``seeds`` seeds (default: the benchmark's), or reads the runs back from the results store.
 
     ``evaluations``: evaluate about this many times per run, whatever the strategy, in place of the
-    config's schedule (see ``_evaluated``)."""
+    config's schedule (see ``_evaluated``). ``measure(result, experiment) -> dict``: numbers the report needs from
+    the run's full history, stored with it (``Cell.measures``). ``event_rows``: how many
+    of the per-event records the store keeps (evenly spaced) for plots over time."""
     label = label or strategy
-    results = []
+    results, configs, missing = [], [], 0
     for i in range(seeds or self.seeds):
       cfg = experiment.for_strategy(config, strategy, config.seed + i)
       if options:
@@ -180,9 +211,22 @@ class Benchmark:
       if evaluations:
         cfg = dataclasses.replace(cfg, run=_evaluated(cfg.run, exp, evaluations))
         exp = experiment.build(cfg)
+      configs.append(cfg)
+      stored = None if self.args.fresh else self.store.find(cfg)
+      if stored is not None or self.report_only:
+        if stored is None:
+          missing += 1
+          self.missing.append(f"{setting} | {label} | seed {cfg.seed}")
+          continue
+        self.used_keys.add(_store.config_key(cfg))
+        results.append(stored)
+        self.run_count += 1
+        self.reused_count += 1
+        self.train_seconds += stored.summary.get("wall_seconds") or 0.0
+        continue
       run_dir = self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}"
-      # A finished run of this very config is read back from its final checkpoint, not rerun: an
-      # interrupted benchmark continues, and a report can be rewritten without retraining.
+      # A finished run of this very config is read back from its final checkpoint, not rerun (runs
+      # made before the results store existed join it this way).
       reuse = not self.args.fresh and _finished_with(run_dir, cfg)
       if not reuse:
         run_directory.create(run_dir, overwrite=True)
@@ -195,6 +239,17 @@ class Benchmark:
       )
       self.run_count += 1
       self.reused_count += reuse
+      # The report reads the stored copy, so --report-only writes the same numbers.
+      result = self.store.add(
+        cfg,
+        result,
+        setting=setting,
+        label=label,
+        code=code_version(),
+        measures=measure(result, exp) if measure else None,
+        event_rows=event_rows,
+      )
+      self.used_keys.add(_store.config_key(cfg))
       s = result.summary
       self.train_seconds += s.get("wall_seconds") or 0.0
       print(
@@ -207,7 +262,12 @@ class Benchmark:
       )
       results.append(result)
     return Cell(
-      label, results, train_command(config_name, overrides, results[0].run_dir) if config_name else ""
+      label,
+      results,
+      train_command(config_name, overrides, configs[0]) if config_name else "",
+      missing,
+      [self.store.measures(c) for c in configs if _store.config_key(c) in self.used_keys],
+      configs[0] if configs else None,
     )
 
   def tune(
@@ -239,17 +299,25 @@ class Benchmark:
           seeds=1,
           evaluations=evaluations,
         )
-        value = cell.values("final_accuracy")[0]
-        accuracy.setdefault(label, {})[rate] = -1.0 if value is None or not np.isfinite(value) else value
-    best = {label: max(grid, key=lambda r, a=accuracy[label]: (a[r], -r)) for label in candidates}
-    rows = [
-      [label]
-      + [
-        f"**{100 * a[r]:.2f}**" if r == best[label] else f"{100 * a[r]:.2f}" if a[r] >= 0 else "diverged"
-        for r in grid
-      ]
-      for label, a in accuracy.items()
-    ]
+        values = cell.values("final_accuracy")  # [] when --report-only finds no such run
+        value = values[0] if values else None
+        accuracy.setdefault(label, {})[rate] = (
+          None if not values else -1.0 if value is None or not np.isfinite(value) else value
+        )
+    best = {}
+    for label, a in accuracy.items():
+      ran = [r for r in grid if a[r] is not None]
+      # No tuning run in the store yet (--report-only): the middle rate, whose cells are missing too.
+      best[label] = max(ran, key=lambda r, a=a: (a[r], -r)) if ran else grid[len(grid) // 2]
+
+    def shown(a: float | None, bold: bool) -> str:
+      if a is None:
+        return "missing"
+      if a < 0:
+        return "diverged"
+      return f"**{100 * a:.2f}**" if bold else f"{100 * a:.2f}"
+
+    rows = [[label] + [shown(a[r], r == best[label]) for r in grid] for label, a in accuracy.items()]
     return best, table(["strategy", *[f"lr {r:g}" for r in grid]], rows)
 
   def elapsed(self) -> str:
@@ -287,7 +355,8 @@ class Benchmark:
       ax.grid(alpha=0.3)
       if metric == "accuracy":
         ax.set_ylim(max(0.0, ax.get_ylim()[0]), 1.0)
-      ax.legend(fontsize="small")
+      if ax.get_legend_handles_labels()[0]:  # none while the store lacks the panel's runs
+        ax.legend(fontsize="small")
     for ax in list(axes.flat)[n:]:
       ax.set_visible(False)
     figure.tight_layout()
@@ -312,9 +381,25 @@ class Benchmark:
         else ""
       ),
     ]
-    if self.run_count and self.seeds and self.keeps_run_dirs:  # speed benchmarks and in-memory runs: none
+    if self.store is not None:
+      versions = self.store.code_versions(self.used_keys)
       lines.append(
-        f"- Run directories: `{_relative(self.runs_dir)}` (each run's metrics.jsonl, summary.json, config.yaml)"
+        f"- Results store: `{_relative(self.store.path)}` ({len(self.used_keys)} of its {len(self.store)}"
+        " runs make this report" + (f"; code {', '.join(versions)}" if versions else "") + ")"
+      )
+    if self.seeds:
+      lines.append(
+        "- Time (updates, gradients) to a target: at the first evaluation from which the accuracy stays at or"
+        " above it to the run's end (a crossing that holds, not one lucky evaluation)"
+      )
+    if self.missing:
+      shown = "; ".join(self.missing[:12]) + (
+        f"; and {len(self.missing) - 12} more" if len(self.missing) > 12 else ""
+      )
+      lines.append(
+        f"- **Partial**: {len(self.missing)} runs of this report are not in the store yet ({shown}). The"
+        " tables say `missing` for them, and every verdict and finding below reads only the runs present."
+        f" Run `python benchmarks/{self.name}.py` with the same arguments, without `--report-only`, to add them."
       )
     lines += ["", *self.sections]
     if self.plots:
@@ -327,10 +412,26 @@ class Benchmark:
 
 
 def gradients_to(history, accuracy: float) -> int | None:
-  """Gradients the server had received at the first evaluation reaching ``accuracy``, else None
-  (an asynchronous run: one event per gradient)."""
-  hit = history.eval_metrics["accuracy"] >= accuracy
-  return int(history.eval_event[int(np.argmax(hit))]) if hit.any() else None
+  """Gradients the server had received at the evaluation from which accuracy stays at or above
+  ``accuracy`` (the crossing that holds), else None (an asynchronous run: one event per gradient)."""
+  i = crossing(history.eval_metrics["accuracy"], accuracy, holds=True)
+  return None if i is None else int(history.eval_event[i])
+
+
+def holm(pvalues: list[float]) -> list[float]:
+  """Holm's step-down adjustment of p-values for a family of tests (Holm, 1979).
+
+  The i-th smallest of the m finite p-values becomes ``max_{j <= i} min(1, (m - j + 1) p_(j))``; a test
+  whose adjusted p-value is below alpha is significant with the family's error rate held at alpha.
+  NaN (a test that could not be made) stays NaN and does not count in m."""
+  p = np.asarray(pvalues, float)
+  finite = np.flatnonzero(np.isfinite(p))
+  adjusted = np.full(p.shape, np.nan)
+  running = 0.0
+  for rank, i in enumerate(finite[np.argsort(p[finite], kind="stable")]):
+    running = max(running, min(1.0, (len(finite) - rank) * p[i]))
+    adjusted[i] = running
+  return adjusted.tolist()
 
 
 def smega2_schedule(epochs: float) -> list[str]:
@@ -404,11 +505,10 @@ def _evaluated(run, exp, evaluations: int):
   )
 
 
-def train_command(config_name: str, overrides: list[str], run_dir: pathlib.Path) -> str:
-  """The ``jaxsync train`` line that reruns one cell's first seed: its config, the benchmark's
-  overrides, and the strategy with its resolved options (shared, ``compare.options``, the cell's own)
-  as one mapping, since ``jaxsync train`` reads ``strategy.options`` as they stand."""
-  ran = config_lib.load(run_dir / "config.yaml")
+def train_command(config_name: str, overrides: list[str], ran: Config) -> str:
+  """The ``jaxsync train`` line that reruns one cell's first seed (config ``ran``): its config file, the
+  benchmark's overrides, and the strategy with its resolved options (shared, ``compare.options``, the
+  cell's own) as one mapping, since ``jaxsync train`` reads ``strategy.options`` as they stand."""
   keep = [o for o in overrides if not o.startswith(("strategy.name", "strategy.options", "compare."))]
   options = yaml.safe_dump(ran.strategy.options, default_flow_style=True, width=10_000).strip()
   sets = [*keep, f"strategy.name={ran.strategy.name}", f"strategy.options={options}"]

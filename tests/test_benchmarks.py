@@ -142,8 +142,8 @@ def test_ea_wild_comparison_tiny(tmp_path):
   sync = summary(runs, "ratio_10_4_workers", "sync_all-reduce", "seed0")
   assert part2[2][3] == f"{sync['final_accuracy']:.3f}" and sync["updates"] == 240 // 4
   wild = summary(runs, "ratio_10_4_workers", "EA-wild", "seed0")
-  if sync["time_to_target"] and wild["time_to_target"]:
-    assert part2[2][7] == f"{wild['time_to_target'] / sync['time_to_target']:.2f}x"
+  if sync["time_to_target_held"] and wild["time_to_target_held"]:
+    assert part2[2][7] == f"{wild['time_to_target_held'] / sync['time_to_target_held']:.2f}x"
   assert "*Asynchronous solvers win at a low computation-to-communication ratio" in markdown
   assert "ea_wild_comparison/crossover.png" in markdown
 
@@ -215,8 +215,8 @@ def test_adaptive_k_regimes_tiny(tmp_path):
   asp = summary(runs, "4_workers_98_MB_server_3GB_s", "ASP", "seed0")
   ak = summary(runs, "4_workers_98_MB_server_3GB_s", "adaptive_k", "seed0")
   assert slow[12] == f"{asp['final_accuracy']:.3f} / {ak['final_accuracy']:.3f}"
-  if asp["time_to_target"] and ak["time_to_target"]:
-    assert slow[13] == f"{asp['time_to_target'] / ak['time_to_target']:.2f}x"
+  if asp["time_to_target_held"] and ak["time_to_target_held"]:
+    assert slow[13] == f"{asp['time_to_target_held'] / ak['time_to_target_held']:.2f}x"
   # The tests' k (fresh gradients per release) is at most the gradients an update combines.
   assert 2 <= float(slow[7]) <= float(slow[8]) <= 4
   assert float(slow[6].rstrip("x")) < 1  # server-bound: adaptive k pays 3 + 6/k arrays a gradient, ASP 3
@@ -243,6 +243,60 @@ def test_performance_tiny(tmp_path):
   )  # asp against bsp at K=4
   assert "| asp | 4 | 4 |" in markdown and "where the time goes" in markdown
   assert "| optax.sgd(momentum=0.9) | baseline |" in markdown  # the scripts' tables are embedded
+
+
+def _body(markdown: str) -> str:
+  """A results file without the lines that say when and how fast it was written."""
+  moment = ("- Date", "- Wall time", "- Command", "- Results store")
+  return "\n".join(line for line in markdown.splitlines() if not line.startswith(moment))
+
+
+def test_a_benchmark_reruns_from_its_store_and_reports_from_it_alone(tmp_path, capsys):
+  """The store holds every run; a rerun trains nothing; --report-only writes the same tables; a store that
+  lacks runs gives a partial report naming them; a line cut short by a killed sitting costs that run only."""
+  markdown, results, runs = run_tiny("ormo_table", tmp_path)
+  store = results / "ormo_table_runs.jsonl"
+  lines = store.read_text().splitlines()
+  entries = [json.loads(line) for line in lines]
+  assert (
+    len(entries) == 8 and len({e["key"] for e in entries}) == 8
+  )  # 2 rules x 2 rates + 2 rules x 2 columns
+  cell = next(e for e in entries if e["setting"] == "8 het." and e["label"] == "OrMo")
+  assert cell["summary"] == summary(runs, "8_het.", "OrMo", "seed0")
+  assert cell["evals"]["metrics"]["accuracy"][-1] == pytest.approx(
+    cell["summary"]["final_accuracy"], rel=1e-5
+  )
+  assert re.search(r"- Results store: `.*ormo_table_runs.jsonl` \(8 of its 8 runs", markdown)
+
+  module = importlib.import_module("ormo_table")
+  argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "elsewhere")]
+  capsys.readouterr()
+  assert module.main(argv) == 0  # no run directory to read back: every run comes from the store
+  assert store.read_text().splitlines() == lines and not (tmp_path / "elsewhere").exists()
+  assert module.main([*argv, "--report-only"]) == 0
+  assert _body((results / "ormo_table.md").read_text()) == _body(markdown)
+
+  # A sitting killed while writing the last line, two runs short: both named, then rerun (that line too).
+  store.write_text("\n".join(lines[:-2]) + "\n" + lines[-2][:50])
+  assert module.main([*argv, "--report-only"]) == 0
+  partial = (results / "ormo_table.md").read_text()
+  assert "not a whole run entry; ignored" in capsys.readouterr().err
+  named = [f"{e['setting']} | {e['label']} | seed {e['seed']}" for e in entries[-2:]]
+  assert f"- **Partial**: 2 runs of this report are not in the store yet ({'; '.join(named)})." in partial
+  assert "missing" in partial and _body(partial) != _body(markdown)
+  assert module.main(argv) == 0
+  again = [json.loads(line) for line in store.read_text().splitlines()[len(lines) - 1 :]]
+  assert [e["key"] for e in again] == [e["key"] for e in entries[-2:]]  # appended after the cut line
+  assert module.main([*argv, "--report-only"]) == 0
+  assert _body((results / "ormo_table.md").read_text()) == _body(markdown)  # the same runs again
+
+
+def test_holm_adjusts_a_family_of_p_values():
+  # m = 4: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; max(0.06, 0.04 x 1) = 0.06.
+  assert _harness.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+  adjusted = _harness.holm([0.2, float("nan"), 0.9])  # a test that could not be made is not counted
+  assert adjusted[0] == pytest.approx(0.4) and np.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.9)
+  assert _harness.holm([0.6, 0.7]) == [1.0, 1.0]
 
 
 def test_a_cell_shows_mean_and_sample_std_over_seeds_or_one_value():

@@ -420,3 +420,62 @@ def test_the_readme_example_runs(capsys):
   assert len(blocks) == 1, "the README has one Python example"
   exec(compile(blocks[0], "README.md", "exec"), {"__name__": "readme_example"})
   assert capsys.readouterr().out == "1\n"
+
+
+# -- the Results page against the results files ----------------------------------------------------------------
+
+_NUMBER = re.compile(r"(?<![\w.])\d+(?:,\d{3})*(?:\.\d+)?")
+
+
+def _numbers_in(text: str) -> set[str]:
+  """Every number of a results file, as written, rounded to fewer decimals (6.53: 6.5, 7) and, for a
+  fraction (0.803), as a percentage (80.3, 80)."""
+  found = set()
+  for token in _NUMBER.findall(text):
+    token = token.replace(",", "")
+    found.add(token)
+    decimals = len(token.partition(".")[2])
+    value = float(token)
+    for digits in range(decimals):
+      found.add(f"{value:.{digits}f}")
+    if value <= 1 and decimals:
+      for digits in range(max(decimals - 1, 1)):
+        found.add(f"{100 * value:.{digits}f}")
+  return found
+
+
+def verdict_rows(page: str) -> list[tuple[str, str, list[str]]]:
+  """(claim, verdict, results files) of each row of the Results page's verdict table; "same" reuses the
+  files of the row above."""
+  rows, files = [], []
+  for line in page.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| ") else []
+    if len(cells) != 4 or cells[0] == "paper":
+      continue
+    linked = re.findall(r"\(\.\./benchmarks/results/([\w.-]+\.md)\)", cells[3])
+    files = linked or files
+    rows.append((cells[1], cells[2], files))
+  return rows
+
+
+def test_every_number_of_a_verdict_is_in_its_results_file():
+  """A verdict on the Results page quotes its results files: a number that none of them holds (a typo, a
+  rerun that moved it, a figure computed by hand) fails here."""
+  page = (ROOT / "docs" / "results.md").read_text()
+  rows = verdict_rows(page)
+  assert len(rows) >= 20, rows
+  wrong = []
+  for claim, verdict, files in rows:
+    assert files, claim
+    held = set().union(*(_numbers_in((ROOT / "benchmarks" / "results" / f).read_text()) for f in files))
+    missing = [n.replace(",", "") for n in _NUMBER.findall(verdict) if n.replace(",", "") not in held]
+    if missing:
+      wrong.append(f"{claim[:50]}: {missing} not in {files}")
+  assert not wrong, "\n".join(wrong)
+
+
+def test_a_number_the_results_file_lacks_is_caught():
+  assert {"80.3", "80", "0.803", "0.80", "1316", "6.5", "7"} <= _numbers_in("EA-wild 0.803 ± 0.003, ASP's 1,316, 6.53")
+  assert not {"80.30", "6.6", "0.81"} & _numbers_in("EA-wild 0.803 ± 0.003, ASP's 1,316, 6.53")
+  rows = verdict_rows("| a | b | **partly**: 81.2 | [`x.md`](../benchmarks/results/x.md) |\n| c | d | e | same |")
+  assert rows == [("b", "**partly**: 81.2", ["x.md"]), ("d", "e", ["x.md"])]

@@ -1,15 +1,17 @@
-"""The divergence flag: each reason a run counts as diverged, and runs that do not."""
+"""The summary's judgements: divergence (each reason a run counts as diverged, and runs that do not) and
+the time to a target (the first crossing and the one that holds)."""
 
 from __future__ import annotations
 
 import numpy as np
 
 from jaxsync._src.interface.history import History
-from jaxsync._src.train.summary import divergence
+from jaxsync._src.train.summary import divergence, summarize
 
 
-def _history(losses, rejected=None) -> History:
+def _history(losses, rejected=None, accuracy=(0.0,)) -> History:
   n = len(losses)
+  evals = len(accuracy)
   zeros = np.zeros(n, np.int32)
   return History(
     time=np.arange(n, dtype=np.float32),
@@ -21,10 +23,10 @@ def _history(losses, rejected=None) -> History:
     loss=np.asarray(losses, np.float32),
     rejected=np.zeros(n, bool) if rejected is None else np.asarray(rejected, bool),
     step_size=np.full(n, np.nan, np.float32),
-    eval_time=np.zeros(1, np.float32),
-    eval_version=np.zeros(1, np.int32),
-    eval_event=np.zeros(1, np.int32),
-    eval_metrics={"accuracy": np.zeros(1, np.float32)},
+    eval_time=np.arange(evals, dtype=np.float32) * 10,
+    eval_version=np.arange(evals, dtype=np.int32) * 5,
+    eval_event=np.arange(evals, dtype=np.int32) * 5,
+    eval_metrics={"accuracy": np.asarray(accuracy, np.float32)},
     worker_steps=np.array([n]),
     worker_used=np.array([n]),
     worker_idle=np.zeros(1),
@@ -48,3 +50,19 @@ def test_each_reason_a_run_diverged_and_a_run_that_did_not():
     "the final accuracy 0.150 is at chance level (0.100)"
   )
   assert divergence(healthy, {"accuracy": 0.16}, chance_accuracy=0.1) is None
+
+
+def test_time_to_target_first_crossing_and_the_crossing_that_holds():
+  # Evaluations at 0, 10, 20, 30, 40 s (0, 5, ... updates): 0.76 at 10 s is a lucky one, 0.77 from 30 s holds.
+  h = _history([1.0] * 20, accuracy=[0.1, 0.76, 0.74, 0.77, 0.8])
+  assert h.time_to("accuracy", 0.75) == (10.0, 5)
+  assert h.time_to("accuracy", 0.75, holds=True) == (30.0, 15)
+  assert h.time_to("accuracy", 0.9) is None and h.time_to("accuracy", 0.9, holds=True) is None
+  assert _history([1.0], accuracy=[0.8, 0.9]).time_to("accuracy", 0.75, holds=True) == (0.0, 0)
+  dropped = _history([1.0], accuracy=[0.1, 0.8, 0.7])  # reached, then lost at the end: never held
+  assert (
+    dropped.time_to("accuracy", 0.75) == (10.0, 5) and dropped.time_to("accuracy", 0.75, holds=True) is None
+  )
+  summary = summarize(h, {"accuracy": 0.8}, target=("accuracy", 0.75), stopped_by="done")
+  assert (summary["time_to_target"], summary["updates_to_target"]) == (10.0, 5)
+  assert (summary["time_to_target_held"], summary["updates_to_target_held"]) == (30.0, 15)

@@ -18,6 +18,7 @@ from typing import NamedTuple
 import numpy as np
 
 from jaxsync._src.core import validation
+from jaxsync._src.interface.history import crossing
 from jaxsync._src.steps.records import EventRecord
 
 _WHAT = "agreement"
@@ -101,11 +102,8 @@ def _warm_up_rounds(time: np.ndarray) -> int:
 def time_to_hold(eval_time: np.ndarray, accuracy: np.ndarray, target: float) -> float | None:
   """Seconds of the first evaluation from which accuracy stays at or above ``target`` to the run's end
   (a crossing that holds, not one lucky evaluation); None if the last evaluation is below it."""
-  below = np.flatnonzero(np.asarray(accuracy) < target)
-  if below.size and below[-1] == len(accuracy) - 1:
-    return None
-  first = 0 if not below.size else int(below[-1]) + 1
-  return float(eval_time[first])
+  first = crossing(accuracy, target, holds=True)
+  return None if first is None else float(eval_time[first])
 
 
 def accuracy_at(eval_time: np.ndarray, accuracy: np.ndarray, seconds: float) -> float:

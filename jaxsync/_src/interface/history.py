@@ -116,14 +116,30 @@ class History:
     ok = ~self.rejected
     return float(np.mean(self.staleness[ok])) if ok.any() else 0.0
 
-  def time_to(self, metric: str, target: float, *, higher_is_better: bool = True) -> tuple[float, int] | None:
-    """(seconds of the run's clock, server updates) of the first evaluation reaching ``target``, else None."""
-    values = self.eval_metrics[metric]
-    hit = values >= target if higher_is_better else values <= target
-    if not hit.any():
-      return None
-    i = int(np.argmax(hit))
-    return float(self.eval_time[i]), int(self.eval_version[i])
+  def time_to(
+    self, metric: str, target: float, *, higher_is_better: bool = True, holds: bool = False
+  ) -> tuple[float, int] | None:
+    """(seconds of the run's clock, server updates) of the first evaluation reaching ``target``, else None.
+
+    ``holds=True``: the first evaluation from which ``metric`` stays at ``target`` or better to the last
+    one (a crossing that holds, not one lucky evaluation); None if the last evaluation misses it."""
+    i = crossing(self.eval_metrics[metric], target, higher_is_better=higher_is_better, holds=holds)
+    return None if i is None else (float(self.eval_time[i]), int(self.eval_version[i]))
+
+
+def crossing(values, target: float, *, higher_is_better: bool = True, holds: bool = False) -> int | None:
+  """Index of the first of ``values`` at ``target`` or better, else None; ``holds=True``: the first from
+  which every later value is too (None when the last one misses)."""
+  values = np.asarray(values, float)
+  hit = values >= target if higher_is_better else values <= target
+  if not hit.any():
+    return None
+  if not holds:
+    return int(np.argmax(hit))
+  if not hit[-1]:
+    return None
+  missed = np.flatnonzero(~hit)
+  return 0 if not missed.size else int(missed[-1]) + 1
 
 
 def assemble_history(

@@ -59,14 +59,16 @@ def summarize(
     summary["best_accuracy"] = float(np.nanmax(accuracies))
   if target is not None:
     metric, value = target
-    hit = (
-      history.time_to(metric, value, higher_is_better=metric != "loss")
-      if metric in history.eval_metrics
-      else None
-    )
     summary["target"] = {"metric": metric, "value": value}
-    summary["time_to_target"] = hit[0] if hit else None
-    summary["updates_to_target"] = hit[1] if hit else None
+    # The first evaluation at the target, and the first from which the run stays there ("held").
+    for suffix, holds in (("", False), ("_held", True)):
+      hit = (
+        history.time_to(metric, value, higher_is_better=metric != "loss", holds=holds)
+        if metric in history.eval_metrics
+        else None
+      )
+      summary[f"time_to_target{suffix}"] = hit[0] if hit else None
+      summary[f"updates_to_target{suffix}"] = hit[1] if hit else None
   accepted = history.staleness[~history.rejected]
   summary.update(
     mean_staleness=history.mean_staleness(),

@@ -1,0 +1,212 @@
+"""A paper benchmark's results store: one JSON line per finished run, committed beside its results file.
+
+The store ``<results-dir>/<benchmark>_runs.jsonl`` is what a benchmark's tables, plots and verdicts
+are made from. A run is keyed by a hash of its whole config (model, data, cluster, strategy and its
+options, seed, budget), so:
+
+- a rerun skips every run the store holds (an interrupted sitting loses at most the run in progress);
+- sittings on different machines add up: their lines are appended to the same file (merge by
+  concatenating, as git does for two branches that each appended);
+- ``--report-only`` rebuilds every table from the store alone, and names the runs it lacks.
+
+A line holds the run's summary, its evaluations (time, event, updates and every metric), per-worker
+totals, the benchmark's own measures of the full history (``measures``: numbers a report needs from
+every event, computed when the run ends), and optionally a thinned copy of the per-event records
+(``event_rows``, for plots of k or step sizes over time). Floats keep 6 significant digits: a report
+made right after a run reads the stored copy, never the in-memory one, so ``--report-only`` writes the
+same numbers.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import pathlib
+import sys
+from typing import Any
+
+import numpy as np
+
+from jaxsync._src.app import config as config_lib
+from jaxsync._src.app.config import Config
+from jaxsync._src.interface.history import History
+from jaxsync._src.train import training
+
+_EVENT_FIELDS = ("time", "worker", "staleness", "version", "released", "k", "loss", "rejected", "step_size")
+
+
+def config_key(config: Config) -> str:
+  """A 16-hex-digit hash of every field of ``config``: equal configs, and only they, share a key."""
+  text = json.dumps(config_lib.to_dict(config), sort_keys=True, default=repr)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class RunStore:
+  """The runs of one benchmark, read from and appended to ``path`` (JSON lines; the last line of a key wins)."""
+
+  def __init__(self, path: pathlib.Path):
+    self.path = path
+    self.entries: dict[str, dict[str, Any]] = {}
+    if path.is_file():
+      for number, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+          continue
+        try:
+          entry = json.loads(line)
+          self.entries[entry["key"]] = entry
+        except (json.JSONDecodeError, KeyError, TypeError):
+          # A line cut short by a killed sitting: that one run is rerun, the others are kept.
+          print(
+            f"[store] {path}:{number}: not a whole run entry; ignored (it will be rerun)", file=sys.stderr
+          )
+
+  def __len__(self) -> int:
+    return len(self.entries)
+
+  def find(self, config: Config) -> training.RunResult | None:
+    """The stored run of exactly ``config``, rebuilt as a :class:`RunResult` (no parameters), or None."""
+    entry = self.entries.get(config_key(config))
+    return None if entry is None else as_result(entry)
+
+  def measures(self, config: Config) -> dict[str, Any]:
+    """The benchmark's own measures stored with ``config``'s run ({} without)."""
+    return dict(self.entries.get(config_key(config), {}).get("measures") or {})
+
+  def add(
+    self,
+    config: Config,
+    result: training.RunResult,
+    *,
+    setting: str,
+    label: str,
+    code: str,
+    measures: dict[str, Any] | None = None,
+    event_rows: int = 1,
+  ) -> training.RunResult:
+    """Appends ``result`` (flushed to disk before returning) and returns it as the store will give it back."""
+    entry = make_entry(config, result, setting=setting, label=label, code=code, measures=measures)
+    entry["events"] = thin_events(result.history, event_rows)
+    self.path.parent.mkdir(parents=True, exist_ok=True)
+    with self.path.open("a+") as f:
+      f.seek(0, os.SEEK_END)
+      if f.tell():  # a line cut short by a killed sitting must not swallow this one
+        f.seek(f.tell() - 1)
+        if f.read(1) != "\n":
+          f.write("\n")
+      f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    self.entries[entry["key"]] = entry
+    return as_result(entry)
+
+  def code_versions(self, keys: set[str] | None = None) -> list[str]:
+    """The code versions the (given) runs were measured with, oldest first as stored."""
+    seen: dict[str, None] = {}
+    for key, entry in self.entries.items():
+      if keys is None or key in keys:
+        seen.setdefault(entry.get("code", "?"))
+    return list(seen)
+
+
+def make_entry(
+  config: Config,
+  result: training.RunResult,
+  *,
+  setting: str,
+  label: str,
+  code: str,
+  measures: dict[str, Any] | None,
+) -> dict[str, Any]:
+  """A run as one JSON-ready mapping (without its events)."""
+  h = result.history
+  return {
+    "key": config_key(config),
+    "setting": setting,
+    "label": label,
+    "strategy": config.strategy.name,
+    "options": _jsonable(config.strategy.options),
+    "seed": config.seed,
+    "code": code,
+    "date": f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
+    "summary": _jsonable(result.summary),
+    "measures": _jsonable(measures or {}),
+    "evals": {
+      "time": _round(h.eval_time),
+      "event": [int(x) for x in h.eval_event],
+      "version": [int(x) for x in h.eval_version],
+      "metrics": {name: _round(values) for name, values in h.eval_metrics.items()},
+    },
+    "workers": {
+      "steps": [int(x) for x in h.worker_steps],
+      "used": [int(x) for x in h.worker_used],
+      "idle": _round(h.worker_idle),
+    },
+    "bytes_moved": _round(h.bytes_moved),
+    "bytes_moved_intra": _round(h.bytes_moved_intra),
+    "rejected_count": int(h.rejected_count),
+    "clock": h.clock,
+  }
+
+
+def thin_events(history: History, rows: int) -> dict[str, Any]:
+  """At most ``rows`` of the per-event records, evenly spaced, the last event always among them."""
+  n = len(history.time)
+  if n == 0:
+    return {"index": [], **{f: [] for f in _EVENT_FIELDS}}
+  index = np.unique(np.linspace(0, n - 1, max(1, min(rows, n))).round().astype(int))
+  if index[-1] != n - 1:
+    index = np.append(index[1:], n - 1)
+  out: dict[str, Any] = {"index": index.tolist()}
+  for field in _EVENT_FIELDS:
+    values = np.asarray(getattr(history, field))[index]
+    out[field] = values.tolist() if values.dtype.kind in "biu" else _round(values)
+  return out
+
+
+def as_result(entry: dict[str, Any]) -> training.RunResult:
+  """A stored run as a :class:`RunResult`: its summary and a history of its evaluations, totals and
+  thinned events (no parameters, no run directory)."""
+  evals, workers, events = entry["evals"], entry["workers"], entry["events"]
+  arrays = {
+    f: np.asarray(events[f], bool if f in ("released", "rejected") else None)
+    for f in _EVENT_FIELDS  # step_size may be a row of several numbers per event
+  }
+  history = History(
+    **arrays,
+    eval_time=np.asarray(evals["time"], float),
+    eval_version=np.asarray(evals["version"], int),
+    eval_event=np.asarray(evals["event"], int),
+    eval_metrics={name: np.asarray(v, float) for name, v in evals["metrics"].items()},
+    worker_steps=np.asarray(workers["steps"], int),
+    worker_used=np.asarray(workers["used"], int),
+    worker_idle=np.asarray(workers["idle"], float),
+    bytes_moved=float(entry["bytes_moved"]),
+    bytes_moved_intra=float(entry["bytes_moved_intra"]),
+    rejected_count=int(entry["rejected_count"]),
+    clock=entry["clock"],
+  )
+  return training.RunResult(params=None, history=history, summary=dict(entry["summary"]), run_dir=None)
+
+
+def _round(x):
+  """Floats (or arrays of them) to 6 significant digits; NaN and infinities as JSON's NaN/Infinity."""
+  a = np.asarray(x, float)
+  if a.ndim == 0:
+    v = float(a)
+    return float(f"{v:.6g}") if np.isfinite(v) else v
+  return [_round(v) for v in a]
+
+
+def _jsonable(value):
+  """Plain JSON types: NumPy scalars and arrays to numbers and lists, tuples to lists."""
+  if isinstance(value, dict):
+    return {str(k): _jsonable(v) for k, v in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [_jsonable(v) for v in value]
+  if isinstance(value, np.ndarray):
+    return _jsonable(value.tolist())
+  if isinstance(value, np.generic):
+    return value.item()
+  return value
