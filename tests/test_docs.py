@@ -475,7 +475,11 @@ def test_every_number_of_a_verdict_is_in_its_results_file():
 
 
 def test_a_number_the_results_file_lacks_is_caught():
-  assert {"80.3", "80", "0.803", "0.80", "1316", "6.5", "7"} <= _numbers_in("EA-wild 0.803 ± 0.003, ASP's 1,316, 6.53")
+  assert {"80.3", "80", "0.803", "0.80", "1316", "6.5", "7"} <= _numbers_in(
+    "EA-wild 0.803 ± 0.003, ASP's 1,316, 6.53"
+  )
   assert not {"80.30", "6.6", "0.81"} & _numbers_in("EA-wild 0.803 ± 0.003, ASP's 1,316, 6.53")
-  rows = verdict_rows("| a | b | **partly**: 81.2 | [`x.md`](../benchmarks/results/x.md) |\n| c | d | e | same |")
+  rows = verdict_rows(
+    "| a | b | **partly**: 81.2 | [`x.md`](../benchmarks/results/x.md) |\n| c | d | e | same |"
+  )
   assert rows == [("b", "**partly**: 81.2", ["x.md"]), ("d", "e", ["x.md"])]
