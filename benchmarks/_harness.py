@@ -278,47 +278,116 @@ class Benchmark:
     *,
     seed: int = TUNING_SEED,
     evaluations: int | None = None,
+    objective: str = "accuracy",
+    extend: bool = False,
+    max_extensions: int = 3,
+    setting: str = "lr grid",
   ) -> tuple[dict[str, float], str]:
     """Each candidate's learning rate picked on the same ``grid``: one run per rate on a held-out seed.
 
-    ``candidates`` is ``{label: (strategy, options)}``. The best final test accuracy wins (the smaller
-    rate on a tie; a diverged run counts as -1). Returns ``{label: rate}`` and the grid as a markdown
-    table (test accuracy %, the pick in bold), so every method is tuned the same way and the report
-    shows how.
+    ``candidates`` is ``{label: (strategy, options)}``. ``objective="accuracy"``: the best final test
+    accuracy wins (a diverged run counts as -1); ``"time"``: the shortest time to the target (a crossing
+    that holds), then the best final accuracy among rates that never reach it. The smaller rate wins a
+    tie. ``extend``: a pick at the grid's edge adds the next rate beyond it (the grid's own ratio), up to
+    ``max_extensions`` per side, until the pick is interior or the rate beyond it diverges. ``setting``
+    names the column tuned (one grid per column). Returns ``{label: rate}`` and the grid as a markdown
+    table (the pick in bold) with a line on every extension, so every method is tuned the same way and
+    the report shows how.
     """
+    if objective not in ("accuracy", "time"):
+      raise ValueError(f"tune: {objective=}; give 'accuracy' or 'time'")
+    grid = tuple(sorted(grid))
     config = dataclasses.replace(config, seed=seed)
-    accuracy: dict[str, dict[float, float]] = {}
+    scores: dict[str, dict[float, dict[str, Any] | None]] = {}
+    best: dict[str, float] = {}
+    notes: list[str] = []
+
+    def score(label: str, strategy: str, options: dict[str, Any], rate: float) -> dict[str, Any] | None:
+      cell = self.run(
+        config,
+        strategy,
+        setting=setting,
+        label=f"{label} lr={rate:g}",
+        options={**options, "learning_rate": rate},
+        seeds=1,
+        evaluations=evaluations,
+      )
+      if not cell.results:  # --report-only, and the store lacks the run
+        return None
+      s = cell.summaries[0]
+      accuracy = s.get("final_accuracy")
+      diverged = bool(s.get("diverged")) or accuracy is None or not np.isfinite(accuracy)
+      return {
+        "accuracy": -1.0 if diverged else accuracy,
+        "time": s.get("time_to_target_held"),
+        "diverged": diverged,
+      }
+
+    def key(rate: float, r: dict[str, Any]):
+      if objective == "time":
+        reached = r["time"] is not None and not r["diverged"]
+        return (reached, -(r["time"] or 0.0) if reached else r["accuracy"], -rate)
+      return (r["accuracy"], -rate)
+
     for label, (strategy, options) in candidates.items():
+      tried = scores.setdefault(label, {})
       for rate in grid:
-        cell = self.run(
-          config,
-          strategy,
-          setting="lr grid",
-          label=f"{label} lr={rate:g}",
-          options={**options, "learning_rate": rate},
-          seeds=1,
-          evaluations=evaluations,
-        )
-        values = cell.values("final_accuracy")  # [] when --report-only finds no such run
-        value = values[0] if values else None
-        accuracy.setdefault(label, {})[rate] = (
-          None if not values else -1.0 if value is None or not np.isfinite(value) else value
-        )
-    best = {}
-    for label, a in accuracy.items():
-      ran = [r for r in grid if a[r] is not None]
-      # No tuning run in the store yet (--report-only): the middle rate, whose cells are missing too.
-      best[label] = max(ran, key=lambda r, a=a: (a[r], -r)) if ran else grid[len(grid) // 2]
+        tried[rate] = score(label, strategy, options, rate)
+      extensions = {"up": 0, "down": 0}
+      while True:
+        ran = {r: v for r, v in tried.items() if v is not None}
+        if not ran:  # nothing in the store yet (--report-only): the middle rate, whose cells are missing too
+          best[label] = grid[len(grid) // 2]
+          break
+        best[label] = max(ran, key=lambda r: key(r, ran[r]))
+        rates = sorted(tried)
+        side = "up" if best[label] == rates[-1] else "down" if best[label] == rates[0] else None
+        if not extend or side is None or len(rates) < 2:
+          break
+        if extensions[side] >= max_extensions:
+          notes.append(
+            f"{label}: {best[label]:g} is still the {'top' if side == 'up' else 'bottom'} after "
+            f"{max_extensions} extensions"
+          )
+          break
+        ratio = rates[-1] / rates[-2] if side == "up" else rates[1] / rates[0]
+        beyond = float(f"{(rates[-1] * ratio if side == 'up' else rates[0] / ratio):.3g}")
+        extensions[side] += 1
+        tried[beyond] = score(label, strategy, options, beyond)
+        if tried[beyond] is None:
+          notes.append(f"{label}: the extension to {beyond:g} is not in the store yet")
+          del tried[beyond]
+          break
+        if side == "up" and tried[beyond]["diverged"]:
+          notes.append(f"{label}: {best[label]:g} is the top; the next rate, {beyond:g}, diverged")
+          break
+      if extensions["up"] or extensions["down"]:
+        notes.append(f"{label}: grid extended to {min(tried):g}-{max(tried):g}, pick {best[label]:g}")
 
-    def shown(a: float | None, bold: bool) -> str:
-      if a is None:
+    columns = sorted({r for tried in scores.values() for r in tried})
+
+    def shown(label: str, rate: float) -> str:
+      if rate not in scores[label]:
+        return ""
+      r = scores[label][rate]
+      if r is None:
         return "missing"
-      if a < 0:
+      if r["diverged"]:
         return "diverged"
-      return f"**{100 * a:.2f}**" if bold else f"{100 * a:.2f}"
+      text = f"{100 * r['accuracy']:.2f}"
+      if objective == "time":
+        text = (f"{r['time']:.4g} s" if r["time"] is not None else "not reached") + f" ({text})"
+      return f"**{text}**" if rate == best[label] else text
 
-    rows = [[label] + [shown(a[r], r == best[label]) for r in grid] for label, a in accuracy.items()]
-    return best, table(["strategy", *[f"lr {r:g}" for r in grid]], rows)
+    rows = [[label] + [shown(label, rate) for rate in columns] for label in scores]
+    text = table(["strategy", *[f"lr {r:g}" for r in columns]], rows)
+    if objective == "time":
+      text += (
+        "\n\nEach cell: the time to the target (a crossing that holds), final test accuracy % in brackets."
+      )
+    if notes:
+      text += "\n\nGrid extensions: " + "; ".join(notes) + "."
+    return best, text
 
   def elapsed(self) -> str:
     seconds = int(time.perf_counter() - self.started)

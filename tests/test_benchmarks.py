@@ -291,6 +291,49 @@ def test_a_benchmark_reruns_from_its_store_and_reports_from_it_alone(tmp_path, c
   assert _body((results / "ormo_table.md").read_text()) == _body(markdown)  # the same runs again
 
 
+def test_tuning_extends_a_pick_at_the_edge_until_it_is_interior_or_the_rate_beyond_diverges(tmp_path):
+  """The tuning logic on made-up outcomes per rate (the real runs are the tiny benchmarks' above)."""
+  import math
+  import types
+
+  args = _harness.parser("").parse_args(["--size", "tiny", "--results-dir", str(tmp_path)])
+  bench = _harness.Benchmark("made_up", "Made up", args, [], seeds=1)
+  outcomes = {  # rate -> (final accuracy or None for diverged, time to the target or None)
+    "peak": lambda r: (0.9 - abs(math.log10(r) + 1.5) / 10, None),  # best near 0.03: one step beyond
+    "diverges": lambda r: (None, None) if r > 0.02 else (0.5 + r, None),  # better and better, then diverges
+    "low": lambda r: (0.9 - r, None),  # always better lower: capped after 3 extensions
+    "fast": lambda r: (0.8, 1 / r) if r <= 0.01 else (0.85, None),  # the fastest reaches; beyond, never
+  }
+  ran = []
+
+  def run(config, strategy, *, setting, label, options, seeds, evaluations):
+    rate = options["learning_rate"]
+    ran.append((strategy, rate))
+    accuracy, to_target = outcomes[strategy](rate)
+    summary = {"final_accuracy": accuracy, "diverged": accuracy is None, "time_to_target_held": to_target}
+    return _harness.Cell(label, [types.SimpleNamespace(summary=summary)], "")
+
+  bench.run = run
+  config = bench.config("quickstart", [])
+  grid = (0.001, 0.003, 0.01)
+  best, text = bench.tune(config, {s: (s, {}) for s in ("peak", "diverges", "low")}, grid, extend=True)
+  assert best == {"peak": 0.0333, "diverges": 0.01, "low": 3.7e-05}
+  assert [r for s, r in ran if s == "peak"] == [0.001, 0.003, 0.01, 0.0333, 0.111]
+  assert [r for s, r in ran if s == "low"] == [0.001, 0.003, 0.01, 0.000333, 0.000111, 3.7e-05]
+  assert "diverges: 0.01 is the top; the next rate, 0.0333, diverged" in text
+  assert "low: 3.7e-05 is still the bottom after 3 extensions" in text
+  header = tables(text)[0][0]
+  assert header[0] == "strategy" and len(header) == 1 + 8  # every rate any strategy ran
+  row = next(r for r in tables(text)[0] if r[0] == "diverges")
+  assert row[header.index("lr 0.0333")] == "diverged" and row[header.index("lr 0.01")] == "**51.00**"
+  fast, text = bench.tune(config, {"fast": ("fast", {})}, grid, objective="time", extend=True)
+  assert fast == {"fast": 0.01} and "**100 s (80.00)**" in text and "not reached (85.00)" in text
+  unextended, _ = bench.tune(config, {"low": ("low", {})}, grid)
+  assert unextended == {"low": 0.001}
+  with pytest.raises(ValueError, match="objective='speed'"):
+    bench.tune(config, {}, grid, objective="speed")
+
+
 def test_holm_adjusts_a_family_of_p_values():
   # m = 4: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; max(0.06, 0.04 x 1) = 0.06.
   assert _harness.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])

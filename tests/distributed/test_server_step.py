@@ -95,3 +95,27 @@ def test_waiting_workers_are_released_when_only_lost_ones_could_release_them():
   assert float(released.idle[0]) == pytest.approx(3.0)  # waited from 2 s to 5 s
   rejoined = server_step.join(released, 1)
   assert bool(rejoined.live[1]) and int(rejoined.pulled_version[1]) == int(rejoined.version)
+
+
+@pytest.mark.parametrize("fresh_staleness, waits", [(0, False), (1, True), (None, True)])
+def test_adaptive_k_dispatch_follows_the_rules_reading_of_fresh(fresh_staleness, waits):
+  """Identical gradients release at k = 2. Workers 0 and 1 release step 0; worker 2, still on step 0,
+  arrives at step 1: stale by default (answered at once, merged into the next release), fresh with one
+  step of slack or with every arrival fresh (it waits for the release and counts toward its k)."""
+  _, params, _ = problem(3)
+  strategy = jaxsync.strategies.make("adaptive_k", 3, fresh_staleness=fresh_staleness)
+  state, step, _ = _server(strategy, params)
+  grad = ravel_pytree(jax.tree.map(jnp.ones_like, params))[0]
+
+  def push(state, worker, t):
+    nan = jnp.float32(jnp.nan)
+    return step(state, jnp.int32(worker), grad, jnp.bool_(True), jnp.float32(1.0), nan, jnp.float32(t))
+
+  first = push(state, 0, 1.0)
+  assert not bool(first.send.any()) and bool(first.state.waiting[0])
+  second = push(first.state, 1, 2.0)
+  np.testing.assert_array_equal(np.asarray(second.send), [True, True, False])
+  assert int(second.state.version) == 1 and int(second.state.pulled_version[2]) == 0
+  third = push(second.state, 2, 3.0)
+  assert bool(third.send[2]) != waits and bool(third.state.waiting[2]) == waits
+  assert int(third.state.rule_state[0].fresh_count) == int(waits)

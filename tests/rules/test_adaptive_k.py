@@ -95,6 +95,32 @@ def test_progressive_momentum_merges_stale_gradients_with_their_weight():
   assert int(states[4].stale_count) == 0 and int(states[4].count) == 2
 
 
+def test_which_gradients_are_fresh_is_an_option():
+  """The same arrivals as above under the other readings: g3 (computed on step 0, arriving at S = 1) counts
+  toward k with fresh_staleness=1 or None, so it releases with g4; with None even a gradient of step 0 at
+  S = 2 does, and the stale path is never used."""
+  gamma = 0.5
+  rng = np.random.default_rng(2)
+  g1, g2, g3, g4, g5 = rng.normal(size=(5, 3)).astype(np.float32)
+  arrivals = [(g1, 0), (g2, 0), (g3, 0), (g4, 1), (g5, 1)]
+  mc0 = (g1 + g2) / 2
+  for slack in (1, None):
+    outs, states = feed(jaxsync.adaptive_k(momentum=gamma, max_k=2, fresh_staleness=slack), arrivals, jnp.zeros(3))
+    np.testing.assert_allclose(outs[1], mc0, rtol=1e-6)
+    assert int(states[2].fresh_count) == 1 and int(states[2].stale_count) == 0  # g3 is fresh at S = 1
+    mc1 = gamma * mc0 + (g3 + g4) / 2  # g3 undiscounted: a member of F, not of R
+    np.testing.assert_allclose(outs[3], mc1, rtol=1e-5, atol=1e-6)
+    assert bool(states[3].released) and int(states[3].count) == 2
+    # g5 (step 1) at S = 2: fresh under both readings; a gradient of step 0 at S = 2 only under None.
+    assert int(states[4].fresh_count) == 1
+  late = [(g1, 0), (g2, 0), (g3, 1), (g4, 1), (g5, 0)]
+  for slack, fresh in ((0, 0), (1, 0), (None, 1)):
+    _, states = feed(jaxsync.adaptive_k(momentum=gamma, max_k=2, fresh_staleness=slack), late, jnp.zeros(3))
+    assert (int(states[-1].fresh_count), int(states[-1].stale_count)) == (fresh, 1 - fresh), slack
+  with pytest.raises(ValueError, match=r"fresh_staleness.*-1.*an integer >= 0"):
+    jaxsync.adaptive_k(fresh_staleness=-1)
+
+
 def test_stale_weight_is_gamma_to_the_staleness():
   gamma = 0.5
   g = np.ones(2, np.float32)

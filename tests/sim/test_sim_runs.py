@@ -80,6 +80,18 @@ def test_adaptive_k_records_k_over_time_and_bb_learning_rates():
   assert np.isnan(plain.step_size).all()
 
 
+def test_adaptive_k_readings_of_fresh_decide_how_many_updates_it_makes():
+  """Fresh = computed on the current step: after a release only the k released workers hold it, so the
+  server releases about once per compute time, G/K updates. One step of slack, or every arrival fresh,
+  lets the tests release every ~k arrivals: more updates at the same small k."""
+  updates, ks = {}, {}
+  for slack in (0, 1, None):
+    _, h, _ = simulate("adaptive_k", K, events=400, options={"fresh_staleness": slack, "learning_rate": 0.02})
+    updates[slack], ks[slack] = h.updates, float(h.k[h.released].mean())
+  assert updates[0] <= 400 // K + 1 < updates[1] < updates[None]
+  assert updates[None] > 2 * updates[0] and all(2 <= k <= 4 for k in ks.values()), (updates, ks)
+
+
 def test_sixty_four_workers_long_run():
   k = 64
   time = jaxsync.sim.TimeModel(num_workers=k, slow_fraction=0.25, slowdown=4.0)

@@ -80,6 +80,7 @@ def adaptive_k(
   confidence: float = 0.95,
   ci_endpoint: str = "upper",
   max_k: int | None = None,
+  fresh_staleness: int | None = 0,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Adaptive k-synchronization: wait for just enough fresh gradients, then take one momentum step.
 
@@ -93,8 +94,9 @@ def adaptive_k(
   passed) every gradient is fresh and it is SGD with momentum on an adaptive
   batch: each step averages as many batches as the tests ask for, up to ``max_k``.
 
-  With ``F`` the fresh gradients buffered for the current server version ``S``,
-  ``k = |F|``, ``g_bar`` their mean, ``V = 1/(k-1) sum_i |g_i - g_bar|^2`` and
+  With ``F`` the fresh gradients buffered for the current server version ``S``
+  (those computed on a version ``j`` with ``S - j <= fresh_staleness``; by
+  default only on ``S`` itself), ``k = |F|``, ``g_bar`` their mean, ``V = 1/(k-1) sum_i |g_i - g_bar|^2`` and
   ``s_j^2`` the per-coordinate sample variance (``sum_j s_j^2 = V``), the two
   tests after each fresh arrival are
 
@@ -131,7 +133,13 @@ def adaptive_k(
   end, ``max(|g_bar_j| - h_j, 0)``, so that Test 2 can fail. Stale gradients
   are divided by the current ``k``. Both are argued in the Algorithms page of
   the jaxsync documentation, sections '11a. Adaptive k: the two error-bound
-  tests' and '11b. Distributed progressive momentum'.
+  tests' and '11b. Distributed progressive momentum'. Which gradients are
+  "fresh" the paper leaves open: ``fresh_staleness=0`` (computed on the
+  current step; after a release only the ``k`` released workers hold it, so
+  the server makes about one update per compute time), ``1`` (the current or
+  the previous step) or ``None`` (the first arrivals after a release,
+  whatever their version: no gradient goes to the stale path). Section '11e.
+  Which gradients are fresh' weighs them against measurements.
 
   Extra args of ``update``: ``version`` (int32 scalar, optional: the server
   version the gradient was computed on; omitted, the gradient is fresh) and
@@ -149,6 +157,8 @@ def adaptive_k(
     ci_endpoint: ``"upper"`` (paper text) or ``"lower"`` (cautious).
     max_k: the largest ``k``; a release is forced when it is reached.
       ``None``: bounded by the ``num_live_workers`` extra arg only.
+    fresh_staleness: the largest staleness ``S - j`` at which a gradient
+      counts as fresh (an integer >= 0, default 0); ``None``: every gradient.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is an
@@ -193,6 +203,8 @@ def adaptive_k(
     max_k = validation.check_static_int(_RULE, "max_k", max_k)
   elif max_k is not None:
     max_k = validation.check_int(_RULE, "max_k", max_k, array_ok=True)
+  if fresh_staleness is not None:
+    fresh_staleness = validation.check_int(_RULE, "fresh_staleness", fresh_staleness, low=0, array_ok=True)
   # Per-coordinate variances are needed by Test 2 with the lower endpoint only.
   per_coordinate_m2 = ci_endpoint == "lower"
   if per_coordinate_m2:  # only the lower endpoint evaluates the t-interval
@@ -239,7 +251,8 @@ def adaptive_k(
 
     def apply(accept, rejected):
       gamma_ = jnp.asarray(gamma, jnp.float32)
-      fresh = s == count
+      # §11e: fresh within ``fresh_staleness`` steps of the current one (None: every arrival).
+      fresh = jnp.asarray(True) if fresh_staleness is None else count - s <= fresh_staleness
       add_fresh = accept & fresh
       add_stale = accept & jnp.logical_not(fresh)
       # Buffers are reset lazily: after a release the counts are zero and the

@@ -35,6 +35,7 @@ from jaxsync._src.rules import contracts
 from jaxsync._src.sim.time_model import NetworkState, TimeModel
 from jaxsync._src.steps.arrival import (
   WorkerGradient,
+  counts_as_fresh,
   dispatch,
   elastic_center_arrival,
   elastic_worker_step,
@@ -452,7 +453,7 @@ class EventEngine:
     rejected = ~a.finite
     version = server.version + a.released.astype(jnp.int32)
     steps = workers.steps.at[worker].add(taken)
-    fresh = workers.pulled_version[worker] == server.version
+    fresh = counts_as_fresh(strategy, workers.pulled_version[worker], server.version)
     if elastic:
       send = (jnp.arange(num_workers) == worker) & a.communicates
       waiting = server.waiting

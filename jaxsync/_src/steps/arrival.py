@@ -281,6 +281,14 @@ def elastic_center_arrival(
   return optax.apply_updates(center, update), new_rule_state
 
 
+def counts_as_fresh(strategy: Strategy, pulled_version, version):
+  """Whether an arrival computed on ``pulled_version`` is fresh at server ``version`` for the dispatch: within
+  ``strategy.fresh_staleness`` steps of it (every arrival when that is None), the server rule's own reading."""
+  if strategy.fresh_staleness is None:
+    return jnp.asarray(True)
+  return version - pulled_version <= strategy.fresh_staleness
+
+
 def dispatch(strategy: Strategy, waiting, worker, steps, released, fresh, rejected):
   """Who gets the current parameters after ``worker``'s arrival, and who keeps waiting.
 
@@ -289,8 +297,8 @@ def dispatch(strategy: Strategy, waiting, worker, steps, released, fresh, reject
     waiting: ``bool[K]``, the server's waiting set ``C`` before the arrival.
     worker: the arriving worker.
     steps: ``int[K]``, gradients each worker computed, this one included (SSP's clocks).
-    released, fresh, rejected: the arrival released an update / was computed
-      on the current version / was rejected as non-finite.
+    released, fresh, rejected: the arrival released an update / counts as
+      fresh (:func:`counts_as_fresh`) / was rejected as non-finite.
 
   Returns:
     ``(send, waiting)``: ``bool[K]`` masks.

@@ -179,6 +179,8 @@ OPTION_MEANINGS: dict[str | tuple[str, str], str] = {
   "confidence": "the confidence level of the t-interval test that decides a release, in (0, 1)",
   "ci_endpoint": "which end of the confidence interval the test reads: upper (the paper) or lower (stricter)",
   "max_k": "the most gradients one release waits for (default: every live worker)",
+  "fresh_staleness": "how many steps old a gradient may be and still count toward k and wait for the"
+  " release: 0 (the current step), 1, ..., or null (every arrival)",
   "bb_step_size": "per-worker Barzilai-Borwein step sizes (workers scale their own gradients)",
   "bb_smoothing": "smoothing of the Barzilai-Borwein step sizes between steps, in (0, 1]",
   "bb_max_scale": "the largest Barzilai-Borwein step size, as a multiple of learning_rate",
@@ -835,6 +837,7 @@ def _adaptive_k(
   confidence=0.95,
   ci_endpoint="upper",
   max_k=None,
+  fresh_staleness=0,
   bb_step_size=False,
   bb_smoothing=0.1,
   bb_max_scale=barzilai_borwein.DEFAULT_MAX_SCALE,
@@ -850,6 +853,9 @@ def _adaptive_k(
   ``server_optimizer="adam"`` (or ``"rmsprop"``) applies that optimizer to
   each released aggregate instead of the progressive momentum's SGD step (the
   server-side optimizers of the paper's §3.6); it needs ``bb_step_size=False``.
+  ``fresh_staleness`` is which gradients count as fresh (see :func:`jaxsync.adaptive_k`):
+  0 (the default: computed on the current step), 1, ..., or ``None`` (every arrival);
+  the server's dispatch follows the same reading.
   """
   name = "adaptive_k"
   decay = _check_decay(name, weight_decay)
@@ -870,9 +876,16 @@ def _adaptive_k(
     max_k = validation.check_int(name, "max_k", max_k)
     if max_k > num_workers:
       raise validation.invalid(name, "max_k", max_k, f"None or an integer in [1, num_workers={num_workers}]")
+  if fresh_staleness is not None:
+    fresh_staleness = validation.check_int(name, "fresh_staleness", fresh_staleness, low=0)
   # Made here, not with the rate: it checks momentum, theta, confidence and ci_endpoint.
   server = adaptive_k_rule(
-    momentum=momentum, theta=theta, confidence=confidence, ci_endpoint=ci_endpoint, max_k=max_k or num_workers
+    momentum=momentum,
+    theta=theta,
+    confidence=confidence,
+    ci_endpoint=ci_endpoint,
+    max_k=max_k or num_workers,
+    fresh_staleness=fresh_staleness,
   )
   # An arrival: the gradient read, the fresh mean (or the stale sum) read and written, its squared
   # deviation summed in the same pass; a release: mean, stale sum, momentum (r+w), parameters (r+w).
@@ -890,6 +903,7 @@ def _adaptive_k(
       name,
       num_workers,
       dispatch=Dispatch.ON_RELEASE_FRESH,
+      fresh_staleness=fresh_staleness,
       rate_clock=RateClock.WORKER_STEPS,
       gradients_per_update=None,
       server_traffic=traffic,
@@ -904,6 +918,7 @@ def _adaptive_k(
     name,
     num_workers,
     dispatch=Dispatch.ON_RELEASE_FRESH,
+    fresh_staleness=fresh_staleness,
     gradients_per_update=None,
     server_traffic=ServerTraffic(traffic.arrival, traffic.release + extra),
   )

@@ -135,6 +135,10 @@ class Blueprint:
     dispatch: :class:`Dispatch`, who gets parameters after an async arrival.
     communication: :class:`Communication`, the cost model of an exchange.
     staleness_bound: SSP's ``s`` (``dispatch="ssp"`` only).
+    fresh_staleness: ``dispatch="on_release_fresh"`` only: the largest
+      staleness at which an arrival counts as fresh (waits for the release and
+      counts toward its ``k``); ``None``: every arrival. Equals the server
+      rule's own reading (adaptive k's ``fresh_staleness``).
     gradients_per_round: sync only: how many of the ``K`` gradients of a round
       are aggregated (the fastest ones); ``K`` for BSP.
     local_steps: ``"local"`` protocol: steps between model averages (sync),
@@ -167,6 +171,7 @@ class Blueprint:
   dispatch: Dispatch = Dispatch.IMMEDIATE
   communication: Communication = Communication.PARAMETER_SERVER
   staleness_bound: int | None = None
+  fresh_staleness: int | None = 0
   gradients_per_round: int | None = None
   local_steps: int = 1
   unit_local_steps: tuple[int, ...] | None = None

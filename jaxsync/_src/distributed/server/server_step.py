@@ -241,7 +241,7 @@ def arrive(
   # Gradients the push stands for: 1, or a local worker's local steps (its next data step follows them).
   taken = jnp.asarray(strategy.local_steps_per_unit, jnp.int32)[worker] if _local(strategy) else 1
   steps = s.steps.at[worker].add(taken)
-  fresh = s.pulled_version[worker] == s.version
+  fresh = arrival.counts_as_fresh(strategy, s.pulled_version[worker], s.version)
   # A lost worker holds no one back (SSP's slowest clock is among the live).
   clocks = jnp.where(s.live, steps, jnp.iinfo(jnp.int32).max)
   send, waiting = arrival.dispatch(strategy, s.waiting & s.live, worker, clocks, released, fresh, rejected)
