@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import datetime
+import json
 import os
 import pathlib
 import platform
@@ -170,6 +171,7 @@ class Benchmark:
     self.store = _store.RunStore(self.results_dir / f"{name}_runs.jsonl") if self.seeds else None
     self.used_keys: set[str] = set()  # the store's runs this report is made of
     self.missing: list[str] = []  # "setting | label | seed" of each run the store lacks (--report-only)
+    self.verdicts: list[Verdict] = []
 
   # -- running ---------------------------------------------------------------------------------------
 
@@ -395,6 +397,11 @@ class Benchmark:
 
   # -- writing ---------------------------------------------------------------------------------------
 
+  def verdict(self, verdict: Verdict) -> None:
+    """Records a claim's verdict: written as the results file's verdict table and as ``<name>_verdicts.json``,
+    which the Results page's table is generated from."""
+    self.verdicts.append(verdict)
+
   def section(self, heading: str, text: str) -> None:
     """A ``## heading`` and its text (a table, notes) in the results file, in order."""
     self.sections.append(f"## {heading}\n\n{text.strip()}\n")
@@ -470,6 +477,29 @@ class Benchmark:
         " tables say `missing` for them, and every verdict and finding below reads only the runs present."
         f" Run `python benchmarks/{self.name}.py` with the same arguments, without `--report-only`, to add them."
       )
+    if self.verdicts:
+      rows = [
+        [
+          v.claim,
+          v.verdict + (" (**budget-sensitive**)" if v.budget_sensitive else ""),
+          v.evidence,
+          v.budget,
+          v.seeds,
+          v.picks,
+          "-" if v.at_half is None else v.at_half,
+        ]
+        for v in self.verdicts
+      ]
+      self.sections.insert(
+        0,
+        "## Verdicts\n\n"
+        + table(
+          ["claim", "verdict", "evidence", "budget", "seeds", "learning rates", "at half the budget"], rows
+        )
+        + "\n\nA verdict that differs at half the budget (same picks, same seeds) is marked budget-sensitive.\n",
+      )
+      records = [{**dataclasses.asdict(v), "budget_sensitive": v.budget_sensitive} for v in self.verdicts]
+      (self.results_dir / f"{self.name}_verdicts.json").write_text(json.dumps(records, indent=1) + "\n")
     lines += ["", *self.sections]
     if self.plots:
       lines += ["## Plots", ""]
@@ -485,6 +515,54 @@ def gradients_to(history, accuracy: float) -> int | None:
   ``accuracy`` (the crossing that holds), else None (an asynchronous run: one event per gradient)."""
   i = crossing(history.eval_metrics["accuracy"], accuracy, holds=True)
   return None if i is None else int(history.eval_event[i])
+
+
+@dataclasses.dataclass
+class Verdict:
+  """One paper claim decided: the words the Results page shows, and what they rest on.
+
+  ``budget`` (the run's length, e.g. "10 epochs"), ``seeds`` (per cell), ``picks`` (each method's tuned
+  learning rate, with whether it is interior), ``at_half`` (the verdict the same cells give at half the
+  budget; a different one marks the claim budget-sensitive)."""
+
+  paper: str
+  claim: str
+  verdict: str
+  evidence: str
+  budget: str
+  seeds: str
+  picks: str
+  at_half: str | None = None
+
+  @property
+  def budget_sensitive(self) -> bool:
+    return self.at_half is not None and self.at_half != self.verdict
+
+
+def welch(a: list[float | None], b: list[float | None]) -> dict[str, float]:
+  """Mean difference ``a - b``, its standard error and Welch's two-sided p over the seeds both have
+  values for (NaN where fewer than 2 each)."""
+  from scipy import stats
+
+  x = np.asarray([v for v in a if v is not None and np.isfinite(v)], float)
+  y = np.asarray([v for v in b if v is not None and np.isfinite(v)], float)
+  if len(x) < 2 or len(y) < 2:
+    diff = float(x.mean() - y.mean()) if len(x) and len(y) else float("nan")
+    return {"diff": diff, "se": float("nan"), "p": float("nan")}
+  se = float(np.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y)))
+  p = float(stats.ttest_ind(x, y, equal_var=False).pvalue) if se > 0 else float("nan")
+  return {"diff": float(x.mean() - y.mean()), "se": se, "p": p}
+
+
+def too_close(a: Cell, b: Cell, key: str) -> bool:
+  """Whether two cells' means of ``key`` lie within two standard deviations of each other (the larger
+  of the two std's): such a pair gets 5 seeds instead of 3."""
+  x = [v for v in a.values(key) if v is not None and np.isfinite(v)]
+  y = [v for v in b.values(key) if v is not None and np.isfinite(v)]
+  if len(x) < 2 or len(y) < 2:
+    return False
+  spread = max(float(np.std(x, ddof=1)), float(np.std(y, ddof=1)))
+  return abs(float(np.mean(x)) - float(np.mean(y))) < 2 * spread
 
 
 def holm(pvalues: list[float]) -> list[float]:
