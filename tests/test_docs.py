@@ -483,3 +483,36 @@ def test_a_number_the_results_file_lacks_is_caught():
     "| a | b | **partly**: 81.2 | [`x.md`](../benchmarks/results/x.md) |\n| c | d | e | same |"
   )
   assert rows == [("b", "**partly**: 81.2", ["x.md"]), ("d", "e", ["x.md"])]
+
+
+def _results_page():
+  import importlib
+  import sys
+
+  sys.path.insert(0, str(ROOT / "benchmarks"))
+  return importlib.import_module("results_page")
+
+
+def test_the_generated_verdicts_are_the_benchmarks_own():
+  """The Results page's generated table is exactly what the benchmarks' verdict files say."""
+  results_page = _results_page()
+  marked = results_page.MARKED.search((ROOT / "docs" / "results.md").read_text())
+  assert marked, "docs/results.md lost its '<!-- verdicts: generated -->' markers"
+  assert marked.group(2) == results_page.block(), "run `python benchmarks/results_page.py`"
+
+
+def test_a_verdict_file_becomes_rows_and_marks_a_budget_sensitive_claim(tmp_path):
+  import json
+
+  verdict = {
+    "paper": "P (2020)", "claim": "c", "verdict": "**reproduced**", "evidence": "1.5x | ASP", "budget": "10 epochs",
+    "seeds": "3-5", "picks": "ASP 0.01", "at_half": "**not reproduced**", "budget_sensitive": True,
+  }  # fmt: skip
+  (tmp_path / "bench_verdicts.json").write_text(json.dumps([verdict]))
+  results_page = _results_page()
+  (row,) = results_page.rows(tmp_path)
+  assert row == (
+    "| P (2020) | c | **reproduced** (**budget-sensitive**: at half the budget **not reproduced**) | 1.5x / ASP "
+    "| 10 epochs | 3-5 | ASP 0.01 | [`bench.md`](../benchmarks/results/bench.md) |"
+  )
+  assert results_page.block(tmp_path / "none").startswith("No benchmark has recorded")
