@@ -76,17 +76,20 @@ def summary(runs: pathlib.Path, *parts: str) -> dict:
 def test_ormo_table_tiny(tmp_path):
   markdown, results, runs = run_tiny("ormo_table", tmp_path)
   assert assert_commands_reproduce_runs(markdown, runs) >= 1
-  grid, main = tables(markdown)[:2]
-  # Each rule tuned on the same grid on the held-out seed; its best rate (bold) is the one its cells ran.
-  assert grid[0] == ["strategy", "lr 0.02", "lr 0.05"] and [r[0] for r in grid[1:]] == ["ASGD", "OrMo"]
-  for row in grid[1:]:
-    (bold,) = [i for i, cell in enumerate(row[1:]) if cell.startswith("**")]
-    rule = {"ASGD": "asp", "OrMo": "ormo"}[row[0]]
-    ran = summary(runs, "lr_grid", f"{row[0]}_lr_{[0.02, 0.05][bold]:g}", "seed100")
-    assert row[1 + bold] == f"**{100 * ran['final_accuracy']:.2f}**"
-    cell = yaml.safe_load((runs / "8_het." / row[0] / "seed0" / "config.yaml").read_text())
-    assert cell["strategy"]["options"]["learning_rate"] == [0.02, 0.05][bold], rule
-  assert "## Verdicts" in markdown and "OrMo > ASGD" in markdown
+  verdict, grid4, grid8, main = tables(markdown)[:4]
+  # Each rule tuned per column on the same grid on the held-out seed; its best rate (bold) is the one it ran.
+  for column, grid in (("4_hom.", grid4), ("8_het.", grid8)):
+    assert grid[0] == ["strategy", "lr 0.02", "lr 0.05"] and [r[0] for r in grid[1:]] == ["ASGD", "OrMo"]
+    for row in grid[1:]:
+      (bold,) = [i for i, cell in enumerate(row[1:]) if cell.startswith("**")]
+      rate = [0.02, 0.05][bold]
+      ran = summary(runs, f"lr_grid_{column}", f"{row[0]}_lr_{rate:g}", "seed100")
+      assert row[1 + bold] == f"**{100 * ran['final_accuracy']:.2f}**"
+      cell = yaml.safe_load((runs / column / row[0] / "seed0" / "config.yaml").read_text())
+      assert cell["strategy"]["options"]["learning_rate"] == rate
+  assert verdict[1][0].startswith("accuracy order")
+  assert verdict[1][3] == "4 hom. 240 gradients, 8 het. 240 gradients"
+  assert json.loads((results / "ormo_table_verdicts.json").read_text())[0]["at_half"] == verdict[1][6]
   assert main[0] == ["rule", "4 hom.", "8 het."] and [r[0] for r in main[1:]] == ["ASGD", "OrMo"]
   for row in main[1:]:
     for cell in row[1:]:
@@ -95,6 +98,8 @@ def test_ormo_table_tiny(tmp_path):
   s = summary(runs, "8_het.", "OrMo", "seed0")
   assert main[2][2] == f"{s['final_train_loss']:.3f} / {100 * s['final_accuracy']:.2f}"
   assert s["events"] == 240 and s["final_accuracy"] > 0.5  # OrMo learns digits in 240 MLP steps
+  assert summary(runs, "8_het._0.5_of_the_budget", "OrMo", "seed0")["events"] == 120
+  assert "p (Holm)" in markdown
   assert len(list((results / "ormo_table").glob("*.png"))) == 1
 
 
@@ -275,15 +280,14 @@ def test_a_benchmark_reruns_from_its_store_and_reports_from_it_alone(tmp_path, c
   store = results / "ormo_table_runs.jsonl"
   lines = store.read_text().splitlines()
   entries = [json.loads(line) for line in lines]
-  assert (
-    len(entries) == 8 and len({e["key"] for e in entries}) == 8
-  )  # 2 rules x 2 rates + 2 rules x 2 columns
+  # Per column: 2 rules x 2 rates to tune, 2 cells, 2 cells at half the budget.
+  assert len(entries) == 16 and len({e["key"] for e in entries}) == 16
   cell = next(e for e in entries if e["setting"] == "8 het." and e["label"] == "OrMo")
   assert cell["summary"] == summary(runs, "8_het.", "OrMo", "seed0")
   assert cell["evals"]["metrics"]["accuracy"][-1] == pytest.approx(
     cell["summary"]["final_accuracy"], rel=1e-5
   )
-  assert re.search(r"- Results store: `.*ormo_table_runs.jsonl` \(8 of its 8 runs", markdown)
+  assert re.search(r"- Results store: `.*ormo_table_runs.jsonl` \(16 of its 16 runs", markdown)
 
   module = importlib.import_module("ormo_table")
   argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "elsewhere")]

@@ -105,7 +105,9 @@ def test_which_gradients_are_fresh_is_an_option():
   arrivals = [(g1, 0), (g2, 0), (g3, 0), (g4, 1), (g5, 1)]
   mc0 = (g1 + g2) / 2
   for slack in (1, None):
-    outs, states = feed(jaxsync.adaptive_k(momentum=gamma, max_k=2, fresh_staleness=slack), arrivals, jnp.zeros(3))
+    outs, states = feed(
+      jaxsync.adaptive_k(momentum=gamma, max_k=2, fresh_staleness=slack), arrivals, jnp.zeros(3)
+    )
     np.testing.assert_allclose(outs[1], mc0, rtol=1e-6)
     assert int(states[2].fresh_count) == 1 and int(states[2].stale_count) == 0  # g3 is fresh at S = 1
     mc1 = gamma * mc0 + (g3 + g4) / 2  # g3 undiscounted: a member of F, not of R
