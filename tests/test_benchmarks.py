@@ -250,24 +250,38 @@ def test_server_bound_tiny(tmp_path):
 
 
 def test_adaptive_k_regimes_tiny(tmp_path):
-  markdown, _, runs = run_tiny("adaptive_k_regimes", tmp_path)
+  markdown, results, runs = run_tiny("adaptive_k_regimes", tmp_path)
   assert assert_commands_reproduce_runs(markdown, runs) == 2
-  grid, main = tables(markdown)
-  assert [r[0] for r in grid[1:]] == ["ASP", "adaptive k"]
+  verdict, grid, main = tables(markdown)
+  assert [r[0] for r in grid[1:]] == ["ASP", "adaptive k", "adaptive k, every arrival fresh"]
   assert [(r[0], r[1], r[2]) for r in main[1:]] == [("4", "98 MB", "free"), ("4", "98 MB", "3GB/s")]
   free, slow = main[1], main[2]
   # The load: 4 workers offer 4 / 0.86 gradients/s; ASP's server takes one per 7.84 ms through its
   # interface plus, at 3 GB/s, 3 x 98 MB of memory traffic (98 ms).
   assert float(free[3]) == pytest.approx(4 / 0.86 * 7.84e-3, abs=0.01)
   assert float(slow[3]) == pytest.approx(4 / 0.86 * (7.84e-3 + 0.098), abs=0.01)
-  asp = summary(runs, "4_workers_98_MB_server_3GB_s", "ASP", "seed0")
-  ak = summary(runs, "4_workers_98_MB_server_3GB_s", "adaptive_k", "seed0")
-  assert slow[12] == f"{asp['final_accuracy']:.3f} / {ak['final_accuracy']:.3f}"
+  point = "4_workers_98_MB_server_3GB_s"
+  asp = summary(runs, point, "ASP", "seed0")
+  ak = summary(runs, point, "adaptive_k", "seed0")
+  every = summary(runs, point, "adaptive_k_every_arrival_fresh", "seed0")
+  assert (
+    slow[12] == f"{asp['final_accuracy']:.3f} / {ak['final_accuracy']:.3f} / {every['final_accuracy']:.3f}"
+  )
   if asp["time_to_target_held"] and ak["time_to_target_held"]:
     assert slow[13] == f"{asp['time_to_target_held'] / ak['time_to_target_held']:.2f}x"
+  assert asp["gradients"] == 300  # 75 per worker
   # The tests' k (fresh gradients per release) is at most the gradients an update combines.
   assert 2 <= float(slow[7]) <= float(slow[8]) <= 4
   assert float(slow[6].rstrip("x")) < 1  # server-bound: adaptive k pays 3 + 6/k arrays a gradient, ASP 3
+  assert [r[0].split(" beats")[0] for r in verdict[1:]] == [
+    "where adaptive k",
+    "where adaptive k, every arrival fresh",
+  ]
+  assert all(
+    r[1].split(" (")[0] in ("**nowhere**", "**at some settings**", "**everywhere**") for r in verdict[1:]
+  )
+  assert len(json.loads((results / "adaptive_k_regimes_verdicts.json").read_text())) == 2
+  assert summary(runs, f"{point}_0.5_of_the_budget", "ASP", "seed0")["gradients"] == 150
   assert "adaptive_k_regimes/speedup_map.png" in markdown
 
 
