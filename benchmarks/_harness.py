@@ -494,9 +494,11 @@ class Benchmark:
         0,
         "## Verdicts\n\n"
         + table(
-          ["claim", "verdict", "evidence", "budget", "seeds", "learning rates", "at half the budget"], rows
+          ["claim", "verdict", "evidence", "budget", "seeds", "learning rates", "at half the budget"],
+          rows,
+          text=True,
         )
-        + "\n\nA verdict that differs at half the budget (same picks, same seeds) is marked budget-sensitive.\n",
+        + "\n\nA verdict that differs at half the budget (the same picks) is marked budget-sensitive.\n",
       )
       records = [{**dataclasses.asdict(v), "budget_sensitive": v.budget_sensitive} for v in self.verdicts]
       (self.results_dir / f"{self.name}_verdicts.json").write_text(json.dumps(records, indent=1) + "\n")
@@ -590,12 +592,13 @@ def smega2_schedule(epochs: float) -> list[str]:
   ]
 
 
-def table(header: list[str], rows: list[list[str]]) -> str:
-  """A markdown table; the first column left-aligned, the others right-aligned."""
+def table(header: list[str], rows: list[list[str]], *, text: bool = False) -> str:
+  """A markdown table; the first column left-aligned, the others right-aligned (numbers), or every column
+  left-aligned with ``text``."""
   for row in rows:
     if len(row) != len(header):
       raise ValueError(f"table: a row has {len(row)} cells, the header {len(header)}: {row}")
-  lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+  lines = ["| " + " | ".join(header) + " |", "|---|" + ("---|" if text else "---:|") * (len(header) - 1)]
   lines += ["| " + " | ".join(row) + " |" for row in rows]
   return "\n".join(lines)
 

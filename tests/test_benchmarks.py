@@ -395,6 +395,66 @@ def test_tuning_extends_a_pick_at_the_edge_until_it_is_interior_or_the_rate_beyo
     bench.tune(config, {}, grid, objective="speed")
 
 
+def test_the_store_keeps_a_run_as_the_report_reads_it(tmp_path):
+  """A run's line: its config's key, its summary as is, evaluations to 6 significant digits (NaN kept),
+  evenly thinned events that end at the last one, per-worker totals and the benchmark's measures."""
+  import dataclasses
+
+  from jaxsync._src.app import config as config_lib
+  from jaxsync._src.interface.history import History
+  from jaxsync._src.train import training
+
+  _store = importlib.import_module("_store")
+  n = 1000
+  history = History(
+    time=np.arange(1, n + 1) / 3.0,
+    worker=np.arange(n) % 4,
+    staleness=np.arange(n) % 3,
+    version=np.arange(1, n + 1),
+    released=np.arange(n) % 2 == 0,
+    k=np.full(n, 2),
+    loss=np.linspace(2.0, 0.5, n),
+    rejected=np.zeros(n, bool),
+    step_size=np.full(n, np.nan),
+    eval_time=np.asarray([0.0, 100.123456789, 333.3333333]),
+    eval_version=np.asarray([0, 300, 1000]),
+    eval_event=np.asarray([0, 300, 1000]),
+    eval_metrics={"accuracy": np.asarray([0.1, 0.8123456789, np.nan])},
+    worker_steps=np.asarray([250, 250, 250, 250]),
+    worker_used=np.asarray([250, 250, 250, 250]),
+    worker_idle=np.asarray([0.5, 0.25, 0.0, 1 / 3]),
+    bytes_moved=1.5e9,
+    bytes_moved_intra=0.0,
+    rejected_count=0,
+  )
+  summary = {"final_accuracy": float("nan"), "updates": n, "target": {"metric": "accuracy", "value": 0.8}}
+  config = config_lib.load(BENCHMARKS.parent / "configs" / "quickstart.yaml")
+  store = _store.RunStore(tmp_path / "x_runs.jsonl")
+  kept = store.add(
+    config,
+    training.RunResult(None, history, summary, tmp_path),
+    setting="s",
+    label="l",
+    code="abc",
+    measures={"k": np.float32(2.5)},
+    event_rows=10,
+  )
+  again = _store.RunStore(tmp_path / "x_runs.jsonl").find(config)
+  for result in (kept, again):
+    h = result.history
+    assert len(h.time) == 10 and h.time[-1] == pytest.approx(n / 3, rel=1e-6) and h.version[-1] == n
+    assert h.updates == n and h.eval_time[1] == 100.123 and h.eval_metrics["accuracy"][1] == 0.812346
+    assert np.isnan(h.eval_metrics["accuracy"][2]) and np.isnan(result.summary["final_accuracy"])
+    assert result.summary["target"] == {"metric": "accuracy", "value": 0.8} and result.run_dir is None
+    assert list(h.worker_steps) == [250] * 4 and h.worker_idle[3] == 0.333333 and h.bytes_moved == 1.5e9
+  assert _store.RunStore(tmp_path / "x_runs.jsonl").measures(config) == {"k": 2.5}
+  other = dataclasses.replace(config, seed=config.seed + 1)
+  assert _store.config_key(other) != _store.config_key(config) and store.find(other) is None
+  assert _store.config_key(
+    config_lib.load(BENCHMARKS.parent / "configs" / "quickstart.yaml")
+  ) == _store.config_key(config)
+
+
 def test_holm_adjusts_a_family_of_p_values():
   # m = 4: 0.005 x 4 = 0.02; 0.01 x 3 = 0.03; 0.03 x 2 = 0.06; max(0.06, 0.04 x 1) = 0.06.
   assert _harness.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
