@@ -402,6 +402,23 @@ class Benchmark:
     which the Results page's table is generated from."""
     self.verdicts.append(verdict)
 
+  def decided(self, paper: str, full: dict, half: dict, *, budget: str, seeds, picks) -> None:
+    """Records every claim of ``full`` (``{claim: (verdict, evidence, *what it rests on)}``) with its verdict
+    at half the budget from ``half``; ``seeds`` and ``picks`` are text, or functions of ``(claim, rests)``."""
+    for claim, (verdict, evidence, *rests) in full.items():
+      self.verdict(
+        Verdict(
+          paper,
+          claim,
+          verdict,
+          evidence,
+          budget,
+          seeds(claim, rests) if callable(seeds) else seeds,
+          picks(claim, rests) if callable(picks) else picks,
+          half[claim][0] if claim in half else None,
+        )
+      )
+
   def section(self, heading: str, text: str) -> None:
     """A ``## heading`` and its text (a table, notes) in the results file, in order."""
     self.sections.append(f"## {heading}\n\n{text.strip()}\n")
@@ -539,6 +556,18 @@ class Verdict:
   @property
   def budget_sensitive(self) -> bool:
     return self.at_half is not None and self.at_half != self.verdict
+
+
+def seed_range(cells) -> str:
+  """The seeds per cell over ``cells``: ``"3"``, or ``"3-5"`` when some got more."""
+  counts = sorted({len(c.results) for c in cells})
+  return "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)) if counts else "0"
+
+
+def picks_text(objective: str, picks: dict[tuple[str, str], float]) -> str:
+  """``{(column, label): rate}`` in words, saying what the rates were tuned on."""
+  what = "the time to the target" if objective == "time" else "final accuracy"
+  return f"tuned on {what}: " + "; ".join(f"{column} {label} {r:g}" for (column, label), r in picks.items())
 
 
 def welch(a: list[float | None], b: list[float | None]) -> dict[str, float]:

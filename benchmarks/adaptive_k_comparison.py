@@ -240,25 +240,20 @@ def main(argv: list[str]) -> int:
   }
   full = decide(cells, target, bench.seeds)
   half = decide(half_cells, target, bench.seeds)
-  for claim, (verdict, evidence, labels) in full.items():
-    picks = "; ".join(
+
+  def picks(claim, rests):
+    (labels,) = rests
+    return "; ".join(
       f"{network}: "
       + ", ".join(f"{label} {rates[network][label]:g}" for label in labels if label in rates[network])
       for network in networks
     )
-    seeds = sorted({len(cells[n][label].results) for n in networks for label in labels if label in cells[n]})
-    bench.verdict(
-      _harness.Verdict(
-        PAPER_NAME,
-        claim,
-        verdict,
-        evidence,
-        budget,
-        "-".join(map(str, (seeds[0], seeds[-1]) if len(seeds) > 1 else seeds)) if seeds else "0",
-        picks,
-        half[claim][0] if claim in half else None,
-      )
-    )
+
+  def seeds(claim, rests):
+    (labels,) = rests
+    return _harness.seed_range([cells[n][label] for n in networks for label in labels if label in cells[n]])
+
+  bench.decided(PAPER_NAME, full, half, budget=budget, seeds=seeds, picks=picks)
   bench.section("What the paper reports", PAPER)
   bench.compare_figure(
     "accuracy_vs_time",

@@ -240,13 +240,8 @@ def main(argv: list[str] | None = None) -> int:
   picks = "; ".join(
     f"{w} workers: " + ", ".join(f"{label} {r:g}" for label, r in rates[w].items()) for w in rates
   )
-  for claim, (verdict, evidence) in full.items():
-    bench.verdict(
-      _harness.Verdict(
-        PAPER_NAME, claim, verdict, evidence, f"{PER_WORKER[args.size]} gradients per worker", str(bench.seeds),
-        picks, half[claim][0] if claim in half else None,
-      )
-    )  # fmt: skip
+  budget = f"{PER_WORKER[args.size]} gradients per worker"
+  bench.decided(PAPER_NAME, full, half, budget=budget, seeds=str(bench.seeds), picks=picks)
   bench.section("Commands (one run each)", _harness.code(commands[:2]))
   bench.figure("speedup_map", figure(found, WORKERS[size], MESSAGES[size], SERVERS[size]))
   bench.write()

@@ -329,27 +329,19 @@ def main(argv: list[str]) -> int:
     WORKERS[sweep_size],
     RATIOS[sweep_size],
   )
-  everything = [*part1.values(), *(c for cells in part2.values() for c in cells.values())]
-  counts = sorted({len(c.results) for c in everything})
-  for claim, (verdict, evidence, objective) in full.items():
-    chosen = {
+  seeds = _harness.seed_range([*part1.values(), *(c for cells in part2.values() for c in cells.values())])
+
+  def chosen(claim, rests):  # part 1's picks for part 1's claim, part 2's for the others
+    (objective,) = rests
+    part = {
       key: r for key, r in picks[objective].items() if (key[0] == column1) == claim.startswith("EA-wild is")
     }
-    bench.verdict(
-      _harness.Verdict(
-        PAPER_NAME,
-        claim,
-        verdict,
-        evidence,
-        f"{config.run.gradients} gradients"
-        if tiny
-        else f"{EPOCHS} epochs ({config.run.gradients} gradients)",
-        "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)),
-        f"tuned on {'the time to the target' if objective == 'time' else 'final accuracy'}: "
-        + "; ".join(f"{column} {label} {r:g}" for (column, label), r in chosen.items()),
-        half[claim][0] if claim in half else None,
-      )
-    )
+    return _harness.picks_text(objective, part)
+
+  budget = (
+    f"{config.run.gradients} gradients" if tiny else f"{EPOCHS} epochs ({config.run.gradients} gradients)"
+  )
+  bench.decided(PAPER_NAME, full, half, budget=budget, seeds=seeds, picks=chosen)
   bench.section("What the paper reports", PAPER)
   bench.figure("crossover", crossover_figure(part2, WORKERS[sweep_size], RATIOS[sweep_size], crossings))
   bench.compare_figure(

@@ -186,26 +186,20 @@ def main(argv: list[str]) -> int:
     run_cells(bench, config_name, half_base, picks["time"], fraction=0.5),
     run_cells(bench, config_name, half_base, picks["accuracy"], fraction=0.5),
   )
-  counts = sorted(
-    {len(c.results) for cells in (fast, accurate) for row in cells.values() for c in row.values()}
+  seeds = _harness.seed_range(
+    [c for cells in (fast, accurate) for row in cells.values() for c in row.values()]
   )
-  for claim, (verdict, evidence, objective) in full.items():
-    chosen = picks[objective]
-    bench.verdict(
-      _harness.Verdict(
-        PAPER_NAME,
-        claim,
-        verdict,
-        evidence,
-        f"{config.run.gradients} gradients"
-        if tiny
-        else f"{EPOCHS} epochs ({config.run.gradients} gradients)",
-        "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)),
-        f"tuned on {'the time to the target' if objective == 'time' else 'final accuracy'}: "
-        + "; ".join(f"{column} {label} {r:g}" for (column, label), r in chosen.items()),
-        half[claim][0] if claim in half else None,
-      )
-    )
+  budget = (
+    f"{config.run.gradients} gradients" if tiny else f"{EPOCHS} epochs ({config.run.gradients} gradients)"
+  )
+  bench.decided(
+    PAPER_NAME,
+    full,
+    half,
+    budget=budget,
+    seeds=seeds,
+    picks=lambda claim, rests: _harness.picks_text(rests[0], picks[rests[0]]),
+  )
   bench.section(
     "What the paper reports",
     'Only the abstract is public (docs/algorithms.md §15-§16): on Tianhe-2, InHAD achieves "much higher acceleration than'

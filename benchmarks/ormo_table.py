@@ -394,20 +394,9 @@ def main(argv: list[str]) -> int:
   half_cells = run_columns(bench, args, config_name, data_name, base, rules, best, fraction=0.5)
   half, _ = decide(half_cells, rules)
   picks = "; ".join(f"{c}: " + ", ".join(f"{NAMES[r]} {best[c][r]:g}" for r in rules) for c in cols)
-  counts = sorted({len(cells[c][r].results) for c in cols for r in rules})
-  for claim, (verdict, evidence) in full.items():
-    bench.verdict(
-      _harness.Verdict(
-        PAPER_NAME,
-        claim,
-        verdict,
-        evidence,
-        "586 gradients per worker (16: 5 epochs, 64: 20)" if args.size != "tiny" else budget_words,
-        "-".join(map(str, (counts[0], counts[-1]) if len(counts) > 1 else counts)),
-        picks,
-        half[claim][0] if claim in half else None,
-      )
-    )
+  seeds = _harness.seed_range([cells[c][r] for c in cols for r in rules])
+  budget_text = "586 gradients per worker (16: 5 epochs, 64: 20)" if args.size != "tiny" else budget_words
+  bench.decided(PAPER_NAME, full, half, budget=budget_text, seeds=seeds, picks=picks)
   if args.size != "tiny":
     paper_values = PAPER_CIFAR100 if args.data_dir and args.dataset == "cifar100" else PAPER_CIFAR10
     paper = [[NAMES[r], *paper_values[r]] for r in rules]
