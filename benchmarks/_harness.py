@@ -404,8 +404,11 @@ class Benchmark:
 
   def decided(self, paper: str, full: dict, half: dict, *, budget: str, seeds, picks) -> None:
     """Records every claim of ``full`` (``{claim: (verdict, evidence, *what it rests on)}``) with its verdict
-    at half the budget from ``half``; ``seeds`` and ``picks`` are text, or functions of ``(claim, rests)``."""
+    at half the budget from ``half``; ``seeds`` and ``picks`` are text, or functions of ``(claim, rests)``.
+    While the store lacks runs of the report, every verdict is "not decided yet"."""
     for claim, (verdict, evidence, *rests) in full.items():
+      if self.missing:  # a partial store decides nothing: the runs it lacks could turn any verdict
+        verdict = f"**not decided yet** ({len(self.missing)} runs missing; so far {verdict})"
       self.verdict(
         Verdict(
           paper,
