@@ -37,9 +37,10 @@ from jaxsync._src.train import training
 _EVENT_FIELDS = ("time", "worker", "staleness", "version", "released", "k", "loss", "rejected", "step_size")
 
 
-def config_key(config: Config) -> str:
-  """A 16-hex-digit hash of every field of ``config``: equal configs, and only they, share a key."""
-  text = json.dumps(config_lib.to_dict(config), sort_keys=True, default=repr)
+def config_key(config: Config, tag: str = "") -> str:
+  """A 16-hex-digit hash of every field of ``config`` (and ``tag``: what else decides the run, when the
+  benchmark runs it outside ``training.train``): equal configs, and only they, share a key."""
+  text = json.dumps(config_lib.to_dict(config), sort_keys=True, default=repr) + tag
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -65,14 +66,14 @@ class RunStore:
   def __len__(self) -> int:
     return len(self.entries)
 
-  def find(self, config: Config) -> training.RunResult | None:
+  def find(self, config: Config, tag: str = "") -> training.RunResult | None:
     """The stored run of exactly ``config``, rebuilt as a :class:`RunResult` (no parameters), or None."""
-    entry = self.entries.get(config_key(config))
+    entry = self.entries.get(config_key(config, tag))
     return None if entry is None else as_result(entry)
 
-  def measures(self, config: Config) -> dict[str, Any]:
+  def measures(self, config: Config, tag: str = "") -> dict[str, Any]:
     """The benchmark's own measures stored with ``config``'s run ({} without)."""
-    return dict(self.entries.get(config_key(config), {}).get("measures") or {})
+    return dict(self.entries.get(config_key(config, tag), {}).get("measures") or {})
 
   def add(
     self,
@@ -84,9 +85,11 @@ class RunStore:
     code: str,
     measures: dict[str, Any] | None = None,
     event_rows: int = 1,
+    tag: str = "",
   ) -> training.RunResult:
     """Appends ``result`` (flushed to disk before returning) and returns it as the store will give it back."""
     entry = make_entry(config, result, setting=setting, label=label, code=code, measures=measures)
+    entry["key"] = config_key(config, tag)
     entry["events"] = thin_events(result.history, event_rows)
     self.path.parent.mkdir(parents=True, exist_ok=True)
     with self.path.open("a+") as f:

@@ -12,25 +12,35 @@ exactly what ``jaxsync advise --fraction F`` would have run. Reported per
 scenario and fraction: the advisor's pick, whether it is decisive, and whether
 it matches the full runs' winner; then the hit rate over scenarios.
 
+Every run is appended to ``benchmarks/results/advisor_check_runs.jsonl`` with its evaluations and, for
+the whole run and each fraction, what the advisor reads of that prefix (its events, simulated time, updates
+and whether its last tenth of training losses is finite); a rerun skips what the store holds and
+``--report-only`` rewrites the results file from it.
+
 Sizes:
   tiny     digits, an MLP, 2 strategies, 1 scenario, 1 seed: the suite's smoke test.
   default  Fashion-MNIST with the paper configs' LeNet and protocols, their compare strategies,
-           the first 2.5 of their 5 epochs, 2 seeds (about 35 min on 2 cores).
+           the first 2.5 of their 5 epochs, 3 seeds (about 2 hours on 2 cores).
   full     the configs' whole 5 epochs, 3 seeds.
 
-    python benchmarks/advisor_check.py [--size tiny|default|full] [--seeds N]
+    python benchmarks/advisor_check.py [--size tiny|default|full] [--seeds N] [--report-only]
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import sys
 
 import _harness
+import _store
+import numpy as np
 
 from jaxsync._src.advisor import advisor
 from jaxsync._src.app import experiment
+from jaxsync._src.interface.history import History
+from jaxsync._src.train import training
 
 FRACTIONS = (0.1, 0.25, 0.5)
 EVALUATIONS = 40  # of the full run: a whole number of them at each fraction (4, 10, 20)
@@ -49,10 +59,52 @@ TINY = {
 }
 
 
+def views(history: History) -> dict[str, dict]:
+  """What the advisor reads of the whole run and of each fraction's prefix, besides the evaluations."""
+  out = {}
+  for fraction in (*FRACTIONS, 1.0):
+    p = advisor.prefix(history, round(fraction * len(history.time)))
+    tail = max(1, len(p.loss) // 10)
+    loss = np.asarray(p.loss[-tail:])[~np.asarray(p.rejected[-tail:], bool)]
+    out[f"{fraction:g}"] = {
+      "events": len(p.time),
+      "time": p.elapsed,
+      "updates": p.updates,
+      "loss_tail_finite": bool(np.isfinite(loss).all()),
+    }
+  return out
+
+
+def view(history: History, point: dict) -> History:
+  """A stored run's prefix as ``advisor.rank`` reads it: the evaluations within it, its last event's time and
+  updates, and one training loss standing for its last tenth (NaN when one of those was not finite)."""
+  keep = np.asarray(history.eval_event) <= point["events"]
+
+  def one(value, dtype):
+    return np.asarray([value], dtype)
+
+  return dataclasses.replace(
+    history,
+    time=one(point["time"], float),
+    worker=one(0, int),
+    staleness=one(0, int),
+    version=one(point["updates"], int),
+    released=one(True, bool),
+    k=one(1, int),
+    loss=one(0.0 if point["loss_tail_finite"] else math.nan, float),
+    rejected=one(False, bool),
+    step_size=one(math.nan, float),
+    eval_time=history.eval_time[keep],
+    eval_version=history.eval_version[keep],
+    eval_event=history.eval_event[keep],
+    eval_metrics={k: v[keep] for k, v in history.eval_metrics.items()},
+  )
+
+
 def main(argv: list[str]) -> int:
   args = _harness.parser(__doc__).parse_args(argv)
   bench = _harness.Benchmark(
-    "advisor_check", "The advisor's pick from short runs against the full runs' winner", args, argv, seeds=2
+    "advisor_check", "The advisor's pick from short runs against the full runs' winner", args, argv, seeds=3
   )
   bench.keeps_run_dirs = False
   scenarios = TINY if args.size == "tiny" else SCENARIOS
@@ -64,12 +116,32 @@ def main(argv: list[str]) -> int:
     gradients = max(EVALUATIONS, round(scale * config.run.gradients))
     names = strategies_of.get(args.size) or config.compare.strategies
     full: dict[str, list] = {}
+    prefixes: dict[str, list] = {}
+    tag = f"short_run(gradients={gradients}, evaluations={EVALUATIONS})"
     for name in names:
       for i in range(bench.seeds):
-        exp = experiment.build(experiment.for_strategy(config, name, config.seed + i))
-        history = exp.short_run(gradients, evaluations=EVALUATIONS)
+        cfg = experiment.for_strategy(config, name, config.seed + i)
+        exp = experiment.build(cfg)
+        stored = bench.store.find(cfg, tag)
+        if stored is None and bench.report_only:
+          bench.missing.append(f"{scenario} | {name} | seed {cfg.seed}")
+          continue
+        if stored is None:
+          history = exp.short_run(gradients, evaluations=EVALUATIONS)
+          stored = bench.store.add(
+            cfg,
+            training.RunResult(None, history, {}, None),
+            setting=scenario,
+            label=name,
+            code=_harness.code_version(),
+            measures=views(history),
+            tag=tag,
+          )
         bench.run_count += 1
-        full.setdefault(name, []).append(history)
+        bench.used_keys.add(_store.config_key(cfg, tag))
+        history, points = stored.history, bench.store.measures(cfg, tag)
+        full.setdefault(name, []).append(view(history, points["1"]))
+        prefixes.setdefault(name, []).append((history, points))
         curves.setdefault(scenario, {}).setdefault(name, []).append(
           {
             "seed": exp.config.seed,
@@ -84,6 +156,9 @@ def main(argv: list[str]) -> int:
           file=sys.stderr,
           flush=True,
         )
+    if sum(len(runs) for runs in full.values()) < len(names) * bench.seeds:  # the store lacks runs
+      rows += [[scenario, f"{f:g}", *["missing"] * 6] for f in FRACTIONS]
+      continue
     target = config.run.target_accuracy
     chance = 1.0 / exp.dataset.num_classes
     truth = advisor.rank(full, target=target, chance=chance)
@@ -97,7 +172,7 @@ def main(argv: list[str]) -> int:
     )
     for fraction in FRACTIONS:
       short = {
-        name: [advisor.prefix(h, round(fraction * len(h.time))) for h in hs] for name, hs in full.items()
+        name: [view(h, points[f"{fraction:g}"]) for h, points in runs] for name, runs in prefixes.items()
       }
       advice = advisor.rank(short, target=target, chance=chance)
       hit = advice.recommended == truth.recommended

@@ -541,6 +541,40 @@ def test_advisor_check_tiny(tmp_path):
   assert "Run directories" not in markdown  # the runs stay in memory
 
 
+def test_the_advisor_check_reads_a_stored_prefix_as_the_advisor_reads_the_real_one(tmp_path):
+  """From the store (evaluations to 6 digits, and what the advisor reads of each prefix), the advisor ranks
+  the runs as it ranks their real prefixes."""
+  from jaxsync._src.app import experiment
+  from jaxsync._src.train import training
+
+  advisor_check = importlib.import_module("advisor_check")
+  _store = importlib.import_module("_store")
+  from jaxsync._src.advisor import advisor
+
+  config_name, overrides = advisor_check.TINY["digits, 8 workers, 2 slow"]
+  config = _harness.config_lib.load(BENCHMARKS.parent / "configs" / f"{config_name}.yaml", overrides)
+  store = _store.RunStore(tmp_path / "s_runs.jsonl")
+  real, stored = {}, {}
+  for name in ("asp", "bsp"):
+    cfg = experiment.for_strategy(config, name, 0)
+    history = experiment.build(cfg).short_run(800, evaluations=40)
+    kept = store.add(
+      cfg, training.RunResult(None, history, {}, None), setting="s", label=name, code="x",
+      measures=advisor_check.views(history), tag="t",
+    )  # fmt: skip
+    real[name], stored[name] = history, (kept.history, store.measures(cfg, "t"))
+  for fraction in (*advisor_check.FRACTIONS, 1.0):
+    prefixes = {n: [advisor.prefix(h, round(fraction * len(h.time)))] for n, h in real.items()}
+    views = {n: [advisor_check.view(h, points[f"{fraction:g}"])] for n, (h, points) in stored.items()}
+    a = advisor.rank(prefixes, target=0.8, chance=0.1)
+    b = advisor.rank(views, target=0.8, chance=0.1)
+    assert (a.recommended, a.decisive, a.tied) == (b.recommended, b.decisive, b.tied), fraction
+    for x, y in zip(a.ranking, b.ranking):
+      # An estimate extrapolated far beyond the run (here 3e7 s) moves by ~1e-4 with 6-digit evaluations.
+      assert x.strategy == y.strategy and x.seconds == pytest.approx(y.seconds, rel=1e-3), fraction
+      assert x.reach == pytest.approx(y.reach, rel=1e-3) and x.run_updates == y.run_updates
+
+
 def test_about_n_evaluations_per_run_whatever_the_strategy():
   from jaxsync._src.app import experiment
 
