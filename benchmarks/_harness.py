@@ -203,16 +203,16 @@ class Benchmark:
     of the per-event records the store keeps (evenly spaced) for plots over time."""
     label = label or strategy
     results, configs, missing = [], [], 0
+    schedule = None  # the evaluation schedule depends on the strategy and cluster, not on the seed
     for i in range(seeds or self.seeds):
       cfg = experiment.for_strategy(config, strategy, config.seed + i)
       if options:
         cfg = dataclasses.replace(
           cfg, strategy=dataclasses.replace(cfg.strategy, options={**cfg.strategy.options, **options})
         )
-      exp = experiment.build(cfg)
       if evaluations:
-        cfg = dataclasses.replace(cfg, run=_evaluated(cfg.run, exp, evaluations))
-        exp = experiment.build(cfg)
+        schedule = schedule or _evaluated(cfg.run, experiment.build(cfg), evaluations)
+        cfg = dataclasses.replace(cfg, run=schedule)
       configs.append(cfg)
       stored = None if self.args.fresh else self.store.find(cfg)
       if stored is not None or self.report_only:
@@ -226,6 +226,7 @@ class Benchmark:
         self.reused_count += 1
         self.train_seconds += stored.summary.get("wall_seconds") or 0.0
         continue
+      exp = experiment.build(cfg)  # only for a run to train: building loads the data and the model
       run_dir = self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}"
       # A finished run of this very config is read back from its final checkpoint, not rerun (runs
       # made before the results store existed join it this way).

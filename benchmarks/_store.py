@@ -49,19 +49,7 @@ class RunStore:
 
   def __init__(self, path: pathlib.Path):
     self.path = path
-    self.entries: dict[str, dict[str, Any]] = {}
-    if path.is_file():
-      for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-          continue
-        try:
-          entry = json.loads(line)
-          self.entries[entry["key"]] = entry
-        except (json.JSONDecodeError, KeyError, TypeError):
-          # A line cut short by a killed sitting: that one run is rerun, the others are kept.
-          print(
-            f"[store] {path}:{number}: not a whole run entry; ignored (it will be rerun)", file=sys.stderr
-          )
+    self.entries: dict[str, dict[str, Any]] = read_entries(path)
 
   def __len__(self) -> int:
     return len(self.entries)
@@ -91,16 +79,7 @@ class RunStore:
     entry = make_entry(config, result, setting=setting, label=label, code=code, measures=measures)
     entry["key"] = config_key(config, tag)
     entry["events"] = thin_events(result.history, event_rows)
-    self.path.parent.mkdir(parents=True, exist_ok=True)
-    with self.path.open("a+") as f:
-      f.seek(0, os.SEEK_END)
-      if f.tell():  # a line cut short by a killed sitting must not swallow this one
-        f.seek(f.tell() - 1)
-        if f.read(1) != "\n":
-          f.write("\n")
-      f.write(json.dumps(entry, separators=(",", ":")) + "\n")
-      f.flush()
-      os.fsync(f.fileno())
+    append_entry(self.path, entry)
     self.entries[entry["key"]] = entry
     return as_result(entry)
 
@@ -111,6 +90,38 @@ class RunStore:
       if keys is None or key in keys:
         seen.setdefault(entry.get("code", "?"))
     return list(seen)
+
+
+def read_entries(path: pathlib.Path) -> dict[str, dict[str, Any]]:
+  """The entries of the JSON-lines file ``path`` by their ``"key"`` (the last line of a key wins; {} when
+  the file does not exist). A line cut short by a killed sitting is ignored with a message: only that
+  run is lost, and rerun."""
+  entries: dict[str, dict[str, Any]] = {}
+  if not path.is_file():
+    return entries
+  for number, line in enumerate(path.read_text().splitlines(), 1):
+    if not line.strip():
+      continue
+    try:
+      entry = json.loads(line)
+      entries[entry["key"]] = entry
+    except (json.JSONDecodeError, KeyError, TypeError):
+      print(f"[store] {path}:{number}: not a whole run entry; ignored (it will be rerun)", file=sys.stderr)
+  return entries
+
+
+def append_entry(path: pathlib.Path, entry: dict[str, Any]) -> None:
+  """Appends ``entry`` to ``path`` as one JSON line, on disk before returning."""
+  path.parent.mkdir(parents=True, exist_ok=True)
+  with path.open("a+") as f:
+    f.seek(0, os.SEEK_END)
+    if f.tell():  # a line cut short by a killed sitting must not swallow this one
+      f.seek(f.tell() - 1)
+      if f.read(1) != "\n":
+        f.write("\n")
+    f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def make_entry(

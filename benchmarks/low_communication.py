@@ -46,6 +46,7 @@ import time
 from typing import Any
 
 import _harness
+import _store
 import numpy as np
 
 from jaxsync._src.app import config as config_lib
@@ -253,13 +254,6 @@ def key(
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def load_store(path: pathlib.Path) -> dict[str, dict]:
-  if not path.exists():
-    return {}
-  rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-  return {row["key"]: row for row in rows}
-
-
 def time_to_target(times: list[float], accuracy: list[float], target: float = TARGET) -> float | None:
   """The first evaluation after which the accuracy stays at or above the target (a crossing that holds)."""
   if not len(times):
@@ -323,9 +317,7 @@ def ensure(
   if k not in store:
     row = run_one(setting, method, rate, seed, plan.per_worker, outer, plan.workload)
     store[k] = row
-    plan.store.parent.mkdir(parents=True, exist_ok=True)
-    with plan.store.open("a") as f:
-      f.write(json.dumps(row) + "\n")
+    _store.append_entry(plan.store, row)
     print(
       f"[{NAME}] {setting.label} | {method} lr={rate:g}{'' if outer is None else f' outer {outer:g}'} "
       f"seed {seed}: acc {row['final_accuracy']}, "
@@ -772,7 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     )
   elif args.size == "tiny":
     raise SystemExit(f"{NAME}: --size tiny writes beside the committed results only with --results-dir DIR")
-  store = load_store(plan.store)
+  store = _store.read_entries(plan.store)
   if not args.report_only:
     for k in workers:
       chosen = picks(plan, store, k, run_missing=True)

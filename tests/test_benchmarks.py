@@ -624,7 +624,7 @@ def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_th
   tuning = [r for r in rows if r["method"] == "DiLoCo H=10" and r["seed"] == module.TUNING_SEED]
   assert sorted(r["outer_rate"] for r in tuning) == [0.3, 0.7]
   chosen = module.picks(
-    module.Plan(**module.TINY, store=store), module.load_store(store), 8, run_missing=False
+    module.Plan(**module.TINY, store=store), module._store.read_entries(store), 8, run_missing=False
   )
   faster = min(tuning, key=lambda r: (module._speed(r), r["outer_rate"]))["outer_rate"]
   assert chosen["DiLoCo H=10"].outer == faster and chosen["all-reduce SGD"].outer is None
@@ -646,6 +646,12 @@ def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_th
   assert tables((results / "low_communication.md").read_text()) == found
   assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
   assert len(store.read_text().splitlines()) == len(rows)
+  # A sitting killed while writing its last run loses that run only: the rerun appends it again.
+  lines = store.read_text().splitlines()
+  store.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]))
+  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
+  again = store.read_text().splitlines()
+  assert len(again) == len(rows) + 1 and json.loads(again[-1])["key"] == rows[-1]["key"]
   # The crossing that holds: 0.81 at t=1 falls back below, so the target is held from t=3.
   assert module.time_to_target([1.0, 2.0, 3.0, 4.0], [0.81, 0.7, 0.85, 0.9]) == 3.0
   assert module.time_to_target([1.0, 2.0], [0.81, 0.7]) is None
