@@ -237,8 +237,15 @@ class Benchmark:
       kwargs = exp.train_kwargs()
       kwargs["checkpoint_every"] = None  # only the final one
       started = time.perf_counter()
+      # A rate that drives the parameters to NaN stops there: the rest of its budget would be NaN too.
       result = training.train(
-        exp.simulator(), exp.model.params, run_dir, tensorboard=False, make_plots=False, **kwargs
+        exp.simulator(),
+        exp.model.params,
+        run_dir,
+        tensorboard=False,
+        make_plots=False,
+        stop_when_diverged=True,
+        **kwargs,
       )
       self.run_count += 1
       self.reused_count += reuse

@@ -66,3 +66,43 @@ def test_time_to_target_first_crossing_and_the_crossing_that_holds():
   summary = summarize(h, {"accuracy": 0.8}, target=("accuracy", 0.75), stopped_by="done")
   assert (summary["time_to_target"], summary["updates_to_target"]) == (10.0, 5)
   assert (summary["time_to_target_held"], summary["updates_to_target_held"]) == (30.0, 15)
+
+
+def test_a_run_asked_to_stop_when_diverged_ends_at_the_first_chunk_with_nan_parameters(tmp_path):
+  """A rate that blows the parameters up: with ``stop_when_diverged`` the run ends after the chunk where
+  they turned NaN, marked diverged; without it the same run computes its whole budget on NaN."""
+  import jax.numpy as jnp
+
+  import jaxsync
+  from jaxsync._src.train.training import train
+
+  x = np.linspace(-1, 1, 64, dtype=np.float32)
+  data = jaxsync.sim.WorkerData({"x": x, "y": 3 * x}, num_workers=2, batch_size=8)
+
+  def loss(w, b):
+    return jnp.mean((w * b["x"] - b["y"]) ** 2)
+
+  def run(lr, stop, name):
+    sim = jaxsync.sim.Simulator(
+      jaxsync.strategies.make("asp", 2, learning_rate=lr),
+      loss,
+      data,
+      jaxsync.sim.TimeModel(num_workers=2),
+      eval_fn=lambda w: {"loss": loss(w, data.arrays)},
+      eval_every=10,
+    )
+    return train(sim, jnp.zeros([]), tmp_path / name, num_events=400, log_every=20, target=("loss", 1e-3),
+                 tensorboard=False, make_plots=False, stop_when_diverged=stop)  # fmt: skip
+
+  stopped, whole = run(1e3, True, "stopped"), run(1e3, False, "whole")
+  assert stopped.summary["stopped_by"] == "diverged" and stopped.summary["diverged"]
+  assert stopped.summary["events"] < 400 and stopped.summary["events"] % 20 == 0
+  assert (
+    whole.summary["stopped_by"] == "events" and whole.summary["events"] == 400 and whole.summary["diverged"]
+  )
+  # The two runs are the same up to the stop.
+  n = stopped.summary["events"]
+  np.testing.assert_array_equal(stopped.history.loss, whole.history.loss[:n])
+  # A rate that trains is never stopped.
+  fine = run(0.5, True, "fine")
+  assert fine.summary["stopped_by"] == "events" and not fine.summary["diverged"]

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -100,11 +101,13 @@ def _run_chunks(
   save,
   reporter: Reporter,
   stop_requested: Callable[[], bool] | None = None,
+  stop_when_diverged: bool = False,
 ) -> _Progress:
   """Advances ``run`` chunk by chunk until ``num_events`` or ``max_time``; writes rows, saves checkpoints.
 
   Between two chunks (a safe point: the rows written, nothing in flight) a true ``stop_requested()``
-  saves a checkpoint there and raises :class:`PreemptedError`.
+  saves a checkpoint there and raises :class:`PreemptedError`. ``stop_when_diverged``: stop after a chunk
+  that leaves a non-finite parameter (nothing after it can recover: every later gradient is NaN).
   """
   state, records, done, stopped_by = run.state, list(run.records), run.done, run.stopped_by
   last_eval = dict(run.initial_metrics)
@@ -140,6 +143,8 @@ def _run_chunks(
         stopped_by = "max_time"
       elif done >= num_events:
         stopped_by = "events"
+      elif stop_when_diverged and not _finite(state.params):
+        stopped_by = "diverged"
       if not records:
         raise EmptyRunError(
           f"train: max_time={max_time!r} is invalid; expected a time after the first event (no event ran)."
@@ -164,6 +169,12 @@ def _run_chunks(
       save(done, state, records, None)
     raise
   return run._replace(state=state, records=records, done=done, stopped_by=stopped_by)
+
+
+def _finite(params) -> bool:
+  """Whether every parameter is finite (one reduction on the device, one number read back)."""
+  leaves = [jnp.isfinite(x).all() for x in jax.tree.leaves(params)]
+  return bool(jnp.all(jnp.stack(leaves))) if leaves else True
 
 
 def _finish(
@@ -225,6 +236,7 @@ def train(
   make_plots: bool = True,
   primary: bool = True,
   stop_requested: Callable[[], bool] | None = None,
+  stop_when_diverged: bool = False,
 ) -> RunResult:
   """Trains (or continues training) a run into ``run_dir``.
 
@@ -256,6 +268,10 @@ def train(
     stop_requested: asked between chunks; when it returns True (a preemption
       notice arrived) the run saves a checkpoint there and raises
       :class:`PreemptedError`, to be continued exactly by a later call.
+    stop_when_diverged: end the run (``stopped_by="diverged"``) after the
+      first chunk that leaves a parameter NaN or infinite, instead of
+      computing the rest of its budget on NaN: a sweep's diverged rates
+      then cost a fraction of a run. The summary marks it ``"diverged"``.
 
   Returns:
     A :class:`RunResult`.
@@ -325,6 +341,7 @@ def train(
       save=save,
       reporter=reporter,
       stop_requested=stop_requested,
+      stop_when_diverged=stop_when_diverged,
     )
   except BaseException:
     writers.close()
