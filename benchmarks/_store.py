@@ -33,6 +33,7 @@ from jaxsync._src.app import config as config_lib
 from jaxsync._src.app.config import Config
 from jaxsync._src.interface.history import History
 from jaxsync._src.train import training
+from jaxsync._src.train.summary import target_crossings
 
 _EVENT_FIELDS = ("time", "worker", "staleness", "version", "released", "k", "loss", "rejected", "step_size")
 
@@ -201,7 +202,14 @@ def as_result(entry: dict[str, Any]) -> training.RunResult:
     rejected_count=int(entry["rejected_count"]),
     clock=entry["clock"],
   )
-  return training.RunResult(params=None, history=history, summary=dict(entry["summary"]), run_dir=None)
+  summary = dict(entry["summary"])
+  if summary.get("target"):
+    # Runs stored before the crossings counted the final evaluation read as the ones stored after.
+    final = {name: summary.get(f"final_{name}") for name in history.eval_metrics}
+    summary.update(
+      target_crossings(history, final, (summary["target"]["metric"], summary["target"]["value"]))
+    )
+  return training.RunResult(params=None, history=history, summary=summary, run_dir=None)
 
 
 def _round(x):

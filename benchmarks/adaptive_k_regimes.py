@@ -107,7 +107,7 @@ def map_points(bench, args, size, rates, fraction=1.0):
           # The seeds' mean of every measure; the time and gradients to the target at the crossing that holds.
           m = {key: float(np.mean([x[key] for x in cell.measures])) for key in cell.measures[0]}
           m["time"] = cell.mean("time_to_target_held")
-          hits = [_harness.gradients_to(h, TARGET[args.size]) for h in cell.histories]
+          hits = [_harness.gradients_to(r, TARGET[args.size]) for r in cell.results]
           m["gradients"] = None if any(g is None for g in hits) else float(np.mean(hits))
           m["times"] = cell.values("time_to_target_held")
           point[KEYS[label]] = m
@@ -149,17 +149,20 @@ def map_points(bench, args, size, rates, fraction=1.0):
 
 
 def decide(found: dict) -> dict[str, tuple[str, str]]:
-  """Where each reading beats ASP: points faster in the mean, and significantly (Welch, Holm over the points)."""
+  """Where each reading beats ASP: points faster in the mean, and significantly (``_harness.time_test``:
+  Welch, or a rank test where a seed missed the target; Holm over the points)."""
   out = {}
   for key, label in (("ak", "adaptive k"), ("ak_all", "adaptive k, every arrival fresh")):
-    tests = {point: _harness.welch(v["asp"]["times"], v[key]["times"]) for point, v in found.items()}
+    tests = {point: _harness.time_test(v["asp"]["times"], v[key]["times"]) for point, v in found.items()}
     adjusted = dict(zip(tests, _harness.holm([t["p"] for t in tests.values()])))
     speed = "speedup" if key == "ak" else "speedup_all"
     tested = [p for p, v in found.items() if v[key]["time"] is not None or v["asp"]["time"] is not None]
     faster = [
-      p for p, v in found.items() if v[key]["time"] is not None and (v["asp"]["time"] is None or v[speed] > 1)
+      p
+      for p, v in found.items()
+      if v[key]["time"] is not None and (v["asp"]["time"] is None or (v[speed] or 0) > 1)
     ]
-    sure = [p for p in faster if found[p]["asp"]["time"] is None or adjusted[p] < 0.05]
+    sure = [p for p in faster if adjusted[p] < 0.05]
 
     def where(points):
       return ", ".join(f"{w} workers {m / 1e6:.0f} MB {s or 'free'}" for w, m, s in points) or "nowhere"

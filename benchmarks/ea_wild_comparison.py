@@ -172,7 +172,7 @@ def main(argv: list[str]) -> int:
         config_name=config_name,
         overrides=base_,
         evaluations=EVALUATIONS,
-        seeds=seeds,
+        seeds=_harness.seeds_for(seeds, s),
       )
       for s in solvers
       if only is None or s in only
@@ -250,7 +250,7 @@ def main(argv: list[str]) -> int:
             setting=column + half,
             label=label,
             options={**extra, "learning_rate": picks[objective][(column, label)]},
-            seeds=seeds,
+            seeds=_harness.seeds_for(seeds, ((k, ratio), key)),
             config_name=config_name,
             overrides=overrides,
             evaluations=EVALUATIONS,
@@ -319,11 +319,19 @@ def main(argv: list[str]) -> int:
   crossings = crossovers(part2, WORKERS[sweep_size], RATIOS[sweep_size])
   full = decide(part1, part2, part2_accuracy, crossings, target, WORKERS[sweep_size], RATIOS[sweep_size])
   half_base = base_overrides(args.size, data_name, 0.5)
-  half_part2 = part2_cells(half_base, "time", fraction=0.5)
+
+  def ran(cells):  # each half-budget cell runs the seeds of its full-budget cell
+    return {
+      (point, key): _harness.seeds_ran(cell) for point, row in cells.items() for key, cell in row.items()
+    }
+
+  half_part2 = part2_cells(half_base, "time", fraction=0.5, seeds=ran(part2))
   half = decide(
-    part1_cells(half_base, "accuracy", fraction=0.5),
+    part1_cells(
+      half_base, "accuracy", fraction=0.5, seeds={s: _harness.seeds_ran(c) for s, c in part1.items()}
+    ),
     half_part2,
-    part2_cells(half_base, "accuracy", fraction=0.5),
+    part2_cells(half_base, "accuracy", fraction=0.5, seeds=ran(part2_accuracy)),
     crossovers(half_part2, WORKERS[sweep_size], RATIOS[sweep_size]),
     target,
     WORKERS[sweep_size],

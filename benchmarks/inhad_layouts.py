@@ -97,7 +97,7 @@ def run_cells(bench, config_name, base, picks, fraction=1.0, seeds=None, only=No
         options={"learning_rate": picks[("any layout", label)]},
         config_name=config_name,
         overrides=base,
-        seeds=seeds,
+        seeds=_harness.seeds_for(seeds, ("any layout", label)),
       )
   for local in layouts_of(workers):
     layout = f"{workers // local} nodes x {local}"
@@ -117,7 +117,7 @@ def run_cells(bench, config_name, base, picks, fraction=1.0, seeds=None, only=No
           options={**options, "learning_rate": picks[(layout, label)]},
           config_name=config_name,
           overrides=overrides,
-          seeds=seeds,
+          seeds=_harness.seeds_for(seeds, (layout, label)),
         )
   return cells
 
@@ -182,9 +182,13 @@ def main(argv: list[str]) -> int:
   table_section(bench, fast, accurate, config, target)
   full = decide(fast, accurate)
   half_base = base_overrides(args.size, data_name, 0.5)
+
+  def ran(cells):  # each half-budget cell runs the seeds of its full-budget cell
+    return {(c, label): _harness.seeds_ran(cell) for c, row in cells.items() for label, cell in row.items()}
+
   half = decide(
-    run_cells(bench, config_name, half_base, picks["time"], fraction=0.5),
-    run_cells(bench, config_name, half_base, picks["accuracy"], fraction=0.5),
+    run_cells(bench, config_name, half_base, picks["time"], fraction=0.5, seeds=ran(fast)),
+    run_cells(bench, config_name, half_base, picks["accuracy"], fraction=0.5, seeds=ran(accurate)),
   )
   seeds = _harness.seed_range(
     [c for cells in (fast, accurate) for row in cells.values() for c in row.values()]

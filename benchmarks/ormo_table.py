@@ -139,6 +139,7 @@ def order_tests(cells: dict[str, _harness.Cell], rules) -> list[dict]:
   for better, worse in zip(claimed, claimed[1:]):
     a = np.asarray([v for v in cells[better].values("final_accuracy") if v is not None], float) * 100
     b = np.asarray([v for v in cells[worse].values("final_accuracy") if v is not None], float) * 100
+    a, b = a[np.isfinite(a)], b[np.isfinite(b)]
     enough = len(a) > 1 and len(b) > 1
     diff = a.mean() - b.mean() if len(a) and len(b) else float("nan")
     std = float(np.sqrt(a.var(ddof=1) / len(a) + b.var(ddof=1) / len(b))) if enough else float("nan")
@@ -181,8 +182,10 @@ def decide(cells: dict[str, dict[str, _harness.Cell]], rules) -> tuple[dict, dic
   steps = {c: order_steps(tests[c], [next(adjusted) for _ in tests[c]]) for c in cols}
   out = {}
   held = {c: sum(row[4].startswith("holds") for row in rows) for c, rows in steps.items()}
+  # Significance is counted over the strict steps only: a significant ≳ step stands in for none of them.
   significant = {
-    c: sum(row[4].startswith("holds (significant)") for row in rows) for c, rows in steps.items()
+    c: sum(row[4].startswith("holds (significant)") and row[0] != "OrMo-DA > OrMo" for row in rows)
+    for c, rows in steps.items()
   }
   total = len(next(iter(steps.values())))
   # The ≳ step (OrMo-DA at least as good as OrMo) holds unless significantly reversed: it needs no significance.
@@ -196,7 +199,7 @@ def decide(cells: dict[str, dict[str, _harness.Cell]], rules) -> tuple[dict, dic
   surviving = [f"{c}: {row[0]}" for c, rows in steps.items() for row in rows if "(significant)" in row[4]]
   out["accuracy order OrMo-DA ≳ OrMo > SMEGA² > shifted > ASGD > naive"] = (
     f"**{word}**",
-    "steps that hold in the mean (of them significant after Holm): "
+    "steps that hold in the mean (of the strict ones, significant after Holm): "
     + ", ".join(f"{c} {held[c]}/{total} ({significant[c]})" for c in cols)
     + (f"; the orderings that survive Holm: {'; '.join(surviving)}" if surviving else "; none survives Holm"),
   )
@@ -261,7 +264,7 @@ def run_columns(bench, args, config_name, data_name, base, rules, best, fraction
         config_name=config_name,
         overrides=overrides,
         options={"learning_rate": best[column][rule]},
-        seeds=seeds,
+        seeds=_harness.seeds_for(seeds, (column, rule)),
       )
       for rule in rules
       if only is None or rule in only.get(column, ())
@@ -390,8 +393,9 @@ def main(argv: list[str]) -> int:
       for c in cols
     ),
   )
-  # Every verdict again at half the budget: the same picks, the benchmark's seeds.
-  half_cells = run_columns(bench, args, config_name, data_name, base, rules, best, fraction=0.5)
+  # Every verdict again at half the budget: the same picks, each cell with its full-budget cell's seeds.
+  ran = {(c, r): _harness.seeds_ran(cell) for c, row in cells.items() for r, cell in row.items()}
+  half_cells = run_columns(bench, args, config_name, data_name, base, rules, best, fraction=0.5, seeds=ran)
   half, _ = decide(half_cells, rules)
   picks = "; ".join(f"{c}: " + ", ".join(f"{NAMES[r]} {best[c][r]:g}" for r in rules) for c in cols)
   seeds = _harness.seed_range([cells[c][r] for c in cols for r in rules])

@@ -7,6 +7,7 @@ import json
 import pathlib
 import re
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -462,6 +463,118 @@ def test_holm_adjusts_a_family_of_p_values():
   adjusted = _harness.holm([0.2, float("nan"), 0.9])  # a test that could not be made is not counted
   assert adjusted[0] == pytest.approx(0.4) and np.isnan(adjusted[1]) and adjusted[2] == pytest.approx(0.9)
   assert _harness.holm([0.6, 0.7]) == [1.0, 1.0]
+
+
+def summary_history(accuracy, elapsed: float, updates: int):
+  """A History of ``elapsed`` one-second events ending at version ``updates``, evaluated at 0, 10, 20, ..."""
+  from jaxsync._src.interface.history import History
+
+  n = int(elapsed)
+  evals = len(accuracy)
+  return History(
+    time=np.arange(1, n + 1, dtype=np.float32),
+    worker=np.zeros(n, np.int32),
+    staleness=np.zeros(n, np.int32),
+    version=np.linspace(updates / n, updates, n).astype(np.int32),
+    released=np.ones(n, bool),
+    k=np.ones(n, np.int32),
+    loss=np.ones(n, np.float32),
+    rejected=np.zeros(n, bool),
+    step_size=np.full(n, np.nan, np.float32),
+    eval_time=np.arange(evals, dtype=np.float32) * 10,
+    eval_version=np.arange(evals, dtype=np.int32) * 100,
+    eval_event=np.arange(evals, dtype=np.int32) * 10,
+    eval_metrics={"accuracy": np.asarray(accuracy, np.float32)},
+    worker_steps=np.array([n]),
+    worker_used=np.array([n]),
+    worker_idle=np.zeros(1),
+    bytes_moved=0.0,
+    bytes_moved_intra=0.0,
+    rejected_count=0,
+  )
+
+
+def test_times_with_a_missed_seed_are_compared_by_ranks_and_never_called_significant_untested():
+  # Every seed reached it: Welch's test. One missed: the rank test, a miss the slowest.
+  assert _harness.time_test([1.0, 1.1, 1.2], [2.0, 2.1, 2.3])["test"] == "Welch"
+  assert _harness.rank_test([1.0, 2.0, 3.0], [4.0, 5.0, 6.0]) == pytest.approx(0.1)  # 2 of C(6,3) = 20
+  assert _harness.rank_test([1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, None, 8.0, None]) == pytest.approx(2 / 252)
+  assert _harness.rank_test([1.0, None], [None, 2.0]) == pytest.approx(1.0)
+  # The review's case: ASP faster on the seeds it reached, missing one; adaptive k 3x slower everywhere.
+  regimes = importlib.import_module("adaptive_k_regimes")
+  point = {
+    "asp": {"time": None, "times": [100.0, 101.0, None]},
+    "ak": {"time": 310.0, "times": [300.0, 310.0, 320.0]},
+    "ak_all": {"time": None, "times": [None, None, None]},
+    "speedup": None,
+    "speedup_all": None,
+  }
+  (verdict, evidence), _ = regimes.decide({(8, 25e6, "3GB/s"): point}).values()
+  assert verdict == "**nowhere**" and "significantly after Holm at 0" in evidence
+  # Two equal constant cells are as close as can be: they get the extra seeds.
+  assert _harness.too_close(
+    _harness.Cell("a", [types.SimpleNamespace(summary={"t": 1.0})] * 3, ""),
+    _harness.Cell("b", [types.SimpleNamespace(summary={"t": 1.0})] * 3, ""),
+    "t",
+  )
+
+
+def test_a_partial_store_marks_no_verdict_budget_sensitive_that_the_half_budget_agrees_with(tmp_path):
+  args = _harness.parser("").parse_args(["--size", "tiny", "--results-dir", str(tmp_path)])
+  bench = _harness.Benchmark("made_up", "Made up", args, [], seeds=1)
+  bench.missing = ["x | y | seed 0"]
+  full = {"same": ("**reproduced**", "e"), "other": ("**reproduced**", "e")}
+  half = {"same": ("**reproduced**", "e"), "other": ("**not reproduced**", "e")}
+  bench.decided("Paper", full, half, budget="b", seeds="3", picks="p")
+  sensitive = {v.claim: v.budget_sensitive for v in bench.verdicts}
+  assert sensitive == {"same": False, "other": True}
+  assert all(v.verdict.startswith("**not decided yet**") for v in bench.verdicts)
+
+
+def test_the_ormo_order_needs_every_strict_step_significant_not_the_at_least_step():
+  ormo = importlib.import_module("ormo_table")
+
+  def cell(values):
+    return _harness.Cell("x", [types.SimpleNamespace(summary={"final_accuracy": v}) for v in values], "")
+
+  rules = ["ormo_da", "ormo", "smega2", "shifted_momentum", "asgd", "naive_asgdm"]
+  base = {"ormo_da": 0.90, "ormo": 0.85, "smega2": 0.80, "shifted_momentum": 0.75, "asgd": 0.70}
+  cells = {r: cell([v, v + 0.001, v - 0.001]) for r, v in base.items()}
+  cells["naive_asgdm"] = cell([0.74, 0.60, 0.67])  # ASGD > naive: +3 points but noisy, not significant
+  out, steps = ormo.decide({"16 hom.": cells}, rules)
+  verdict = out["accuracy order OrMo-DA ≳ OrMo > SMEGA² > shifted > ASGD > naive"][0]
+  assert verdict != "**reproduced**" and "not significant" in steps["16 hom."][-1][4]
+
+
+def test_a_crossing_holds_only_if_the_final_evaluation_is_at_the_target_too(tmp_path):
+  """The final evaluation (at the run's end) counts as the last one: a run that ends below the target has
+  not held it, and one that reaches it only at its end holds it from there; the store reads old runs so."""
+  _store = importlib.import_module("_store")
+  from jaxsync._src.train.summary import target_crossings
+
+  history = summary_history([0.5, 0.85, 0.86], elapsed=30.0, updates=300)
+  assert target_crossings(history, {"accuracy": 0.86}, ("accuracy", 0.84))["time_to_target_held"] == 10.0
+  ends_below = target_crossings(history, {"accuracy": 0.83}, ("accuracy", 0.84))
+  assert ends_below["time_to_target_held"] is None and ends_below["time_to_target"] == 10.0
+  late = target_crossings(summary_history([0.5, 0.6, 0.7], 30.0, 300), {"accuracy": 0.9}, ("accuracy", 0.84))
+  assert late["time_to_target_held"] == 30.0 and late["updates_to_target_held"] == 300
+  result = types.SimpleNamespace(history=history, summary={"final_accuracy": 0.83, "gradients": 300})
+  assert _harness.gradients_to(result, 0.84) is None
+  result.summary["final_accuracy"] = 0.86
+  assert _harness.gradients_to(result, 0.84) == 10
+  # A run stored with the old rule (held at 10 s, final 0.83) reads back as not held.
+  entry = _store.make_entry(
+    _harness.Benchmark("m", "M", _harness.parser("").parse_args(["--results-dir", str(tmp_path)]), [], seeds=1)
+    .config("quickstart", []),
+    types.SimpleNamespace(
+      history=history,
+      summary={"target": {"metric": "accuracy", "value": 0.84}, "final_accuracy": 0.83,
+               "time_to_target_held": 10.0, "updates_to_target_held": 100},
+    ),
+    setting="s", label="l", code="c", measures=None,
+  )  # fmt: skip
+  entry["events"] = _store.thin_events(history, 10)
+  assert _store.as_result(entry).summary["time_to_target_held"] is None
 
 
 def test_a_cell_shows_mean_and_sample_std_over_seeds_or_one_value():

@@ -117,14 +117,27 @@ class History:
     return float(np.mean(self.staleness[ok])) if ok.any() else 0.0
 
   def time_to(
-    self, metric: str, target: float, *, higher_is_better: bool = True, holds: bool = False
+    self,
+    metric: str,
+    target: float,
+    *,
+    higher_is_better: bool = True,
+    holds: bool = False,
+    final: float | None = None,
   ) -> tuple[float, int] | None:
     """(seconds of the run's clock, server updates) of the first evaluation reaching ``target``, else None.
 
     ``holds=True``: the first evaluation from which ``metric`` stays at ``target`` or better to the last
-    one (a crossing that holds, not one lucky evaluation); None if the last evaluation misses it."""
-    i = crossing(self.eval_metrics[metric], target, higher_is_better=higher_is_better, holds=holds)
-    return None if i is None else (float(self.eval_time[i]), int(self.eval_version[i]))
+    one (a crossing that holds, not one lucky evaluation); None if the last evaluation misses it.
+    ``final``: the run's final evaluation of ``metric`` (taken at its end, :attr:`elapsed` and
+    :attr:`updates`), counted as the last evaluation: a scheduled evaluation usually comes before the end,
+    and a crossing holds only if the run also ends at the target."""
+    values, times, versions = self.eval_metrics[metric], self.eval_time, self.eval_version
+    if final is not None:
+      values = np.append(values, final)
+      times, versions = np.append(times, self.elapsed), np.append(versions, self.updates)
+    i = crossing(values, target, higher_is_better=higher_is_better, holds=holds)
+    return None if i is None else (float(times[i]), int(versions[i]))
 
 
 def crossing(values, target: float, *, higher_is_better: bool = True, holds: bool = False) -> int | None:

@@ -147,6 +147,17 @@ def _row(tree: Any, i: jax.Array) -> Any:
   return jax.tree.map(lambda x: x[i], tree)
 
 
+def _read_row(tree: Any, i: jax.Array) -> Any:
+  """Row ``i`` of a per-worker array that this event then writes in place (``_set_row``), materialized.
+
+  XLA fuses a plain ``x[i]`` into each of its consumers, so some read the whole array after the write:
+  it then copies the ``[K, ...]`` array every event, twice (shifted momentum's worker momenta and
+  EAMSGD's worker models ran 7-20x slower at 64 workers). An optimization barrier does not stop it on
+  CPU; a conditional's result is materialized, and the predicate (always true) is one XLA cannot fold.
+  """
+  return jax.lax.cond(i >= 0, lambda t: _row(t, i), lambda t: _row(t, 0), tree)
+
+
 def _set_row(tree: Any, i: jax.Array, row: Any) -> Any:
   return jax.tree.map(lambda x, r: x.at[i].set(r), tree, row)
 
@@ -195,7 +206,7 @@ def _gradient_arrival(
   ``sent``, when given, is the message already computed (a ``"local"`` worker's pseudo-gradient).
   """
   workers, server = s.workers, s.server
-  worker_state = _row(workers.rule_state, worker) if strategy.worker_rule is not None else None
+  worker_state = _read_row(workers.rule_state, worker) if strategy.worker_rule is not None else None
   if sent is None:
     sent = worker_message(
       strategy, loss_fn, pulled, worker_state, batch, workers.noise_ratio[worker], gradient=gradient
@@ -232,10 +243,10 @@ def _gradient_arrival(
 def _elastic_arrival(strategy, loss_fn, s: EventState, worker, batch, pulled, gradient) -> Arrival:
   """The ``"elastic"`` protocol: a local step against the centre read; on exchange steps the centre moves."""
   workers, server = s.workers, s.server
-  x = _row(workers.params, worker)
+  x = _read_row(workers.params, worker)
   center_read = pulled if strategy.lock_free else server.params
   stepped = elastic_worker_step(
-    strategy, loss_fn, x, _row(workers.rule_state, worker), batch, center_read, gradient=gradient
+    strategy, loss_fn, x, _read_row(workers.rule_state, worker), batch, center_read, gradient=gradient
   )
   # The centre takes the worker's pre-exchange model (docs/algorithms.md §12, §13).
   params, rule_state = elastic_center_arrival(
@@ -426,9 +437,8 @@ class EventEngine:
 
     pulled = None
     if _uses_snapshots(strategy):
-      # The barrier materializes the read before the ring is written in place
-      # below; a read fused past the write makes XLA copy the whole ring.
-      pulled = jax.lax.optimization_barrier(_row(workers.snapshots, workers.snapshot_of[worker]))
+      # Materialized before the ring is written in place below (see _read_row).
+      pulled = _read_row(workers.snapshots, workers.snapshot_of[worker])
     # Computed ahead by prepare() (the caller runs it first when the slot is -1), or here.
     gradient = _row(s.cache.gradients, s.cache.slot_of[worker]) if batched else None
     taken = 1  # gradients this arrival's worker computed
@@ -441,7 +451,7 @@ class EventEngine:
         strategy,
         loss_fn,
         pulled,
-        _row(workers.rule_state, worker),
+        _read_row(workers.rule_state, worker),
         lambda t: data.batch(worker, t),
         workers.steps[worker],
         taken,

@@ -58,17 +58,8 @@ def summarize(
   if np.isfinite(accuracies).any():  # the final evaluation counts too
     summary["best_accuracy"] = float(np.nanmax(accuracies))
   if target is not None:
-    metric, value = target
-    summary["target"] = {"metric": metric, "value": value}
-    # The first evaluation at the target, and the first from which the run stays there ("held").
-    for suffix, holds in (("", False), ("_held", True)):
-      hit = (
-        history.time_to(metric, value, higher_is_better=metric != "loss", holds=holds)
-        if metric in history.eval_metrics
-        else None
-      )
-      summary[f"time_to_target{suffix}"] = hit[0] if hit else None
-      summary[f"updates_to_target{suffix}"] = hit[1] if hit else None
+    summary["target"] = {"metric": target[0], "value": target[1]}
+    summary.update(target_crossings(history, final_metrics, target))
   accepted = history.staleness[~history.rejected]
   summary.update(
     mean_staleness=history.mean_staleness(),
@@ -82,3 +73,28 @@ def summarize(
   if why is not None:
     summary["diverged_because"] = why
   return summary
+
+
+def target_crossings(
+  history: History, final_metrics: dict[str, float | None], target: tuple[str, float]
+) -> dict[str, float | int | None]:
+  """The time and updates to ``target``: at the first evaluation reaching it, and at the first from which
+  the run stays there to its end ("held"), the final evaluation counted as the last one."""
+  metric, value = target
+  out: dict[str, float | int | None] = {}
+  final = final_metrics.get(metric)
+  for suffix, holds in (("", False), ("_held", True)):
+    hit = (
+      history.time_to(
+        metric,
+        value,
+        higher_is_better=metric != "loss",
+        holds=holds,
+        final=np.nan if final is None else float(final),
+      )
+      if metric in history.eval_metrics
+      else None
+    )
+    out[f"time_to_target{suffix}"] = hit[0] if hit else None
+    out[f"updates_to_target{suffix}"] = hit[1] if hit else None
+  return out
