@@ -498,7 +498,8 @@ class Benchmark:
     if self.seeds:
       lines.append(
         "- Time (updates, gradients) to a target: at the first evaluation from which the accuracy stays at or"
-        " above it to the run's end (a crossing that holds, not one lucky evaluation)"
+        " above it to the run's end, the final evaluation counted as the last one (a crossing that holds, not"
+        " one lucky evaluation)"
       )
     if self.missing:
       shown = "; ".join(self.missing[:12]) + (
