@@ -142,15 +142,18 @@ def main(argv: list[str]) -> int:
   picks: dict[str, dict] = {"accuracy": {}, "time": {}}
 
   def tune(config, candidates, column):
+    texts = {}
     for objective in ("time", "accuracy"):
-      rate, grid_table = bench.tune(
+      rate, texts[objective] = bench.tune(
         config, candidates, grid, evaluations=EVALUATIONS, objective=objective, extend=not tiny,
         setting=f"lr grid, {column}",
       )  # fmt: skip
       picks[objective].update({(column, label): r for label, r in rate.items()})
     bench.section(
       f"Learning rates at {column}, seed {_harness.TUNING_SEED}",
-      grid_table + "\n\n**Bold**: the most accurate rate (the accuracy claims' pick); the fastest to the"
+      texts["accuracy"]
+      + _harness.speed_extensions(texts["time"])
+      + "\n\n**Bold**: the most accurate rate (the accuracy claims' pick); the fastest to the"
       " target (the speed claim's) is listed with the verdicts. Each solver keeps the config's other options"
       " (EASGD and EAMSGD exchange every 10 steps; EAMSGD's momentum 0.99, async momentum SGD's 0.9); sync"
       " runs momentum 0.9.",

@@ -151,15 +151,18 @@ def main(argv: list[str]) -> int:
       members["hierarchical all-reduce"] = ("hierarchical_allreduce", {"group_size": local})
     columns[f"{workers // local} nodes x {local}"] = (cfg, members)
   for column, (cfg, members) in columns.items():
+    texts = {}
     for objective in ("time", "accuracy"):
-      rate, grid_table = bench.tune(
+      rate, texts[objective] = bench.tune(
         cfg, members, grid, objective=objective, extend=not tiny, setting=f"lr grid, {column}"
       )
       picks[objective].update({(column, label): r for label, r in rate.items()})
     bench.section(
       f"Learning rates at {column}, seed {_harness.TUNING_SEED}",
-      grid_table + "\n\n**Bold**: the most accurate rate (the accuracy claim's pick); the speed claim's pick"
-      " (the fastest to the target) is listed with each verdict.",
+      texts["accuracy"]
+      + "\n\n**Bold**: the most accurate rate (the accuracy claim's pick); the speed claim's"
+      " pick (the fastest to the target) is listed with each verdict."
+      + _harness.speed_extensions(texts["time"]),
     )
   fast = run_cells(bench, config_name, base, picks["time"])
   accurate = run_cells(bench, config_name, base, picks["accuracy"])

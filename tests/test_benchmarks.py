@@ -593,6 +593,12 @@ def test_a_cell_shows_mean_and_sample_std_over_seeds_or_one_value():
 
 
 def test_table_and_ratio_helpers():
+  # The time tuning's extensions, shown beside the accuracy tuning's table.
+  timed = "| t |\n\nEach cell: ...\n\nGrid extensions: EA-wild: grid extended to 0.01-1, pick 1."
+  assert _harness.speed_extensions(timed) == (
+    "\n\nFor the speed claim (the fastest to the target): grid extensions: EA-wild: grid extended to 0.01-1, pick 1."
+  )
+  assert _harness.speed_extensions("| t |") == ""
   assert _harness.table(["a", "b"], [["x", "1"]]) == "| a | b |\n|---|---:|\n| x | 1 |"
   with pytest.raises(ValueError, match="a row has 1 cells, the header 2"):
     _harness.table(["a", "b"], [["x"]])
