@@ -592,8 +592,8 @@ def picks_text(objective: str, picks: dict[tuple[str, str], float]) -> str:
 
 
 def welch(a: list[float | None], b: list[float | None]) -> dict[str, float]:
-  """Mean difference ``a - b``, its standard error and Welch's two-sided p over the seeds both have
-  values for (NaN where fewer than 2 each)."""
+  """Mean difference ``a - b``, its standard error and Welch's two-sided p over each side's finite values
+  (unpaired; NaN where either has fewer than 2, or where neither varies: no spread to test against)."""
   from scipy import stats
 
   x = np.asarray([v for v in a if v is not None and np.isfinite(v)], float)

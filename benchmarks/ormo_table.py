@@ -155,6 +155,8 @@ def order_steps(tests: list[dict], adjusted: list[float]) -> list[list[str]]:
     at_least = t["better"] == "ormo_da" and t["worse"] == "ormo"  # ≳: holds unless significantly reversed
     if not np.isfinite(t["diff"]):
       verdict = "missing"
+    elif t["std"] == 0:  # every seed of both the same: Welch's test has no spread to measure against
+      verdict = ("holds" if t["diff"] > 0 else "reversed") + " (no spread across seeds: not tested)"
     elif t["diff"] > 0:
       verdict = "holds" + (" (significant)" if p < 0.05 else ", not significant")
     elif at_least and not p < 0.05:
