@@ -1,4 +1,4 @@
-"""Small utilities shared by the tests: arrival traces, jitted updates, quadratic losses, configs."""
+"""Small utilities shared by the tests: arrival traces, jitted updates, quadratic losses, configs, histories."""
 
 from __future__ import annotations
 
@@ -100,3 +100,38 @@ def sync_state_like(exp, num_workers: int):
     next_eval=np.float32(0),
     event=np.int32(0),
   )
+
+
+def made_up_history(events: int, eval_metrics: dict, metrics_dtype=np.float32, **fields):
+  """A History of ``events`` events, made up: one a second from t = 1, worker 0, fresh, each one update,
+  released, loss 1; the evaluations ``eval_metrics`` (as ``metrics_dtype``) every 10 s from t = 0; any field given in ``fields``.
+
+  ``rejected_count`` follows ``rejected``; ``worker_steps`` and ``worker_used`` count every event on one worker.
+  """
+  from jaxsync._src.interface.history import History
+
+  evaluations = len(fields["eval_time"]) if "eval_time" in fields else len(next(iter(eval_metrics.values())))
+  zeros = np.zeros(events, np.int32)
+  values = dict(
+    time=np.arange(1, events + 1, dtype=np.float32),
+    worker=zeros,
+    staleness=zeros,
+    version=np.arange(1, events + 1, dtype=np.int32),
+    released=np.ones(events, bool),
+    k=np.ones(events, np.int32),
+    loss=np.ones(events, np.float32),
+    rejected=np.zeros(events, bool),
+    step_size=np.full(events, np.nan, np.float32),
+    eval_time=np.arange(evaluations, dtype=np.float32) * 10,
+    eval_version=np.arange(evaluations, dtype=np.int32),
+    eval_event=np.arange(evaluations, dtype=np.int32),
+    worker_steps=np.array([events]),
+    worker_used=np.array([events]),
+    worker_idle=np.zeros(1),
+    bytes_moved=0.0,
+    bytes_moved_intra=0.0,
+  )
+  values.update(fields)
+  values.setdefault("rejected_count", int(np.sum(values["rejected"])))
+  metrics = {name: np.asarray(v, metrics_dtype) for name, v in eval_metrics.items()}
+  return History(eval_metrics=metrics, **values)

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import yaml
 
+from helpers import made_up_history
+
 # Seconds each: run first, so the two xdist workers finish together (conftest.py).
 pytestmark = pytest.mark.heavy
 
@@ -467,30 +469,14 @@ def test_holm_adjusts_a_family_of_p_values():
 
 def summary_history(accuracy, elapsed: float, updates: int):
   """A History of ``elapsed`` one-second events ending at version ``updates``, evaluated at 0, 10, 20, ..."""
-  from jaxsync._src.interface.history import History
-
   n = int(elapsed)
   evals = len(accuracy)
-  return History(
-    time=np.arange(1, n + 1, dtype=np.float32),
-    worker=np.zeros(n, np.int32),
-    staleness=np.zeros(n, np.int32),
+  return made_up_history(
+    n,
+    {"accuracy": accuracy},
     version=np.linspace(updates / n, updates, n).astype(np.int32),
-    released=np.ones(n, bool),
-    k=np.ones(n, np.int32),
-    loss=np.ones(n, np.float32),
-    rejected=np.zeros(n, bool),
-    step_size=np.full(n, np.nan, np.float32),
-    eval_time=np.arange(evals, dtype=np.float32) * 10,
     eval_version=np.arange(evals, dtype=np.int32) * 100,
     eval_event=np.arange(evals, dtype=np.int32) * 10,
-    eval_metrics={"accuracy": np.asarray(accuracy, np.float32)},
-    worker_steps=np.array([n]),
-    worker_used=np.array([n]),
-    worker_idle=np.zeros(1),
-    bytes_moved=0.0,
-    bytes_moved_intra=0.0,
-    rejected_count=0,
   )
 
 

@@ -12,31 +12,26 @@ import pytest
 import jaxsync
 from jaxsync._src.advisor import advisor
 
+from helpers import made_up_history
+
 
 def curve(times, accuracy, *, loss=None, clock="simulated") -> jaxsync.sim.History:
   """A history whose evaluations are ``accuracy`` at ``times`` (events and updates: 10 per second)."""
   times = np.asarray(times, np.float64)
   n = 10
-  return jaxsync.sim.History(
+  return made_up_history(
+    n,
+    {"accuracy": accuracy},
+    metrics_dtype=np.float64,
     time=np.linspace(0, times[-1], n),
-    worker=np.zeros(n, int),
-    staleness=np.zeros(n, int),
-    version=np.arange(1, n + 1),
-    released=np.ones(n, bool),
-    k=np.ones(n, int),
     loss=np.zeros(n) if loss is None else np.asarray(loss),
-    rejected=np.zeros(n, bool),
     step_size=np.ones(n),
     eval_time=times,
     eval_version=np.round(times * 10).astype(int),
     eval_event=np.round(times * 10).astype(int),
-    eval_metrics={"accuracy": np.asarray(accuracy, np.float64)},
     worker_steps=np.zeros(2),
     worker_used=np.zeros(2),
     worker_idle=np.zeros(2),
-    bytes_moved=0.0,
-    bytes_moved_intra=0.0,
-    rejected_count=0,
     clock=clock,
   )
 

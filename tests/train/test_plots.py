@@ -7,9 +7,9 @@ import pytest
 
 pytest.importorskip("matplotlib")
 
-from jaxsync._src.interface.history import History
 from jaxsync._src.train import plots
 
+from helpers import made_up_history
 from sim_cases import accuracy_fn, problem, simulate
 
 RUN_METRIC_FILES = {"accuracy_vs_time", "accuracy_vs_updates", "loss_vs_time", "loss_vs_updates"}
@@ -31,26 +31,21 @@ def make_history(
   n = len(staleness)
   if metrics is None:
     metrics = {"accuracy": [0.3, 0.6, 0.8], "loss": [1.2, 0.8, 0.5]}
-  return History(
-    time=np.arange(1, n + 1, dtype=np.float32),
+  return made_up_history(
+    n,
+    metrics,
+    metrics_dtype=np.float64,
     worker=np.arange(n) % num_workers,
     staleness=np.asarray(staleness, np.int32),
-    version=np.arange(1, n + 1),
-    released=np.ones(n, bool),
     k=np.ones(n, np.int32) if k is None else np.asarray(k, np.int32),
     loss=np.linspace(2.0, 1.0, n).astype(np.float32) if loss is None else np.asarray(loss, np.float32),
     rejected=np.zeros(n, bool) if rejected is None else np.asarray(rejected, bool),
     step_size=np.full(n, np.nan, np.float32) if step_size is None else np.asarray(step_size, np.float32),
     eval_time=np.asarray(eval_time, np.float64),
     eval_version=np.asarray(eval_version),
-    eval_event=np.arange(len(eval_time)),
-    eval_metrics={name: np.asarray(v, np.float64) for name, v in metrics.items()},
     worker_steps=np.zeros(num_workers, np.int32),
     worker_used=np.zeros(num_workers, np.int32),
     worker_idle=np.zeros(num_workers, np.float32),
-    bytes_moved=0.0,
-    bytes_moved_intra=0.0,
-    rejected_count=0 if rejected is None else int(np.sum(rejected)),
   )
 
 

@@ -8,31 +8,20 @@ import numpy as np
 from jaxsync._src.interface.history import History
 from jaxsync._src.train.summary import divergence, summarize
 
+from helpers import made_up_history
+
 
 def _history(losses, rejected=None, accuracy=(0.0,)) -> History:
   n = len(losses)
   evals = len(accuracy)
-  zeros = np.zeros(n, np.int32)
-  return History(
+  return made_up_history(
+    n,
+    {"accuracy": accuracy},
     time=np.arange(n, dtype=np.float32),
-    worker=zeros,
-    staleness=zeros,
-    version=np.arange(1, n + 1, dtype=np.int32),
-    released=np.ones(n, bool),
-    k=np.ones(n, np.int32),
     loss=np.asarray(losses, np.float32),
     rejected=np.zeros(n, bool) if rejected is None else np.asarray(rejected, bool),
-    step_size=np.full(n, np.nan, np.float32),
-    eval_time=np.arange(evals, dtype=np.float32) * 10,
     eval_version=np.arange(evals, dtype=np.int32) * 5,
     eval_event=np.arange(evals, dtype=np.int32) * 5,
-    eval_metrics={"accuracy": np.asarray(accuracy, np.float32)},
-    worker_steps=np.array([n]),
-    worker_used=np.array([n]),
-    worker_idle=np.zeros(1),
-    bytes_moved=0.0,
-    bytes_moved_intra=0.0,
-    rejected_count=0 if rejected is None else int(np.sum(rejected)),
   )
 
 
