@@ -416,7 +416,7 @@ class Benchmark:
     at half the budget from ``half``; ``seeds`` and ``picks`` are text, or functions of ``(claim, rests)``.
     While the store lacks runs of the report, every verdict is "not decided yet"."""
     for claim, (verdict, evidence, *rests) in full.items():
-      at_half = half[claim][0] if claim in half else None
+      at_half, half_evidence = half[claim][:2] if claim in half else (None, None)
       if self.missing:  # a partial store decides nothing: the runs it lacks could turn any verdict
         verdict = f"**not decided yet** ({len(self.missing)} runs missing; so far {verdict})"
         if at_half is not None:  # worded alike, so that only a different verdict reads as budget-sensitive
@@ -431,8 +431,16 @@ class Benchmark:
           seeds(claim, rests) if callable(seeds) else seeds,
           picks(claim, rests) if callable(picks) else picks,
           at_half,
+          half_evidence,
         )
       )
+
+  def _budget_sensitive_text(self) -> str:
+    """What each budget-sensitive verdict rests on at half the budget ("" when none is)."""
+    rows = [[v.claim, v.at_half, v.half_evidence or "-"] for v in self.verdicts if v.budget_sensitive]
+    if not rows:
+      return ""
+    return "\nAt half the budget:\n\n" + table(["claim", "verdict", "evidence"], rows, text=True) + "\n"
 
   def section(self, heading: str, text: str) -> None:
     """A ``## heading`` and its text (a table, notes) in the results file, in order."""
@@ -531,7 +539,8 @@ class Benchmark:
           rows,
           text=True,
         )
-        + "\n\nA verdict that differs at half the budget (the same picks) is marked budget-sensitive.\n",
+        + "\n\nA verdict that differs at half the budget (the same picks) is marked budget-sensitive.\n"
+        + self._budget_sensitive_text(),
       )
       records = [{**dataclasses.asdict(v), "budget_sensitive": v.budget_sensitive} for v in self.verdicts]
       (self.results_dir / f"{self.name}_verdicts.json").write_text(json.dumps(records, indent=1) + "\n")
@@ -563,7 +572,8 @@ class Verdict:
 
   ``budget`` (the run's length, e.g. "10 epochs"), ``seeds`` (per cell), ``picks`` (each method's tuned
   learning rate, per column), ``at_half`` (the verdict the same cells give at half the
-  budget; a different one marks the claim budget-sensitive)."""
+  budget; a different one marks the claim budget-sensitive) and ``half_evidence`` (what that verdict rests
+  on)."""
 
   paper: str
   claim: str
@@ -573,6 +583,7 @@ class Verdict:
   seeds: str
   picks: str
   at_half: str | None = None
+  half_evidence: str | None = None
 
   @property
   def budget_sensitive(self) -> bool:
@@ -604,6 +615,25 @@ def welch(a: list[float | None], b: list[float | None]) -> dict[str, float]:
   se = float(np.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y)))
   p = float(stats.ttest_ind(x, y, equal_var=False).pvalue) if se > 0 else float("nan")
   return {"diff": float(x.mean() - y.mean()), "se": se, "p": p}
+
+
+def growth_test(a1, b1, a2, b2) -> dict[str, float]:
+  """Does the gap ``a - b`` grow from setting 1 to 2: ``(mean a2 - mean b2) - (mean a1 - mean b1)``, its
+  standard error and the two-sided p of Welch's t for this combination of four independent means (the
+  Welch-Satterthwaite degrees of freedom). NaN where a side has fewer than 2 finite values or none varies."""
+  from scipy import stats
+
+  sides = [np.asarray([v for v in s if v is not None and np.isfinite(v)], float) for s in (a1, b1, a2, b2)]
+  if any(len(x) < 2 for x in sides):
+    return {"diff": float("nan"), "se": float("nan"), "p": float("nan")}
+  x1, y1, x2, y2 = sides
+  diff = float((x2.mean() - y2.mean()) - (x1.mean() - y1.mean()))
+  parts = np.asarray([x.var(ddof=1) / len(x) for x in sides])
+  se = float(np.sqrt(parts.sum()))
+  if se == 0:
+    return {"diff": diff, "se": se, "p": float("nan")}
+  df = parts.sum() ** 2 / sum(v**2 / (len(x) - 1) for v, x in zip(parts, sides) if v > 0)
+  return {"diff": diff, "se": se, "p": float(2 * stats.t.sf(abs(diff) / se, df))}
 
 
 def rank_test(a: list[float | None], b: list[float | None]) -> float:

@@ -15,7 +15,8 @@ held-out seed: ASP and the flat ring once (they have no layout), InHAD and the h
 layout. Each claim is read at the pick for its own quantity: the speed claim at each strategy's fastest rate
 to the target, the accuracy claim at its most accurate rate (the grid runs are shared; the picks often
 coincide). Every cell runs 3 seeds, 5 where the two sides of a claim lie within two standard deviations; the
-speed-ups are Welch-tested, Holm-corrected over the layouts; every verdict is decided again at half the
+speed-ups are tested (Welch's test, or ranks where a seed missed the target), Holm-corrected
+over the layouts, and count only where the correction keeps them; every verdict is decided again at half the
 budget. Config: ``configs/fashion_mnist/inhad_layouts.yaml`` (``--data digits``: ``configs/inhad_layouts.yaml``).
 
 Every run is appended to ``benchmarks/results/inhad_layouts_runs.jsonl``; a rerun skips what it holds, and
@@ -282,10 +283,17 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
   for layout in layouts:
     inhad = fast[layout]["InHAD"]
     t_asp, t_inhad = asp.mean("time_to_target_held"), inhad.mean("time_to_target_held")
-    test = _harness.welch(asp.values("time_to_target_held"), inhad.values("time_to_target_held"))
+    # Welch's test when every seed reached the target, else ranks with a miss the slowest.
+    test = _harness.time_test(asp.values("time_to_target_held"), inhad.values("time_to_target_held"))
     speed[layout] = (None if not t_asp or not t_inhad else t_asp / t_inhad, test["p"])
   adjusted = dict(zip(layouts, _harness.holm([p for _, p in speed.values()])))
-  faster = [layout for layout, (x, _) in speed.items() if x is not None and x > 1]
+  # Sooner: a larger mean speed, or every InHAD seed reached the target where an ASP seed missed it.
+  reached = {layout: fast[layout]["InHAD"].mean("time_to_target_held") is not None for layout in layouts}
+  faster = [
+    layout
+    for layout, (x, _) in speed.items()
+    if reached[layout] and (asp.mean("time_to_target_held") is None or (x is not None and x > 1))
+  ]
   sure = [layout for layout in faster if adjusted[layout] < 0.05]
 
   def word(hits, of, strict=None):
@@ -304,7 +312,8 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
   )
   out = {
     '"much higher acceleration than ASP"': (
-      f"**{word(faster, speed, sure)}**",
+      # A mean ahead that Holm's correction does not keep decides nothing.
+      f"**{word(sure, speed, sure)}**",
       "InHAD's speed-up over ASP to the target: "
       + ", ".join(
         f"{layout} {'-' if x is None else f'{x:.2f}x'}"

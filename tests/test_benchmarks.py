@@ -843,3 +843,48 @@ def test_adaptive_k_claims_count_only_what_survives_holm():
   assert (
     akc.decide(cells, 0.84, 5)["speed-up over ASP (up to 2.25x GPU, 1.58x CPU)"][0] == "**not reproduced**"
   )
+
+
+def test_a_growing_gap_is_tested_on_the_four_means():
+  """``growth_test``: with two constant sides it is Welch's test of the other two; a shift it reports."""
+  from scipy import stats
+
+  a1, a2 = [0.80, 0.82, 0.81, 0.83], [0.85, 0.88, 0.86]
+  grown = _harness.growth_test(a1, [0.5] * 4, a2, [0.5] * 3)
+  assert grown["diff"] == pytest.approx(np.mean(a2) - np.mean(a1))
+  assert grown["p"] == pytest.approx(stats.ttest_ind(a2, a1, equal_var=False).pvalue)
+  same = _harness.growth_test(a1, [0.70, 0.71, 0.72], a1, [0.70, 0.71, 0.72])
+  assert same["diff"] == pytest.approx(0.0, abs=1e-12) and same["p"] == pytest.approx(1.0)
+  assert np.isnan(_harness.growth_test([0.8], [0.7, 0.71], a1, a2)["p"])  # one seed: nothing to test
+
+
+def test_inhad_speed_claim_counts_a_layout_only_where_holm_keeps_it():
+  """inhad_layouts' speed verdict on made-up times: ahead in the mean decides nothing; significantly ahead
+  at one layout of two is "partly"; a seed ASP missed is the slowest in a rank test."""
+  inhad = importlib.import_module("inhad_layouts")
+
+  def cell(times, accuracy=0.85, moved=1.0):
+    runs = [
+      types.SimpleNamespace(
+        summary={"time_to_target_held": t, "final_accuracy": accuracy, "bytes_moved": moved}
+      )
+      for t in times
+    ]
+    return _harness.Cell("x", runs, "")
+
+  asp = [10.0, 10.5, 11.0, 11.5, 12.0]
+  fast = {
+    "any layout": {"ASP": cell(asp, moved=4.0), "all-reduce (flat ring)": cell([5.0] * 5)},
+    "4 nodes x 1": {"InHAD": cell([t - 0.2 for t in asp], moved=3.0)},  # ahead in the mean only
+    "2 nodes x 2": {
+      "InHAD": cell([t - 5 for t in asp], moved=2.0),
+      "hierarchical all-reduce": cell([5.0] * 5),
+    },
+  }
+  verdict, evidence, _ = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
+  assert verdict == "**partly**" and "4 nodes x 1 1.02x (p = 0.7" in evidence
+  fast["2 nodes x 2"]["InHAD"] = cell([t - 0.2 for t in asp])
+  assert inhad.decide(fast, fast)['"much higher acceleration than ASP"'][0] == "**not reproduced**"
+  fast["any layout"]["ASP"] = cell([10.0, 10.5, 11.0, 11.5, None], moved=4.0)  # ASP missed once: ranks
+  verdict, evidence, _ = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
+  assert verdict == "**not reproduced**" and "4 nodes x 1 - (p = " in evidence
