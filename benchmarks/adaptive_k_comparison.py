@@ -406,6 +406,12 @@ def _reached(cell) -> str:
   return f"{sum(t is not None for t in times)} of {len(times)}"
 
 
+def _sooner(t: dict) -> bool:
+  """``a`` of a ``_faster`` comparison is sooner: it reached the target on every seed and ``b`` did not, or
+  its mean time is smaller."""
+  return t["a"] is not None and (t["b"] is None or (t["ratio"] is not None and t["ratio"] > 1))
+
+
 def _faster(a, b) -> dict:
   """Is ``a`` faster to the target than ``b``: mean times (None unless every seed reached it), and the p of
   ``_harness.time_test`` (Welch's when both reached it on every seed, else a rank test, a miss the slowest)."""
@@ -445,8 +451,7 @@ def decide(
     return f"{n}, {label}: {t['ratio']:.2f}x ASP" + ("" if np.isnan(p) else f" (p = {p:.3f} after Holm)")
 
   def faster(n, label):
-    t = tests[(n, label)]
-    return t["a"] is not None and (t["b"] is None or (t["ratio"] is not None and t["ratio"] > 1))
+    return _sooner(tests[(n, label)])
 
   def significant(n, label):
     return faster(n, label) and adjusted[(n, label)] < 0.05
@@ -488,11 +493,8 @@ def decide(
   if fixed and ADAPTIVE in row:
     beaten = {label: _faster(c, row[ADAPTIVE]) for label, c in fixed.items()}
     fixed_p = dict(zip(beaten, _harness.holm([t["p"] for t in beaten.values()])))
-    # Sooner: every seed reached it and the other missed one, or a smaller mean time.
-    faster = [
-      label for label, t in beaten.items() if t["a"] is not None and (t["b"] is None or t["ratio"] > 1)
-    ]
-    slower = [
+    faster = [label for label, t in beaten.items() if _sooner(t)]
+    slower = [  # adaptive k sooner than this fixed k
       label for label, t in beaten.items() if t["b"] is not None and (t["a"] is None or t["ratio"] < 1)
     ]
     beats = [label for label in faster if fixed_p[label] < 0.05]
@@ -534,7 +536,7 @@ def decide(
         + (f" ({', '.join(missed)})" if missed else "")
         + ("" if np.isnan(bb_p[n]) else f" (p = {bb_p[n]:.3f} after Holm)")
       )
-    ahead = [n for n, t in bb_tests.items() if t["a"] is not None and (t["b"] is None or t["ratio"] > 1)]
+    ahead = [n for n, t in bb_tests.items() if _sooner(t)]
     sure = [n for n in ahead if bb_p[n] < 0.05]
     unbounded = row.get(UNBOUNDED_BB)
     tail = (
