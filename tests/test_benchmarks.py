@@ -904,3 +904,62 @@ def test_inhad_speed_claim_counts_a_layout_only_where_holm_keeps_it():
   fast["any layout"]["ASP"] = cell([10.0, 10.5, 11.0, 11.5, None], moved=4.0)  # ASP missed once: ranks
   verdict, evidence, _ = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
   assert verdict == "**not reproduced**" and "4 nodes x 1 - (p = " in evidence
+
+
+def test_ea_wild_claims_count_only_what_survives_holm():
+  """ea_wild_comparison's verdicts on made-up cells: a lead in the mean that Holm's correction does not keep
+  decides nothing, for accuracy (part 1, part 2) and for time to the target at the sweep's ends."""
+  ea_wild = importlib.import_module("ea_wild_comparison")
+
+  def cell(accuracy, times=(None,) * 5):
+    runs = [
+      types.SimpleNamespace(summary={"final_accuracy": a, "time_to_target_held": t})
+      for a, t in zip(accuracy, times)
+    ]
+    return _harness.Cell("x", runs, "")
+
+  base = [0.85, 0.851, 0.852, 0.853, 0.854]
+  part1 = {
+    "ea_wild": cell([a + 0.02 for a in base]),  # 2 points ahead of both: significant
+    "asp": cell(base),
+    "hogwild": cell([a - 0.01 for a in base]),
+  }
+  workers, ratios = (8,), (0.1, 100.0)
+  slow, fast = [10.0, 10.5, 11.0, 11.5, 12.0], [5.0, 5.5, 6.0, 6.5, 7.0]
+  part2 = {
+    (8, 0.1): {"ea_wild": cell(base, fast), "sync": cell(base, slow)},  # async wins at the low ratio
+    (8, 100.0): {"ea_wild": cell(base, slow), "sync": cell(base, fast)},  # sync at the high one
+  }
+
+  def decide(part1, part2, accuracy=None):
+    crossings = ea_wild.crossovers(part2, workers, ratios)
+    return ea_wild.decide(part1, part2, accuracy or part2, crossings, 0.8, workers, ratios)
+
+  found = decide(part1, part2)
+  first, speed, accurate = found.values()
+  assert first[0] == "**reproduced**" and "p = 0.000 after Holm" in first[1]
+  assert speed[0] == "**reproduced**"
+  assert accurate[0] == "**reproduced**"
+  # Ahead of ASGD in the mean only: not separated, "partly"; behind it significantly: not reproduced.
+  part1["ea_wild"] = cell([a + 0.0005 for a in base])
+  assert decide(part1, part2)[next(iter(found))][0] == "**partly** (not separated from parameter-server ASGD)"
+  part1["ea_wild"] = cell([a - 0.02 for a in base])
+  assert decide(part1, part2)[next(iter(found))][0] == "**not reproduced**"
+  # Async ahead at the low ratio in the mean only: the half that holds is sync's.
+  part2[(8, 0.1)] = {"ea_wild": cell(base, [t - 0.1 for t in slow]), "sync": cell(base, slow)}
+  verdict, evidence, _ = list(decide(part1, part2).values())[1]
+  assert verdict == "**partly** (sync wins at the highest ratio at 8 workers)"
+  assert "At the lowest ratio EA-wild is faster (1.01x, p = 0." in evidence
+  # A seed sync missed is ranked the slowest; with 5 seeds a side every rank ahead separates.
+  part2[(8, 0.1)] = {"ea_wild": cell(base, fast), "sync": cell(base, [*slow[:4], None])}
+  verdict, evidence, _ = list(decide(part1, part2).values())[1]
+  assert verdict == "**reproduced**" and "reached: sync on 4 of 5 seeds, EA-wild on 5 of 5 seeds" in evidence
+  # Sync 1.5 points behind EA-wild in one cell of two, significantly: "partly"; behind by 0.5: as accurate.
+  accuracy = {
+    (8, 0.1): {"ea_wild": cell([a + 0.015 for a in base]), "sync": cell(base)},
+    (8, 100.0): {"ea_wild": cell([a + 0.005 for a in base]), "sync": cell(base)},
+  }
+  verdict, evidence, _ = list(decide(part1, part2, accuracy).values())[2]
+  assert (
+    verdict == "**partly**" and "at ratio 0.1 with 8 workers" in evidence and "-1.50 to -0.50" in evidence
+  )
