@@ -1,27 +1,29 @@
 """How often `jaxsync advise` picks the winner of the full runs, from the beginning of them.
 
-For each scenario (a shipped config and its compare strategies), every
-candidate runs the whole run on each seed, evaluated at equal event counts
-(``jaxsync.sim.short_run`` over all the gradients). The *winner* is what the
-full runs say: ``jaxsync.sim.rank`` on them, by time to the config's target
-accuracy (measured where reached). The *advisor* sees only the first 10%, 25%
-or 50% of the same runs (``jaxsync.sim.prefix``): the simulator is
-deterministic and a prefix at a whole number of evaluation intervals equals a
-short run of that length (tested in ``tests/sim/test_advisor.py``), so this is
-exactly what ``jaxsync advise --fraction F`` would have run. Reported per
-scenario and fraction: the advisor's pick, whether it is decisive, and whether
-it matches the full runs' winner; then the hit rate over scenarios.
+For each scenario (a shipped Fashion-MNIST paper config and its compare strategies), every candidate is tuned
+for the scenario on one log-spaced grid (``GRID``, extended past an edge pick) on the held-out seed, on the
+time to the target (what the advisor ranks by); then it runs the whole run at that rate on each seed,
+evaluated at equal event counts (``Experiment.short_run`` over all the gradients). The *winner* is what the
+full runs say: ``jaxsync.advisor.rank`` on them, by time to the target (measured where reached). Where the
+full runs cannot separate their winner from the runner-up over 3 seeds, the scenario runs 5. The *advisor*
+sees only the first 10%, 25% or 50% of the same runs (``jaxsync.advisor.prefix``): the simulator is
+deterministic and a prefix at a whole number of evaluation intervals equals a short run of that length
+(tested in ``tests/advisor/test_advisor.py``), so this is exactly what ``jaxsync advise --fraction F``
+would have run. Reported per scenario and fraction: the advisor's pick, whether it is decisive, and whether
+it matches the full runs' winner; then the hit rate over scenarios, at the budget and again at half of it
+(the same picks and seeds; a different hit rate marks the verdict budget-sensitive).
 
-Every run is appended to ``benchmarks/results/advisor_check_runs.jsonl`` with its evaluations and, for
-the whole run and each fraction, what the advisor reads of that prefix (its events, simulated time, updates
+The runs: the MLP (so that every candidate can be tuned on 2 cores) for ``EPOCHS`` epochs, the configs'
+schedules scaled to that length, the target accuracy ``TARGET``, as in the paper benchmarks. Every run is
+appended to ``benchmarks/results/advisor_check_runs.jsonl`` (the full runs with their evaluations and, for
+the whole run and each fraction, what the advisor reads of that prefix: its events, simulated time, updates
 and whether its last tenth of training losses is finite); a rerun skips what the store holds and
 ``--report-only`` rewrites the results file from it.
 
 Sizes:
-  tiny     digits, an MLP, 2 strategies, 1 scenario, 1 seed: the suite's smoke test.
-  default  Fashion-MNIST with the paper configs' LeNet and protocols, their compare strategies,
-           the first 2.5 of their 5 epochs, 3 seeds (about 2 hours on 2 cores).
-  full     the configs' whole 5 epochs, 3 seeds.
+  tiny     digits, an MLP, 2 strategies, 1 scenario, 1 seed, a one-rate grid: the suite's smoke test.
+  default  the four Fashion-MNIST paper configs' scenarios, 10 epochs, 3-5 seeds.
+  full     the same with the configs' own LeNet.
 
     python benchmarks/advisor_check.py [--size tiny|default|full] [--seeds N] [--report-only]
 """
@@ -44,6 +46,9 @@ from jaxsync._src.train import training
 
 FRACTIONS = (0.1, 0.25, 0.5)
 EVALUATIONS = 40  # of the full run: a whole number of them at each fraction (4, 10, 20)
+EPOCHS = 10
+TARGET = 0.84
+GRID = (0.003, 0.01, 0.03, 0.1)
 # scenario: (config, overrides), the candidates being the config's compare.strategies
 SCENARIOS = {
   "OrMo table, 16 het.": ("fashion_mnist/ormo_table", []),
@@ -57,6 +62,34 @@ TINY = {
     ["model.name=mlp", "model.hidden=[32]", "run.gradients=800", "run.target_accuracy=0.8"],
   )
 }
+TINY_STRATEGIES = ["asp", "bsp"]
+TINY_GRID = (0.02,)  # the quickstart config's rate
+CLAIM = "`jaxsync advise` picks the full runs' winner from the first 10%, 25%, 50% of them"
+
+
+def scaled(config, size: str, fraction: float = 1.0) -> list[str]:
+  """The overrides that make a paper config's run ``EPOCHS`` epochs (times ``fraction``) of the size's
+  model, its schedule's epochs scaled with the run, the target ``TARGET``; tiny: the run's gradients times
+  ``fraction``."""
+  if size == "tiny":
+    return [] if fraction == 1.0 else [f"run.gradients={round(fraction * config.run.gradients)}"]
+  epochs = EPOCHS * fraction
+  gradients = round(epochs * 60_000 / config.data.batch_size)
+  factor = gradients / config.run.gradients  # the config's schedule counts epochs of its own run
+  schedule = config.strategy.schedule
+  out = [
+    *(["model.name=mlp"] if size == "default" else []),
+    f"run.gradients={gradients}",
+    "run.checkpoint_every=null",
+    f"run.target_accuracy={TARGET}",
+  ]
+  if schedule.unit == "epochs":
+    out.append(f"strategy.schedule.warmup={schedule.warmup * factor:g}")
+    if schedule.boundaries:
+      out.append(
+        f"strategy.schedule.boundaries=[{', '.join(f'{b * factor:g}' for b in schedule.boundaries)}]"
+      )
+  return out
 
 
 def views(history: History) -> dict[str, dict]:
@@ -101,138 +134,268 @@ def view(history: History, point: dict) -> History:
   )
 
 
+def full_runs(bench, scenario: str, config, names, rates: dict[str, float], seeds: int) -> dict[str, list]:
+  """Each candidate's whole run on each seed at its tuned rate, from the store or run (and stored):
+  ``{name: [(seed, history, what the advisor reads of each prefix)]}``, the seeds the store lacks left out
+  (``--report-only``)."""
+  gradients = config.run.gradients
+  tag = f"short_run(gradients={gradients}, evaluations={EVALUATIONS})"
+  out: dict[str, list] = {}
+  for name in names:
+    for i in range(seeds):
+      cfg = experiment.for_strategy(config, name, config.seed + i)
+      options = {**cfg.strategy.options, "learning_rate": rates[name]}
+      cfg = dataclasses.replace(cfg, strategy=dataclasses.replace(cfg.strategy, options=options))
+      stored = bench.store.find(cfg, tag)
+      if stored is None and bench.report_only:
+        bench.missing.append(f"{scenario} | {name} | seed {cfg.seed}")
+        continue
+      if stored is None:
+        history = experiment.build(cfg).short_run(gradients, evaluations=EVALUATIONS)
+        stored = bench.store.add(
+          cfg,
+          training.RunResult(None, history, {}, None),
+          setting=scenario,
+          label=name,
+          code=_harness.code_version(),
+          measures=views(history),
+          tag=tag,
+        )
+        print(
+          f"[advisor_check {bench.elapsed()}] {scenario} | {name} | seed {cfg.seed}: accuracy"
+          f" {history.eval_metrics['accuracy'][-1]:.3f} at {history.elapsed:.3g} s",
+          file=sys.stderr,
+          flush=True,
+        )
+      bench.run_count += 1
+      bench.used_keys.add(_store.config_key(cfg, tag))
+      out.setdefault(name, []).append((cfg.seed, stored.history, bench.store.measures(cfg, tag)))
+  return out
+
+
+def complete(runs: dict[str, list], names, seeds: int) -> bool:
+  """Whether every candidate has all its seeds' runs (the store may lack some: ``--report-only``)."""
+  return all(len(runs.get(n, [])) == seeds for n in names)
+
+
+def evaluations(runs: dict[str, list]) -> dict[str, list[dict]]:
+  """Every run's evaluations, for ``advisor_check.json``."""
+  return {
+    name: [
+      {
+        "seed": seed,
+        "eval_time": h.eval_time.tolist(),
+        "eval_event": h.eval_event.tolist(),
+        "accuracy": h.eval_metrics["accuracy"].tolist(),
+      }
+      for seed, h, _ in found
+    ]
+    for name, found in runs.items()
+  }
+
+
+@dataclasses.dataclass
+class Check:
+  """One scenario's full runs and the advisor's pick from each fraction of them."""
+
+  scenario: str
+  truth: advisor.Advice
+  advice: dict[float, advisor.Advice]
+
+  def hit(self, fraction: float) -> bool:
+    return self.advice[fraction].recommended == self.truth.recommended
+
+  def among(self, fraction: float) -> bool:
+    """The full runs' winner is the advisor's pick or one it could not separate from its pick."""
+    return self.hit(fraction) or self.truth.recommended in self.advice[fraction].tied
+
+  def confident_miss(self, fraction: float) -> bool:
+    return self.advice[fraction].decisive and not self.hit(fraction)
+
+
+def check(scenario: str, runs: dict[str, list], target: float, chance: float) -> Check:
+  """What the full runs say and what the advisor says from each fraction of them."""
+  truth = advisor.rank(
+    {n: [view(h, p["1"]) for _, h, p in r] for n, r in runs.items()}, target=target, chance=chance
+  )
+  advice = {
+    f: advisor.rank(
+      {n: [view(h, p[f"{f:g}"]) for _, h, p in r] for n, r in runs.items()}, target=target, chance=chance
+    )
+    for f in FRACTIONS
+  }
+  return Check(scenario, truth, advice)
+
+
+def decide(checks: list[Check], scenarios: int) -> dict[str, tuple[str, str]]:
+  """The hit rate as a verdict: ``{claim: (hits per fraction, what they rest on)}``."""
+  n = len(checks)
+  counts = ", ".join(str(sum(c.hit(f) for c in checks)) for f in FRACTIONS)
+  among = ", ".join(str(sum(c.among(f) for c in checks)) for f in FRACTIONS)
+  misses = [
+    f"{c.scenario} at {f:g} ({c.advice[f].recommended} for {c.truth.recommended})"
+    for c in checks
+    for f in FRACTIONS
+    if c.confident_miss(f)
+  ]
+  separated = [c for c in checks if c.truth.decisive]
+  evidence = (
+    f"{among} of {n} counting the candidates it could not separate from its pick; confident misses (decisive"
+    f" and wrong): {'; '.join(misses) or 'none'}; the full runs separate their winner in {len(separated)} of"
+    f" {n} scenarios"
+    + (f" ({', '.join(f'{c.truth.recommended} in {c.scenario}' for c in separated)})" if separated else "")
+  )
+  if n < scenarios:
+    evidence += f"; {scenarios - n} of {scenarios} scenarios not in the store yet"
+  return {CLAIM: (f"**{counts} of {n}** scenarios from 10%, 25%, 50% of the runs", evidence)}
+
+
 def main(argv: list[str]) -> int:
   args = _harness.parser(__doc__).parse_args(argv)
   bench = _harness.Benchmark(
     "advisor_check", "The advisor's pick from short runs against the full runs' winner", args, argv, seeds=3
   )
   bench.keeps_run_dirs = False
-  scenarios = TINY if args.size == "tiny" else SCENARIOS
-  scale = {"tiny": 1.0, "default": 0.5, "full": 1.0}[args.size]
-  strategies_of = {"tiny": ["asp", "bsp"]}
-  rows, picks, curves = [], {f: [] for f in FRACTIONS}, {}
+  tiny = args.size == "tiny"
+  scenarios = TINY if tiny else SCENARIOS
+  checks: dict[float, list[Check]] = {1.0: [], 0.5: []}
+  rows: dict[float, list[list[str]]] = {1.0: [], 0.5: []}
+  curves: dict = {}
+  picks: dict[tuple[str, str], float] = {}
+  seeds_used = []
   for scenario, (config_name, overrides) in scenarios.items():
-    config = bench.config(config_name, overrides)
-    gradients = max(EVALUATIONS, round(scale * config.run.gradients))
-    names = strategies_of.get(args.size) or config.compare.strategies
-    full: dict[str, list] = {}
-    prefixes: dict[str, list] = {}
-    tag = f"short_run(gradients={gradients}, evaluations={EVALUATIONS})"
-    for name in names:
-      for i in range(bench.seeds):
-        cfg = experiment.for_strategy(config, name, config.seed + i)
-        exp = experiment.build(cfg)
-        stored = bench.store.find(cfg, tag)
-        if stored is None and bench.report_only:
-          bench.missing.append(f"{scenario} | {name} | seed {cfg.seed}")
-          continue
-        if stored is None:
-          history = exp.short_run(gradients, evaluations=EVALUATIONS)
-          stored = bench.store.add(
-            cfg,
-            training.RunResult(None, history, {}, None),
-            setting=scenario,
-            label=name,
-            code=_harness.code_version(),
-            measures=views(history),
-            tag=tag,
-          )
-        bench.run_count += 1
-        bench.used_keys.add(_store.config_key(cfg, tag))
-        history, points = stored.history, bench.store.measures(cfg, tag)
-        full.setdefault(name, []).append(view(history, points["1"]))
-        prefixes.setdefault(name, []).append((history, points))
-        curves.setdefault(scenario, {}).setdefault(name, []).append(
-          {
-            "seed": exp.config.seed,
-            "eval_time": history.eval_time.tolist(),
-            "eval_event": history.eval_event.tolist(),
-            "accuracy": history.eval_metrics["accuracy"].tolist(),
-          }
-        )
-        print(
-          f"[advisor_check {bench.elapsed()}] {scenario} | {name} | seed {exp.config.seed}: "
-          f"accuracy {history.eval_metrics['accuracy'][-1]:.3f} at {history.elapsed:.3g} s",
-          file=sys.stderr,
-          flush=True,
-        )
-    if sum(len(runs) for runs in full.values()) < len(names) * bench.seeds:  # the store lacks runs
-      rows += [[scenario, f"{f:g}", *["missing"] * 6] for f in FRACTIONS]
-      continue
-    target = config.run.target_accuracy
-    chance = 1.0 / exp.dataset.num_classes
-    truth = advisor.rank(full, target=target, chance=chance)
+    shipped = bench.config(config_name, overrides)
+    config = bench.config(config_name, [*overrides, *scaled(shipped, args.size)])
+    names = TINY_STRATEGIES if tiny else list(config.compare.strategies)
+    rates, grid_text = bench.tune(
+      config, {n: (n, {}) for n in names}, TINY_GRID if tiny else GRID, evaluations=EVALUATIONS,
+      objective="time", extend=not tiny, setting=f"lr grid, {scenario}",
+    )  # fmt: skip
+    picks.update({(scenario, n): r for n, r in rates.items()})
     bench.section(
-      f"{scenario}: the full runs ({gradients} gradients, {bench.seeds} seed(s))",
-      f"Config `configs/{config_name}.yaml`"
-      + (f" with `{' '.join(overrides)}`" if overrides else "")
-      + f"; target accuracy {target:g}.\n\n{truth.table()}\n\nWinner: **{truth.recommended}**"
-      + ("" if truth.decisive else f" (not separated from {', '.join(truth.tied)} over the seeds)")
-      + ".",
+      f"{scenario}: learning rates, seed {_harness.TUNING_SEED}",
+      grid_text + "\n\n**Bold**: the fastest to the target (the rate of every run below).",
     )
-    for fraction in FRACTIONS:
-      short = {
-        name: [view(h, points[f"{fraction:g}"]) for h, points in runs] for name, runs in prefixes.items()
-      }
-      advice = advisor.rank(short, target=target, chance=chance)
-      hit = advice.recommended == truth.recommended
-      among = hit or truth.recommended in advice.tied
-      picks[fraction].append((hit, among))
-      runner = advice.ranking[1].strategy if len(advice.ranking) > 1 else "-"
-      reach = advice.ranking[0].reach
-      rows.append(
-        [
-          scenario,
-          f"{fraction:g}",
-          advice.recommended,
-          "yes" if advice.decisive else f"no (tied: {', '.join(advice.tied)})",
-          "measured" if reach <= 1 else f"{reach:.1f}x" if math.isfinite(reach) else "-",
-          runner,
-          truth.recommended,
-          "hit" if hit else "among the tied" if among else "miss",
-        ]
-      )
-  bench.section(
-    "The advisor's pick against the full runs' winner",
-    _harness.table(
-      [
-        "scenario",
-        "fraction",
-        "advisor's pick",
-        "decisive",
-        "reach",
-        "advisor's runner-up",
-        "full runs' winner",
-        "verdict",
-      ],
-      rows,
-    )
-    + "\n\nReach: how far the pick's estimate lies beyond the short runs (measured: reached within them).",
-  )
-  summary = [
-    [
-      f"{f:g}",
-      f"{sum(h for h, _ in picks[f])} of {len(picks[f])}",
-      f"{sum(a for _, a in picks[f])} of {len(picks[f])}",
-    ]
-    for f in FRACTIONS
+    target = config.run.target_accuracy
+    chance = 1.0 / experiment.build(config).dataset.num_classes
+    seeds = bench.seeds
+    runs = full_runs(bench, scenario, config, names, rates, seeds)
+    if (
+      complete(runs, names, seeds)
+      and not tiny
+      and args.seeds is None
+      and not check(scenario, runs, target, chance).truth.decisive
+    ):
+      seeds = 5  # the winner not separated over 3 seeds: 5
+      runs = full_runs(bench, scenario, config, names, rates, seeds)
+    curves[scenario] = evaluations(runs)
+    seeds_used.append(seeds)
+    half_config = bench.config(config_name, [*overrides, *scaled(shipped, args.size, 0.5)])
+    half_runs = full_runs(bench, f"{scenario}, half the budget", half_config, names, rates, seeds)
+    for budget, found, cfg in ((1.0, runs, config), (0.5, half_runs, half_config)):
+      if not complete(found, names, seeds):  # the store lacks runs (--report-only)
+        rows[budget] += [[scenario, f"{f:g}", *["missing"] * 6] for f in FRACTIONS]
+        continue
+      c = check(scenario, found, target, chance)
+      checks[budget].append(c)
+      rows[budget] += advice_rows(c)
+      if budget == 1.0:
+        bench.section(
+          f"{scenario}: the full runs ({cfg.run.gradients} gradients, {seeds} seed(s))",
+          f"Config `configs/{config_name}.yaml` with `{' '.join([*overrides, *scaled(shipped, args.size)])}`;"
+          f" target accuracy {target:g}.\n\n{c.truth.table()}\n\nWinner: **{c.truth.recommended}**"
+          + ("" if c.truth.decisive else f" (not separated from {', '.join(c.truth.tied)} over the seeds)")
+          + ".",
+        )
+  header = [
+    "scenario",
+    "fraction",
+    "advisor's pick",
+    "decisive",
+    "reach",
+    "advisor's runner-up",
+    "full runs' winner",
+    "verdict",
   ]
-  bench.section(
-    "Hit rate",
-    _harness.table(["fraction of the run", "picks the winner", "winner among its pick and ties"], summary),
+  for budget, what in ((1.0, "the budget"), (0.5, "half the budget")):
+    bench.section(
+      f"The advisor's pick against the full runs' winner, at {what}",
+      _harness.table(header, rows[budget])
+      + "\n\nReach: how far the pick's estimate lies beyond the short runs (measured: reached within them).",
+    )
+    bench.section(f"Hit rate, at {what}", hit_table(checks[budget]))
+  budget = (
+    f"{config.run.gradients} gradients" if tiny else f"{EPOCHS} epochs ({config.run.gradients} gradients)"
+  )
+  if not tiny and args.size == "default":
+    budget += ", the MLP"
+  bench.decided(
+    "jaxsync's advisor",
+    decide(checks[1.0], len(scenarios)),
+    decide(checks[0.5], len(scenarios)),
+    budget=budget,
+    seeds="-".join(map(str, sorted({min(seeds_used), max(seeds_used)}))),
+    picks=_harness.picks_text("time", picks),
   )
   bench.results_dir.mkdir(parents=True, exist_ok=True)
   (bench.results_dir / "advisor_check.json").write_text(json.dumps(curves))
   bench.section(
     "Data",
-    "Every run's evaluations (simulated time, events, accuracy) are in `advisor_check.json` beside this file.",
+    "Every full run's evaluations (simulated time, events, accuracy) are in `advisor_check.json` beside this"
+    " file.",
   )
   bench.write()
   print(
     "advisor hit rate: "
-    + ", ".join(f"{f:g}: {sum(h for h, _ in picks[f])}/{len(picks[f])}" for f in FRACTIONS)
+    + ", ".join(f"{f:g}: {sum(c.hit(f) for c in checks[1.0])}/{len(checks[1.0])}" for f in FRACTIONS)
   )
   return 0
+
+
+def advice_rows(c: Check) -> list[list[str]]:
+  """The advice table's rows of one scenario: one per fraction."""
+  rows = []
+  for fraction in FRACTIONS:
+    advice = c.advice[fraction]
+    runner = advice.ranking[1].strategy if len(advice.ranking) > 1 else "-"
+    reach = advice.ranking[0].reach
+    rows.append(
+      [
+        c.scenario,
+        f"{fraction:g}",
+        advice.recommended,
+        "yes" if advice.decisive else f"no (tied: {', '.join(advice.tied)})",
+        "measured"
+        if reach <= 1
+        else f"{reach:.1f}x"
+        if reach < 1000
+        else ">1000x"
+        if math.isfinite(reach)
+        else "-",
+        runner,
+        c.truth.recommended,
+        "hit" if c.hit(fraction) else "among the tied" if c.among(fraction) else "miss",
+      ]
+    )
+  return rows
+
+
+def hit_table(checks: list[Check]) -> str:
+  """Per fraction: how often the pick is the winner, the winner is among the pick and its ties, and the
+  pick is decisive and wrong."""
+  n = len(checks)
+  return _harness.table(
+    ["fraction of the run", "picks the winner", "winner among its pick and ties", "confident misses"],
+    [
+      [
+        f"{f:g}",
+        f"{sum(c.hit(f) for c in checks)} of {n}",
+        f"{sum(c.among(f) for c in checks)} of {n}",
+        str(sum(c.confident_miss(f) for c in checks)),
+      ]
+      for f in FRACTIONS
+    ],
+  )
 
 
 if __name__ == "__main__":

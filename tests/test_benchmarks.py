@@ -660,6 +660,44 @@ def test_advisor_check_tiny(tmp_path):
   (scenario,) = curves
   assert set(curves[scenario]) == {"asp", "bsp"} and len(curves[scenario]["asp"][0]["accuracy"]) == 41
   assert "Run directories" not in markdown  # the runs stay in memory
+  # Each candidate tuned (one rate at this size), then the full runs and the same at half the budget.
+  stored = [json.loads(line) for line in (results / "advisor_check_runs.jsonl").read_text().splitlines()]
+  settings = sorted({r["setting"] for r in stored})
+  assert settings == [
+    "digits, 8 workers, 2 slow",
+    "digits, 8 workers, 2 slow, half the budget",
+    "lr grid, digits, 8 workers, 2 slow",
+  ]
+  (verdict,) = json.loads((results / "advisor_check_verdicts.json").read_text())
+  assert verdict["verdict"].startswith("**1, 1, 1 of 1**") and verdict["picks"].endswith("bsp 0.02")
+
+
+def test_the_advisor_check_counts_hits_ties_and_confident_misses():
+  """advisor_check's verdict on made-up picks: hits per fraction, the winner among the ties, and a decisive
+  wrong pick named as a confident miss."""
+  advisor_check = importlib.import_module("advisor_check")
+
+  def advice(pick, decisive=True, tied=()):
+    return types.SimpleNamespace(recommended=pick, decisive=decisive, tied=tuple(tied))
+
+  checks = [
+    advisor_check.Check(
+      "A",
+      advice("ormo"),
+      {0.1: advice("ormo_da", False, ["ormo"]), 0.25: advice("ormo_da"), 0.5: advice("ormo")},
+    ),
+    advisor_check.Check(
+      "B", advice("asp", False, ["bsp"]), {0.1: advice("bsp"), 0.25: advice("asp"), 0.5: advice("asp")}
+    ),
+  ]
+  ((claim, (verdict, evidence)),) = advisor_check.decide(checks, scenarios=3).items()
+  assert verdict == "**0, 1, 2 of 2** scenarios from 10%, 25%, 50% of the runs"
+  assert evidence.startswith("1, 1, 2 of 2 counting the candidates")
+  assert "A at 0.25 (ormo_da for ormo); B at 0.1 (bsp for asp)" in evidence
+  assert (
+    "separate their winner in 1 of 2 scenarios (ormo in A)" in evidence
+    and "1 of 3 scenarios not in the store" in evidence
+  )
 
 
 def test_the_advisor_check_reads_a_stored_prefix_as_the_advisor_reads_the_real_one(tmp_path):
