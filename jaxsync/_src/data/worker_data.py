@@ -80,25 +80,25 @@ class WorkerData:
     self.num_examples = n
     self.seed = seed
     self.shards = jnp.asarray(order.reshape(num_workers, shard), jnp.int32)
-    self._key = jax.random.key(seed)
+    self._key_data = jax.random.key_data(jax.random.key(seed))
     # a p + c < 2^31 for every position p < S: a <= (2^31 - 1) / S - 1 keeps int32 exact.
     largest = max(1, min(shard, (2**31 - 1) // shard - 1))
     self._units = jnp.asarray([a for a in range(1, largest + 1) if math.gcd(a, shard) == 1], jnp.int32)
 
   # A pytree (its arrays are leaves): a jitted function takes it as an argument, so the training set
   # reaches XLA as a buffer and not as a constant folded into the program (for Fashion-MNIST's 188 MB
-  # that was 3 s more of every compilation).
+  # that was 3 s more of every compilation). The shuffling key is a leaf too: as a constant it made
+  # each seed's program differ, so a persistent compilation cache could not serve one seed's from another's.
   def tree_flatten(self):
-    children = (self.arrays, self.shards, self._units)
+    children = (self.arrays, self.shards, self._units, self._key_data)
     aux = (self.num_workers, self.batch_size, self.shard_size, self.num_examples, self.seed)
     return children, aux
 
   @classmethod
   def tree_unflatten(cls, aux, children):
     data = object.__new__(cls)
-    data.arrays, data.shards, data._units = children
+    data.arrays, data.shards, data._units, data._key_data = children
     data.num_workers, data.batch_size, data.shard_size, data.num_examples, data.seed = aux
-    data._key = jax.random.key(data.seed)
     return data
 
   def indices(self, worker: jax.Array, step: jax.Array) -> jax.Array:
@@ -106,7 +106,7 @@ class WorkerData:
     s = self.shard_size
     position = step * self.batch_size + jnp.arange(self.batch_size, dtype=jnp.int32)
     epoch = position // s
-    worker_key = jax.random.fold_in(self._key, worker)
+    worker_key = jax.random.fold_in(jax.random.wrap_key_data(self._key_data), worker)
 
     def order(e):
       ka, kc = jax.random.split(jax.random.fold_in(worker_key, e))
