@@ -18,7 +18,9 @@ Every solver is tuned for its own column on one log-spaced grid (``GRID``, exten
 held-out seed: part 1's solvers at 16 workers, sync and EA-wild at each (workers, ratio) of part 2. Each claim
 reads the pick for its own quantity: the accuracy claims each method's most accurate rate, the speed claim its
 fastest to the target (the same grid runs; the picks often coincide). Every cell runs 3 seeds, 5 where a
-claim's two sides lie within two standard deviations; every verdict is decided again at half the budget. The
+claim's two sides lie within two standard deviations or (part 2) a seed missed the target, which only ranks can
+then compare; a lead counts where it is significant after Holm's correction over the claim's tests; every
+verdict is decided again at half the budget. The
 learning happens on Fashion-MNIST with the paper's DenseNet-40 recipe scaled to the run. Config:
 ``configs/fashion_mnist/ea_wild_comparison.yaml`` (``--data digits``: ``configs/ea_wild_comparison.yaml``).
 
@@ -269,7 +271,7 @@ def main(argv: list[str]) -> int:
     close = {
       key
       for key, cells in part2.items()
-      if _harness.too_close(cells["sync"], cells["ea_wild"], "time_to_target_held")
+      if _harness.too_close(cells["sync"], cells["ea_wild"], "time_to_target_held") or _missed_some(cells)
     }
     if close:
       for key, cells in part2_cells(base, "time", seeds=5, only=close).items():
@@ -374,6 +376,13 @@ def _time_ratio(cells: dict[str, _harness.Cell]) -> float | None:
   """EA-wild's mean time to the target over sync's, None unless both reached it on every seed."""
   wild, sync = cells["ea_wild"].mean("time_to_target_held"), cells["sync"].mean("time_to_target_held")
   return wild / sync if wild and sync else None
+
+
+def _missed_some(cells: dict[str, _harness.Cell]) -> bool:
+  """Whether a seed of either cell missed the target, but not every seed of both: the times are then compared
+  by ranks (``_harness.time_test``), whose smallest p with 3 seeds a side is 0.1, so the pair gets 5."""
+  times = [t for c in cells.values() for t in c.values("time_to_target_held")]
+  return any(t is None for t in times) and not all(t is None for t in times)
 
 
 def crossovers(part2, workers, ratios) -> dict[int, float | None]:
