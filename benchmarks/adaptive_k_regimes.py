@@ -114,7 +114,7 @@ def map_points(bench, args, size, rates, fraction=1.0):
           commands.append(cell.command)
         cells[(workers, message, server)] = row
         if len(point) < len(STRATEGIES):  # --report-only, a run the store lacks
-          rows.append([str(workers), f"{message / 1e6:.0f} MB", server or "free", *["missing"] * 11])
+          rows.append([str(workers), f"{message / 1e6:.0f} MB", server or "free", *["missing"] * 12])
           continue
         asp, ak, ak_all = point["asp"], point["ak"], point["ak_all"]
         # The load: gradients/s the workers offer over what ASP's server can take (> 1: server-bound).

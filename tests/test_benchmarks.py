@@ -288,6 +288,25 @@ def test_adaptive_k_regimes_tiny(tmp_path):
   assert len(json.loads((results / "adaptive_k_regimes_verdicts.json").read_text())) == 2
   assert summary(runs, f"{point}_0.5_of_the_budget", "ASP", "seed0")["gradients"] == 150
   assert "adaptive_k_regimes/speedup_map.png" in markdown
+  # A store that lacks a point's run: that point's row says "missing" in every column (tables() checks widths).
+  store = results / "adaptive_k_regimes_runs.jsonl"
+  kept = [
+    line for line in store.read_text().splitlines() if '"setting":"4 workers, 98 MB, server free"' not in line
+  ]
+  store.write_text("\n".join(kept) + "\n")
+  module = importlib.import_module("adaptive_k_regimes")
+  argv = [
+    "--size",
+    "tiny",
+    "--results-dir",
+    str(results),
+    "--runs-dir",
+    str(tmp_path / "elsewhere"),
+    "--report-only",
+  ]
+  assert module.main(argv) == 0
+  main = tables((results / "adaptive_k_regimes.md").read_text())[2]
+  assert main[1][:4] == ["4", "98 MB", "free", "missing"] and main[1][-1] == "missing"
 
 
 def test_performance_tiny(tmp_path):
