@@ -251,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
   return 0
 
 
-def _count(value: int | None) -> str:
-  return "-" if value is None else str(value)
+def _count(value: float | None) -> str:
+  """Gradients to the target (a mean over the seeds) as a whole number, "-" where a seed missed it."""
+  return "-" if value is None else f"{value:.0f}"
 
 
 def findings(found: dict, rates: dict[int, dict[str, float]]) -> str:
