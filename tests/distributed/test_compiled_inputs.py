@@ -25,7 +25,15 @@ def _experiment(*overrides):
   )
 
 
-_MLIR = {"float32": "f32", "float64": "f64", "int32": "i32", "int64": "i64", "bool": "i1", "uint8": "ui8", "uint32": "ui32"}
+_MLIR = {
+  "float32": "f32",
+  "float64": "f64",
+  "int32": "i32",
+  "int64": "i64",
+  "bool": "i1",
+  "uint8": "ui8",
+  "uint32": "ui32",
+}
 
 
 def _tensor(x) -> str:
