@@ -179,6 +179,7 @@ class Benchmark:
     self.started = time.perf_counter()
     self.run_count = self.reused_count = 0
     self.train_seconds = 0.0  # the runs' own training wall time, reused runs included
+    self.untimed_count = 0  # runs stored without their training time (counted in run_count, not in time)
     self.keeps_run_dirs = True  # False: the runs stay in memory (the results file says nothing of them)
     self.report_only = bool(getattr(args, "report_only", False))
     self.store = _store.RunStore(self.results_dir / f"{name}_runs.jsonl") if self.seeds else None
@@ -187,6 +188,18 @@ class Benchmark:
     self.verdicts: list[Verdict] = []
 
   # -- running ---------------------------------------------------------------------------------------
+
+  def count_run(self, key: str, summary: dict, *, reused: bool) -> None:
+    """Counts a stored run into this report once (a cell rerun with more seeds reads its first seeds
+    again: they are the same runs) and adds its training time."""
+    if key in self.used_keys:
+      return
+    self.used_keys.add(key)
+    self.run_count += 1
+    self.reused_count += reused
+    seconds = summary.get("wall_seconds")
+    self.train_seconds += seconds or 0.0
+    self.untimed_count += seconds is None
 
   def config(self, config_name: str, overrides: list[str]) -> Config:
     """A shipped config (``configs/<config_name>.yaml``) with dotted ``--set`` overrides."""
@@ -233,11 +246,8 @@ class Benchmark:
           missing += 1
           self.missing.append(f"{setting} | {label} | seed {cfg.seed}")
           continue
-        self.used_keys.add(_store.config_key(cfg))
+        self.count_run(_store.config_key(cfg), stored.summary, reused=True)
         results.append(stored)
-        self.run_count += 1
-        self.reused_count += 1
-        self.train_seconds += stored.summary.get("wall_seconds") or 0.0
         continue
       exp = experiment.build(cfg)  # only for a run to train: building loads the data and the model
       run_dir = self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}"
@@ -260,8 +270,6 @@ class Benchmark:
         stop_when_diverged=True,
         **kwargs,
       )
-      self.run_count += 1
-      self.reused_count += reuse
       # The report reads the stored copy, so --report-only writes the same numbers.
       result = self.store.add(
         cfg,
@@ -272,9 +280,8 @@ class Benchmark:
         measures=measure(result, exp) if measure else None,
         event_rows=event_rows,
       )
-      self.used_keys.add(_store.config_key(cfg))
       s = result.summary
-      self.train_seconds += s.get("wall_seconds") or 0.0
+      self.count_run(_store.config_key(cfg), s, reused=reuse)
       print(
         f"[{self.name} {self.elapsed()}] {setting} | {label} | seed {cfg.seed}: "
         f"accuracy {_fmt(s.get('final_accuracy'))}, loss {_fmt(s.get('final_loss'))}, "
@@ -504,7 +511,9 @@ class Benchmark:
       f"- Wall time: {self.elapsed()} (min:s) for {self.run_count} runs"
       + (
         f" ({self.reused_count} read back from earlier finished runs; the runs' own training took"
-        f" {self.train_seconds / 60:.1f} min in all)"
+        f" {self.train_seconds / 60:.1f} min in all"
+        + (f", {self.untimed_count} of them stored without their time" if self.untimed_count else "")
+        + ")"
         if self.reused_count
         else ""
       ),

@@ -34,6 +34,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 
 import _harness
 import _store
@@ -150,11 +151,13 @@ def full_runs(bench, scenario: str, config, names, rates: dict[str, float], seed
       if stored is None and bench.report_only:
         bench.missing.append(f"{scenario} | {name} | seed {cfg.seed}")
         continue
+      reused = stored is not None
       if stored is None:
+        started = time.perf_counter()
         history = experiment.build(cfg).short_run(gradients, evaluations=EVALUATIONS)
         stored = bench.store.add(
           cfg,
-          training.RunResult(None, history, {}, None),
+          training.RunResult(None, history, {"wall_seconds": time.perf_counter() - started}, None),
           setting=scenario,
           label=name,
           code=_harness.code_version(),
@@ -167,8 +170,7 @@ def full_runs(bench, scenario: str, config, names, rates: dict[str, float], seed
           file=sys.stderr,
           flush=True,
         )
-      bench.run_count += 1
-      bench.used_keys.add(_store.config_key(cfg, tag))
+      bench.count_run(_store.config_key(cfg, tag), stored.summary, reused=reused)
       out.setdefault(name, []).append((cfg.seed, stored.history, bench.store.measures(cfg, tag)))
   return out
 
