@@ -377,6 +377,23 @@ def test_a_benchmark_reruns_from_its_store_and_reports_from_it_alone(tmp_path, c
   assert _body((results / "ormo_table.md").read_text()) == _body(markdown)  # the same runs again
 
 
+def test_a_run_read_again_for_more_seeds_counts_once_in_the_report(tmp_path):
+  """A cell escalated from 3 to 5 seeds reads its first 3 runs again: the header counts each run and its
+  training time once, and says how many runs the store holds without their time."""
+  args = _harness.parser("doc").parse_args(["--results-dir", str(tmp_path), "--runs-dir", str(tmp_path)])
+  bench = _harness.Benchmark("counting", "Counting", args, [], seeds=3)
+  for key, seconds in [("a", 60.0), ("b", 30.0), ("a", 60.0), ("c", None)]:
+    bench.count_run(key, {} if seconds is None else {"wall_seconds": seconds}, reused=key != "c")
+  assert (bench.run_count, bench.reused_count, bench.untimed_count) == (3, 2, 1)
+  assert bench.train_seconds == 90.0
+  header = bench.write().read_text()
+  assert (
+    "for 3 runs (2 read back from earlier finished runs; the runs' own training took 1.5 min in all,"
+    in header
+  )
+  assert "1 of them stored without their time)" in header
+
+
 def test_tuning_extends_a_pick_at_the_edge_until_it_is_interior_or_the_rate_beyond_diverges(tmp_path):
   """The tuning logic on made-up outcomes per rate (the real runs are the tiny benchmarks' above)."""
   import math
