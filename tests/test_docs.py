@@ -474,6 +474,49 @@ def test_every_number_of_a_verdict_is_in_its_results_file():
   assert not wrong, "\n".join(wrong)
 
 
+def rerun_sections(page: str) -> list[tuple[str, list[str], str]]:
+  """(heading, results files, text) of each section of the Fashion-MNIST reruns on the Results page: the
+  files it links or names, its text without figures, links and the sentences about the first round (their
+  numbers are history, in no current file)."""
+  body = page[page.index("## The Fashion-MNIST reruns") : page.index("## The digits reproductions")]
+  sections = []
+  for section in re.split(r"\n(?=### )", body)[1:]:
+    named = re.findall(r"`([\w-]+\.md)`", section) + re.findall(r"benchmarks/results/([\w.-]+\.md)", section)
+    files = sorted({f for f in named if (ROOT / "benchmarks" / "results" / f).exists()})
+    text = re.sub(r"!?\[[^\]]*\]\([^)]*\)", "", section)
+    sentences = re.split(r"(?<=[.;])\s+(?=[A-Z*(])", text)
+    text = " ".join(s for s in sentences if "first round" not in s)
+    sections.append((section.splitlines()[0], files, text))
+  return sections
+
+
+def test_every_number_of_a_rerun_section_is_in_its_results_file():
+  """The prose under each Fashion-MNIST rerun quotes the results files it links (run counts, minutes,
+  speed-ups, p-values): a number none of them holds fails here, as for the verdict rows."""
+  sections = rerun_sections((ROOT / "docs" / "results.md").read_text())
+  assert len(sections) >= 6, [h for h, _, _ in sections]
+  wrong = []
+  for heading, files, text in sections:
+    assert files, heading
+    held = set().union(*(_numbers_in((ROOT / "benchmarks" / "results" / f).read_text()) for f in files))
+    numbers = [n.replace(",", "") for n in _NUMBER.findall(text)]
+    missing = [n for n in numbers if n not in held]
+    if missing:
+      wrong.append(f"{heading}: {missing} not in {files}")
+  assert not wrong, "\n".join(wrong)
+
+
+def test_a_rerun_section_reads_its_files_and_skips_the_first_round():
+  page = (
+    "## The Fashion-MNIST reruns\n\n### A\n\nIt ran 12 runs ([`x.md`](../benchmarks/results/ormo_table.md)). "
+    "**What changed from the first round** (1.5 epochs): 80.3 before. Then 7.5 points, see `server_bound.md`."
+    "\n\n## The digits reproductions\n"
+  )
+  ((heading, files, text),) = rerun_sections(page)
+  assert heading == "### A" and files == ["ormo_table.md", "server_bound.md"]
+  assert "12" in text and "7.5" in text and "1.5" not in text and "80.3" not in text
+
+
 def test_a_number_the_results_file_lacks_is_caught():
   assert {"80.3", "80", "0.803", "0.80", "1316", "6.5", "7"} <= _numbers_in(
     "EA-wild 0.803 ± 0.003, ASP's 1,316, 6.53"
