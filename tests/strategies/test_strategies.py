@@ -40,6 +40,64 @@ def test_an_option_without_a_meaning_is_caught():
   assert registry.option_meaning("k_async", "k") != registry.option_meaning("fastest_k", "k")
 
 
+FAMILIES = ("synchronous", "hierarchical", "parameter_server", "low_communication", "elastic")
+
+
+def test_every_strategy_lives_in_its_family_and_the_registry_holds_none():
+  # The registry is the table and its lookups; each factory sits in its family's module, so adding a
+  # strategy touches that module only.
+  import inspect
+
+  from jaxsync._src.strategies import registry, table
+
+  homes = {table.REGISTRY[name].factory.__module__.rsplit(".", 1)[1] for name in registry.names()}
+  assert homes == set(FAMILIES), homes
+  assert not [
+    n
+    for n, f in inspect.getmembers(registry, inspect.isfunction)
+    if f.__module__ == registry.__name__
+    and "num_workers" in inspect.signature(f).parameters
+    and n not in ("blueprint", "make", "_recipe")
+  ]
+  assert {
+    table.REGISTRY[n].factory.__module__.rsplit(".", 1)[1] for n in ("ormo", "diloco", "inhad", "ea_wild")
+  } == {"parameter_server", "low_communication", "hierarchical", "elastic"}
+
+
+def test_a_strategy_registered_in_a_family_is_found_with_its_own_meanings(monkeypatch):
+  from jaxsync._src.strategies import registry, table
+  from jaxsync._src.strategies.parameter_server import pieces
+
+  monkeypatch.setattr(table, "REGISTRY", dict(table.REGISTRY))
+  monkeypatch.setattr(registry, "REGISTRY", table.REGISTRY)
+  monkeypatch.setattr(table, "_STRATEGY_MEANINGS", dict(table._STRATEGY_MEANINGS))
+
+  @table.register("plain_asgd_for_a_test", learning_rate=0.02, meanings={"noise": "how loud it is"})
+  def _plain(num_workers, *, noise=0.5, weight_decay=0.0):
+    """A test's strategy (Nobody, 2026)."""
+    blueprint = pieces.asynchronous("plain_asgd_for_a_test", num_workers)
+    return table.Recipe(blueprint, lambda lr: (pieces.sgd(lr), None))
+
+  info = registry.describe("plain_asgd_for_a_test")
+  assert info.options == {"learning_rate": 0.02, "noise": 0.5, "weight_decay": 0.0}
+  assert info.meanings["noise"] == "how loud it is"
+  assert registry.make("plain_asgd_for_a_test", 3).num_workers == 3
+
+
+@pytest.mark.parametrize(
+  ("call", "hint"),
+  [
+    (lambda: jaxsync.strategies.make("ormoo", 4), "did you mean 'ormo'?"),
+    (lambda: jaxsync.strategies.make("Streaming-DiLoCo", 4), "did you mean 'streaming_diloco'?"),
+    (lambda: jaxsync.strategies.make("ormo", 4, momentom=0.5), "did you mean 'momentum'?"),
+    (lambda: jaxsync.strategies.make("asp", 4, server_optimizer="adamw"), "did you mean 'adam'?"),
+  ],
+)
+def test_a_misspelt_name_or_option_gets_a_suggestion(call, hint):
+  with pytest.raises(ValueError, match=re.escape(hint)):
+    call()
+
+
 def test_paper_defaults():
   assert jaxsync.strategies.make("ssp", 8).staleness_bound == 3
   assert jaxsync.strategies.make("drop_worker", 32).gradients_per_round == 16  # 50% drop rate

@@ -13,6 +13,7 @@ scalar arrays, as ``optax.inject_hyperparams`` passes them (concrete arrays at
 
 from __future__ import annotations
 
+import difflib
 import math
 import numbers
 from collections.abc import Sequence
@@ -102,10 +103,28 @@ def check_static_int(rule: str, name: str, value: Any, *, low: int = 1) -> int:
   return check_int(rule, name, value, low=low)
 
 
+def did_you_mean(value: Any, options: Sequence[str]) -> str:
+  """`` (did you mean 'ormo'?)`` when ``value`` is a string close to one of ``options``; else ``""``.
+
+  Example:
+    >>> did_you_mean("ormoo", ("asp", "ormo", "ormo_da"))
+    " (did you mean 'ormo'?)"
+  """
+  if not isinstance(value, str):
+    return ""
+  close = difflib.get_close_matches(value, list(options), n=1, cutoff=0.6)
+  if not close:  # a case slip (ORMO) or a hyphen for an underscore (ormo-da) is close too
+    folded = {o.lower().replace("-", "_"): o for o in options}
+    close = [folded[k] for k in difflib.get_close_matches(value.lower().replace("-", "_"), list(folded), n=1)]
+  return f" (did you mean {close[0]!r}?)" if close else ""
+
+
 def check_choice(rule: str, name: str, value: Any, options: Sequence[str]) -> str:
-  """Checks that ``value`` is one of the named ``options``."""
+  """Checks that ``value`` is one of the named ``options``; the message suggests the closest one."""
   if not isinstance(value, str) or value not in options:
-    raise invalid(rule, name, value, "one of " + ", ".join(repr(o) for o in options))
+    raise invalid(
+      rule, name, value, "one of " + ", ".join(repr(o) for o in options) + did_you_mean(value, options)
+    )
   return value
 
 

@@ -1,0 +1,249 @@
+"""Low-communication strategies: many local steps per exchange of models or pseudo-gradients.
+
+Local SGD (model averaging), DiLoCo (inner AdamW, outer Nesterov on the
+averaged pseudo-gradient; Douillard et al., 2023), Streaming DiLoCo
+(fragments, an overlapped exchange, 4-bit pseudo-gradients; Douillard et al.,
+2025) and asynchronous local SGD (pseudo-gradients pushed as workers finish,
+Delayed Nesterov, Dynamic Local Updates; Liu et al., 2024).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import optax
+
+from jaxsync._src.core import validation
+from jaxsync._src.rules.delayed_nesterov import delayed_nesterov
+from jaxsync._src.rules.diloco import OUTER_LEARNING_RATE, OUTER_MOMENTUM, by_fragment, check_exchange
+from jaxsync._src.strategies import pieces
+from jaxsync._src.strategies.strategy import (
+  Blueprint,
+  Communication,
+  Engine,
+  PseudoGradientExchange,
+  RateClock,
+  ServerTraffic,
+  WorkerProtocol,
+  reject_nonfinite,
+)
+from jaxsync._src.strategies.table import Recipe, register
+
+_EXCHANGE_MEANINGS = {
+  "fragments": "how many fragments the parameters are cut into; one is synchronized every period / fragments steps",
+  "overlap": "local steps a fragment's exchange overlaps (tau < period / fragments)",
+  "mixing": "alpha: a worker keeps (1 - alpha) of the new global fragment and alpha of its own",
+  "quantize": "the pseudo-gradients' wire format: null (full precision), bfloat16, int8 or int4 (per-block scales)",
+  "quantize_block": "values per float32 scale of the int8 and int4 wire formats",
+}
+_DILOCO_MEANINGS = {
+  **_EXCHANGE_MEANINGS,
+  "period": "inner AdamW steps per worker between two outer steps (DiLoCo's H)",
+  "outer_learning_rate": "the outer Nesterov step's rate on the averaged pseudo-gradient (DiLoCo: 0.7)",
+  "outer_momentum": "the outer Nesterov step's momentum (DiLoCo: 0.9)",
+  "weight_decay": "AdamW's decoupled weight decay of the inner steps",
+}
+_STREAMING_DILOCO_MEANINGS = {
+  **_EXCHANGE_MEANINGS,
+  "period": "inner AdamW steps between two syncs of one fragment (H)",
+  "outer_learning_rate": "each fragment's outer Nesterov rate on its averaged pseudo-gradient",
+  "outer_momentum": "each fragment's outer Nesterov momentum",
+  "weight_decay": "AdamW's decoupled weight decay of the inner steps",
+}
+_ASYNC_LOCAL_SGD_MEANINGS = {
+  "period": "local AdamW steps of the fastest worker between two pushes (H)",
+  "outer_learning_rate": "epsilon, the server's Delayed Nesterov rate on each pushed pseudo-gradient",
+  "outer_momentum": "beta, Delayed Nesterov's momentum, updated once every delay arrivals",
+  "weight_decay": "AdamW's decoupled weight decay of the local steps",
+  "dylu": "Dynamic Local Updates: each worker's local steps in proportion to its speed",
+  "min_local_steps": "the fewest local steps a slow worker takes under DyLU",
+  "delay": "arrivals per Delayed Nesterov momentum update (default K)",
+  "activation": "c in [0, 1/delay]: the momentum applied between Delayed Nesterov updates",
+}
+
+
+def _local_rounds(
+  name, num_workers, period, outer_learning_rate, outer_momentum, inner, exchange=None
+) -> Recipe:
+  """Rounds of ``period`` local steps of ``inner(lr)`` per worker, then the outer Nesterov step on the averaged models.
+
+  With ``exchange.fragments = P > 1`` a round is ``period / P`` steps and synchronizes one fragment,
+  each fragment with its own outer optimizer.
+  """
+  period = validation.check_int(name, "period", period)
+  outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
+  outer_m = validation.check_real(name, "outer_momentum", outer_momentum, low=0.0, high=1.0, high_open=True)
+  exchange = PseudoGradientExchange() if exchange is None else exchange
+  round_steps = period // exchange.fragments
+  blueprint = Blueprint(
+    name=name,
+    num_workers=num_workers,
+    engine=Engine.SYNC,
+    protocol=WorkerProtocol.LOCAL,
+    communication=Communication.RING,
+    local_steps=round_steps,
+    exchange=exchange,
+    rate_clock=RateClock.WORKER_STEPS,
+    gradients_per_update=float(num_workers * round_steps),
+    server_traffic=ServerTraffic(0.0, pieces.sgd_traffic(outer_m)),
+  )
+
+  def rules(lr):
+    outer = pieces.sgd(outer_lr, outer_m, nesterov=outer_m > 0)
+    return (outer if exchange.fragments == 1 else by_fragment(outer, exchange.fragments)), inner(lr)
+
+  return Recipe(blueprint, rules)
+
+
+def _exchange(name, *, period, fragments=1, overlap=0, mixing=0.0, quantize=None, quantize_block=64):
+  """The checked :class:`PseudoGradientExchange` of a local strategy (the checks of :func:`jaxsync.diloco`)."""
+  _, fragments, overlap, mixing, quantize, quantize_block = check_exchange(
+    name, period, fragments, overlap, mixing, quantize, quantize_block
+  )
+  return PseudoGradientExchange(fragments, overlap, mixing, quantize, quantize_block)
+
+
+@register("local_sgd", learning_rate=0.01)
+def _local_sgd(
+  num_workers,
+  *,
+  momentum=0.0,
+  period=8,
+  outer_learning_rate=1.0,
+  outer_momentum=0.0,
+  weight_decay=0.0,
+) -> Recipe:
+  """Local SGD: ``period`` local steps per worker, then the models are averaged (DiLoCo's outer step).
+
+  The server rule is the outer optimizer on the pseudo-gradient
+  ``theta - mean_k x_k``: SGD with rate 1 is plain model averaging; a
+  Nesterov outer momentum gives DiLoCo's outer loop. ``learning_rate`` (and
+  its schedule) and ``weight_decay`` are the workers' local optimizer's.
+  """
+  name = "local_sgd"
+  momentum = pieces.check_momentum(name, momentum)
+  decay = pieces.check_decay(name, weight_decay)
+  return _local_rounds(
+    name,
+    num_workers,
+    period,
+    outer_learning_rate,
+    outer_momentum,
+    lambda lr: pieces.decayed(pieces.sgd(lr, momentum), decay),
+  )
+
+
+def _adamw(name: str, weight_decay: float):
+  """AdamW as a worker's inner optimizer (decoupled decay), ``learning_rate -> rule``."""
+  decay = pieces.check_decay(name, weight_decay)
+  return lambda lr: reject_nonfinite(optax.adamw(lr, weight_decay=decay))
+
+
+@register("diloco", learning_rate=0.001, meanings=_DILOCO_MEANINGS)
+def _diloco(
+  num_workers,
+  *,
+  period=50,
+  outer_learning_rate=OUTER_LEARNING_RATE,
+  outer_momentum=OUTER_MOMENTUM,
+  weight_decay=0.1,
+  quantize=None,
+  quantize_block=64,
+) -> Recipe:
+  """DiLoCo: ``period`` AdamW steps per worker, then Nesterov on the averaged pseudo-gradient (Douillard et al., 2023).
+
+  Local SGD with the paper's optimizers: inner AdamW (``learning_rate``,
+  decoupled ``weight_decay``, its moments kept across rounds) and outer
+  Nesterov SGD (lr 0.7, momentum 0.9) on ``theta - mean_k x_k``. The paper
+  syncs every 500 inner steps on C4; the default here, 50, suits runs of a
+  few thousand steps. ``quantize`` sends the pseudo-gradients as bfloat16,
+  int8 or int4 (per-block scales).
+  """
+  name = "diloco"
+  exchange = _exchange(name, period=period, quantize=quantize, quantize_block=quantize_block)
+  return _local_rounds(
+    name, num_workers, period, outer_learning_rate, outer_momentum, _adamw(name, weight_decay), exchange
+  )
+
+
+@register("streaming_diloco", learning_rate=0.001, meanings=_STREAMING_DILOCO_MEANINGS)
+def _streaming_diloco(
+  num_workers,
+  *,
+  period=50,
+  fragments=2,
+  overlap=1,
+  mixing=0.5,
+  quantize="int4",
+  quantize_block=64,
+  outer_learning_rate=OUTER_LEARNING_RATE,
+  outer_momentum=OUTER_MOMENTUM,
+  weight_decay=0.1,
+) -> Recipe:
+  """Streaming DiLoCo: DiLoCo one fragment at a time, the exchange overlapped and mixed in, 4-bit on the wire (Douillard et al., 2025).
+
+  The parameters are cut into ``fragments`` contiguous blocks; every
+  ``period / fragments`` AdamW steps one fragment is synchronized, so each
+  syncs every ``period`` steps. Its pseudo-gradient is taken ``overlap``
+  steps before the round ends and sent ``quantize``d while the workers go
+  on; the new global fragment ``theta`` is then mixed into each worker's
+  as ``(1 - mixing) theta + mixing x``.
+  """
+  name = "streaming_diloco"
+  exchange = _exchange(
+    name,
+    period=period,
+    fragments=fragments,
+    overlap=overlap,
+    mixing=mixing,
+    quantize=quantize,
+    quantize_block=quantize_block,
+  )
+  return _local_rounds(
+    name, num_workers, period, outer_learning_rate, outer_momentum, _adamw(name, weight_decay), exchange
+  )
+
+
+@register("async_local_sgd", learning_rate=0.001, meanings=_ASYNC_LOCAL_SGD_MEANINGS)
+def _async_local_sgd(
+  num_workers,
+  *,
+  period=50,
+  dylu=False,
+  min_local_steps=1,
+  outer_learning_rate=OUTER_LEARNING_RATE,
+  outer_momentum=OUTER_MOMENTUM,
+  delay=None,
+  activation=0.0,
+  weight_decay=0.1,
+) -> Recipe:
+  """Asynchronous local SGD: AdamW local steps, pseudo-gradients pushed as workers finish, Delayed Nesterov (Liu et al., 2024).
+
+  Each worker takes ``period`` AdamW steps (``learning_rate``,
+  ``weight_decay``) from the parameters it pulled and pushes its
+  pseudo-gradient; the server applies each with Delayed Nesterov (rate
+  ``outer_learning_rate``, momentum updated every ``delay`` arrivals, default
+  K) and replies at once. With ``dylu`` (Dynamic Local Updates) a worker
+  takes steps in proportion to its speed, at least ``min_local_steps``.
+  """
+  name = "async_local_sgd"
+  period = validation.check_int(name, "period", period)
+  dylu = validation.check_bool(name, "dylu", dylu)
+  validation.check_int(name, "min_local_steps", min_local_steps)
+  if min_local_steps > period:
+    raise validation.invalid(name, "min_local_steps", min_local_steps, f"an integer in [1, period={period}]")
+  delay = num_workers if delay is None else validation.check_int(name, "delay", delay)
+  outer = functools.partial(delayed_nesterov, momentum=outer_momentum, delay=delay, activation=activation)
+  outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
+  outer(outer_lr)  # checks the outer options now
+  # The Delayed Nesterov step reads g, theta, m and D and writes theta and D (m on every N-th): about 7.
+  blueprint = pieces.asynchronous(
+    name,
+    num_workers,
+    protocol=WorkerProtocol.LOCAL,
+    local_steps=period,
+    rate_clock=RateClock.WORKER_STEPS,
+    gradients_per_update=float(period),
+    server_traffic=ServerTraffic(0.0, pieces.ADAM_TRAFFIC),
+  )
+  return Recipe(blueprint, lambda lr: (outer(outer_lr), _adamw(name, weight_decay)(lr)))
