@@ -6,12 +6,13 @@ import importlib
 import json
 import pathlib
 import re
-import sys
 import types
 
 import numpy as np
 import pytest
 import yaml
+
+from benchmarks.common import catalog
 
 from helpers import made_up_history
 
@@ -19,9 +20,8 @@ from helpers import made_up_history
 pytestmark = pytest.mark.heavy
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[1] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
 
-_harness = importlib.import_module("_harness")
+_harness = importlib.import_module("benchmarks.common.harness")
 # "mean ± std (n/m)" over seeds, or one seed's value alone.
 MEAN_STD = re.compile(r"^-?\d+(\.\d+)?( ± \d+(\.\d+)?( \(\d+/\d+\))?)?$")
 
@@ -47,10 +47,10 @@ def tables(markdown: str) -> list[list[list[str]]]:
 
 def run_tiny(script: str, tmp_path: pathlib.Path) -> tuple[str, pathlib.Path, pathlib.Path]:
   results, runs = tmp_path / "results", tmp_path / "runs"
-  module = importlib.import_module(script)
+  module = importlib.import_module(catalog.module(script))
   assert module.main(["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(runs)]) == 0
   markdown = (results / f"{script}.md").read_text()
-  assert f"`python benchmarks/{script}.py --size tiny" in markdown
+  assert f"`{catalog.command(script)} --size tiny" in markdown
   assert re.search(r"- Machine: .+, \d+ CPU cores .*JAX", markdown)
   assert re.search(r"- Date: \d{4}-\d\d-\d\d \d\d:\d\d UTC", markdown)
   for image in re.findall(r"!\[[^]]*\]\(([^)]+)\)", markdown):  # every linked plot exists and is a PNG
@@ -294,7 +294,7 @@ def test_adaptive_k_regimes_tiny(tmp_path):
     line for line in store.read_text().splitlines() if '"setting":"4 workers, 98 MB, server free"' not in line
   ]
   store.write_text("\n".join(kept) + "\n")
-  module = importlib.import_module("adaptive_k_regimes")
+  module = importlib.import_module("benchmarks.claims.adaptive_k_regimes")
   argv = [
     "--size",
     "tiny",
@@ -313,10 +313,10 @@ def test_performance_tiny(tmp_path):
   markdown, _, _ = run_tiny("performance", tmp_path)
   overview = tables(markdown)[0]
   assert [r[0] for r in overview[1:]] == [
-    "`transform_overhead.py`",
-    "`simulator_throughput.py`",
-    "`conv_in_loop.py`",
-    "`ps_throughput.py`",
+    "`transform_overhead`",
+    "`simulator_throughput`",
+    "`conv_in_loop`",
+    "`ps_throughput`",
   ]
   assert re.search(
     r"target >= 0.8x of a raw loopback socket: (met|missed) \(1 MB: [\d.]+x \([\d.]+-[\d.]+\)\)",
@@ -353,7 +353,7 @@ def test_a_benchmark_reruns_from_its_store_and_reports_from_it_alone(tmp_path, c
   )
   assert re.search(r"- Results store: `.*ormo_table_runs.jsonl` \(16 of its 16 runs", markdown)
 
-  module = importlib.import_module("ormo_table")
+  module = importlib.import_module("benchmarks.claims.ormo_table")
   argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "elsewhere")]
   capsys.readouterr()
   assert module.main(argv) == 0  # no run directory to read back: every run comes from the store
@@ -446,7 +446,7 @@ def test_the_store_keeps_a_run_as_the_report_reads_it(tmp_path):
   from jaxsync._src.interface.history import History
   from jaxsync._src.train import training
 
-  _store = importlib.import_module("_store")
+  _store = importlib.import_module("benchmarks.common.store")
   n = 1000
   history = History(
     time=np.arange(1, n + 1) / 3.0,
@@ -525,7 +525,7 @@ def test_times_with_a_missed_seed_are_compared_by_ranks_and_never_called_signifi
   assert _harness.rank_test([1.0, 2.0, 3.0, 4.0, 5.0], [6.0, 7.0, None, 8.0, None]) == pytest.approx(2 / 252)
   assert _harness.rank_test([1.0, None], [None, 2.0]) == pytest.approx(1.0)
   # The review's case: ASP faster on the seeds it reached, missing one; adaptive k 3x slower everywhere.
-  regimes = importlib.import_module("adaptive_k_regimes")
+  regimes = importlib.import_module("benchmarks.claims.adaptive_k_regimes")
   point = {
     "asp": {"time": None, "times": [100.0, 101.0, None]},
     "ak": {"time": 310.0, "times": [300.0, 310.0, 320.0]},
@@ -570,7 +570,7 @@ def test_a_partial_store_marks_no_verdict_budget_sensitive_that_the_half_budget_
 
 
 def test_the_ormo_order_needs_every_strict_step_significant_not_the_at_least_step():
-  ormo = importlib.import_module("ormo_table")
+  ormo = importlib.import_module("benchmarks.claims.ormo_table")
 
   def cell(values):
     return _harness.Cell("x", [types.SimpleNamespace(summary={"final_accuracy": v}) for v in values], "")
@@ -587,7 +587,7 @@ def test_the_ormo_order_needs_every_strict_step_significant_not_the_at_least_ste
 def test_a_crossing_holds_only_if_the_final_evaluation_is_at_the_target_too(tmp_path):
   """The final evaluation (at the run's end) counts as the last one: a run that ends below the target has
   not held it, and one that reaches it only at its end holds it from there; the store reads old runs so."""
-  _store = importlib.import_module("_store")
+  _store = importlib.import_module("benchmarks.common.store")
   from jaxsync._src.train.summary import target_crossings
 
   history = summary_history([0.5, 0.85, 0.86], elapsed=30.0, updates=300)
@@ -669,7 +669,7 @@ def test_final_train_loss_is_the_mean_batch_loss_of_the_last_tenth(tmp_path):
 
 
 def test_bad_benchmark_arguments_are_refused_before_anything_runs(tmp_path, capsys):
-  ormo = importlib.import_module("ormo_table")
+  ormo = importlib.import_module("benchmarks.claims.ormo_table")
   dirs = ["--results-dir", str(tmp_path / "r"), "--runs-dir", str(tmp_path / "runs")]
   with pytest.raises(SystemExit, match=r"--seeds=0; give a count >= 1"):
     ormo.main(["--size", "tiny", "--seeds", "0", *dirs])
@@ -711,7 +711,7 @@ def test_advisor_check_tiny(tmp_path):
 def test_the_advisor_check_counts_hits_ties_and_confident_misses():
   """advisor_check's verdict on made-up picks: hits per fraction, the winner among the ties, and a decisive
   wrong pick named as a confident miss."""
-  advisor_check = importlib.import_module("advisor_check")
+  advisor_check = importlib.import_module("benchmarks.claims.advisor_check")
 
   def advice(pick, decisive=True, tied=()):
     return types.SimpleNamespace(recommended=pick, decisive=decisive, tied=tuple(tied))
@@ -742,8 +742,8 @@ def test_the_advisor_check_reads_a_stored_prefix_as_the_advisor_reads_the_real_o
   from jaxsync._src.app import experiment
   from jaxsync._src.train import training
 
-  advisor_check = importlib.import_module("advisor_check")
-  _store = importlib.import_module("_store")
+  advisor_check = importlib.import_module("benchmarks.claims.advisor_check")
+  _store = importlib.import_module("benchmarks.common.store")
   from jaxsync._src.advisor import advisor
 
   config_name, overrides = advisor_check.TINY["digits, 8 workers, 2 slow"]
@@ -792,7 +792,7 @@ def test_low_communication_language_model_part_builds_the_transformer_under_its_
   from jaxsync._src.app import config as config_lib
   from jaxsync._src.app import experiment
 
-  module = importlib.import_module("low_communication")
+  module = importlib.import_module("benchmarks.claims.low_communication")
   plan = module.Plan(**module.LANGUAGE_MODEL)
   setting = module.Setting(8, "10gbps", "none")
   ran = module.overrides(setting, "DiLoCo H=10", 3e-3, 0, plan.per_worker, None, plan.workload)
@@ -807,7 +807,7 @@ def test_low_communication_language_model_part_builds_the_transformer_under_its_
 
 
 def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_the_store(tmp_path):
-  module = importlib.import_module("low_communication")
+  module = importlib.import_module("benchmarks.claims.low_communication")
   results = tmp_path / "results"
   assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
   store = results / "low_communication_runs.jsonl"
@@ -819,7 +819,7 @@ def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_th
   tuning = [r for r in rows if r["method"] == "DiLoCo H=10" and r["seed"] == module.TUNING_SEED]
   assert sorted(r["outer_rate"] for r in tuning) == [0.3, 0.7]
   chosen = module.picks(
-    module.Plan(**module.TINY, store=store), module._store.read_entries(store), 8, run_missing=False
+    module.Plan(**module.TINY, store=store), module.results_store.read_entries(store), 8, run_missing=False
   )
   faster = min(tuning, key=lambda r: (module._speed(r), r["outer_rate"]))["outer_rate"]
   assert chosen["DiLoCo H=10"].outer == faster and chosen["all-reduce SGD"].outer is None
@@ -855,7 +855,7 @@ def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_th
 def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and_compares(tmp_path):
   """The calibrated simulator against a real run: calibrate on two namespace hosts with 1 Gbit/s cards,
   asp on 4 hosts (a server, 3 workers, one 3x slower for real), 2 simulated seeds, one comparison."""
-  _netns = importlib.import_module("_netns")
+  _netns = importlib.import_module("benchmarks.common.netns")
   probe = _netns.Hosts(1, rate_mbit=1000)
   try:
     probe.create()
@@ -863,7 +863,7 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
     pytest.skip(f"network namespaces or traffic shaping are unavailable here: {err}")
   finally:
     probe.destroy()
-  module = importlib.import_module("sim_vs_real")
+  module = importlib.import_module("benchmarks.calibration.sim_vs_real")
   results = tmp_path / "results"
   argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
   assert module.main(argv) == 0
@@ -891,7 +891,7 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
 def test_adaptive_k_claims_count_only_what_survives_holm():
   """adaptive_k_comparison's verdicts on made-up times: a speed-up, a fixed k's and BB's lead count only where
   Holm's correction keeps them; a seed that missed the target is the slowest in a rank test."""
-  akc = importlib.import_module("adaptive_k_comparison")
+  akc = importlib.import_module("benchmarks.claims.adaptive_k_comparison")
 
   def cell(times, label="x"):
     runs = [
@@ -951,7 +951,7 @@ def test_a_growing_gap_is_tested_on_the_four_means():
 def test_inhad_speed_claim_counts_a_layout_only_where_holm_keeps_it():
   """inhad_layouts' speed verdict on made-up times: ahead in the mean decides nothing; significantly ahead
   at one layout of two is "partly"; a seed ASP missed is the slowest in a rank test."""
-  inhad = importlib.import_module("inhad_layouts")
+  inhad = importlib.import_module("benchmarks.claims.inhad_layouts")
 
   def cell(times, accuracy=0.85, moved=1.0):
     runs = [
@@ -983,7 +983,7 @@ def test_inhad_speed_claim_counts_a_layout_only_where_holm_keeps_it():
 def test_ea_wild_claims_count_only_what_survives_holm():
   """ea_wild_comparison's verdicts on made-up cells: a lead in the mean that Holm's correction does not keep
   decides nothing, for accuracy (part 1, part 2) and for time to the target at the sweep's ends."""
-  ea_wild = importlib.import_module("ea_wild_comparison")
+  ea_wild = importlib.import_module("benchmarks.claims.ea_wild_comparison")
 
   def cell(accuracy, times=(None,) * 5):
     runs = [
@@ -1037,3 +1037,32 @@ def test_ea_wild_claims_count_only_what_survives_holm():
   assert (
     verdict == "**partly**" and "at ratio 0.1 with 8 workers" in evidence and "-1.50 to -0.50" in evidence
   )
+
+
+def test_the_catalog_names_every_benchmark_module_and_each_runs_as_a_module():
+  # Every module of a group folder is in the catalog (so run_all.sh, performance and the commands the
+  # results files print find it), and the catalog names no module that is not there.
+  groups = {p.name for p in BENCHMARKS.iterdir() if (p / "__init__.py").is_file() and p.name != "common"}
+  assert groups == set(catalog.GROUPS)
+  on_disk = {(g, p.stem) for g in groups for p in (BENCHMARKS / g).glob("*.py") if not p.name.startswith("_")}
+  assert on_disk == {(g, n) for g, names in catalog.GROUPS.items() for n in names}
+  assert catalog.command("ormo_table") == "python -m benchmarks.claims.ormo_table"
+  with pytest.raises(KeyError, match="benchmark 'ormo' is unknown"):
+    catalog.module("ormo")
+  for name in ("ormo_table", "fault_campaign", "sim_vs_real", "results_page"):
+    assert callable(importlib.import_module(catalog.module(name)).main)
+
+
+def test_no_benchmark_file_outgrows_one_job():
+  long = {
+    str(p.relative_to(BENCHMARKS)): n
+    for p in BENCHMARKS.rglob("*.py")
+    if (n := len(p.read_text().splitlines())) > 1000
+  }
+  assert not long, long
+
+
+def test_run_all_names_modules_of_the_catalog():
+  script = (BENCHMARKS / "run_all.sh").read_text()
+  named = re.search(r'BENCHMARKS=\$\{BENCHMARKS:-"([^"]+)"\}', script).group(1).split()
+  assert named and all(catalog.module(n.split(".")[1]) == f"benchmarks.{n}" for n in named)

@@ -533,10 +533,8 @@ def test_a_number_the_results_file_lacks_is_caught():
 
 def _results_page():
   import importlib
-  import sys
 
-  sys.path.insert(0, str(ROOT / "benchmarks"))
-  return importlib.import_module("results_page")
+  return importlib.import_module("benchmarks.pages.results_page")
 
 
 def test_the_generated_verdicts_are_the_benchmarks_own():
@@ -544,7 +542,7 @@ def test_the_generated_verdicts_are_the_benchmarks_own():
   results_page = _results_page()
   marked = results_page.MARKED.search((ROOT / "docs" / "results.md").read_text())
   assert marked, "docs/results.md lost its '<!-- verdicts: generated -->' markers"
-  assert marked.group(2) == results_page.block(), "run `python benchmarks/results_page.py`"
+  assert marked.group(2) == results_page.block(), "run `python -m benchmarks.pages.results_page`"
 
 
 def test_a_verdict_file_becomes_rows_and_marks_a_budget_sensitive_claim(tmp_path):

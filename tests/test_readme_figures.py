@@ -1,4 +1,4 @@
-"""The README's figures are the measured ones: its marked paragraphs are what benchmarks/readme_figures.py
+"""The README's figures are the measured ones: its marked paragraphs are what benchmarks/pages/readme_figures.py
 writes from the committed results file, and the configs quote no figure of their own."""
 
 from __future__ import annotations
@@ -6,11 +6,9 @@ from __future__ import annotations
 import importlib
 import json
 import pathlib
-import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "benchmarks"))
-readme_figures = importlib.import_module("readme_figures")
+readme_figures = importlib.import_module("benchmarks.pages.readme_figures")
 RESULTS = json.loads((ROOT / "benchmarks" / "results" / "readme_figures.json").read_text())
 
 

@@ -18,7 +18,7 @@ USER_FACING = sorted(
       if not any(p.is_relative_to(ROOT / "docs" / d) for d in ("_build", "_generated", "benchmarks/results"))
     ),  # the pages and their configuration; not what a build writes
     ROOT / "scripts" / "docs.sh",
-    *ROOT.glob("benchmarks/*.py"),
+    *ROOT.glob("benchmarks/**/*.py"),
     *ROOT.glob("benchmarks/results/*.md"),
     *ROOT.glob("examples/*.py"),
     ROOT / "README.md",

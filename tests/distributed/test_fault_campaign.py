@@ -1,7 +1,7 @@
 """The fault campaign's short version: fuzzed frames against a real server, and one run with worker faults.
 
 The fuzzing client is a separate process that speaks the wire protocol over
-ZeroMQ; the server runs in this process (``benchmarks/fault_campaign.py``).
+ZeroMQ; the server runs in this process (``benchmarks.faults.fault_campaign``).
 Every invalid message must be rejected for its own reason (the server's count
 and the ERROR replies, in order), every legitimate push applied exactly once,
 nothing else applied; a server that mis-handles one kind of message fails it.
@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import pathlib
-import sys
 
 import jax.numpy as jnp
 import numpy as np
@@ -22,8 +21,7 @@ from jaxsync._src.distributed import wire
 from jaxsync._src.distributed.server import param_server, server_step
 
 BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-sys.path.insert(0, str(BENCHMARKS))
-campaign = importlib.import_module("fault_campaign")
+campaign = importlib.import_module("benchmarks.faults.fault_campaign")
 
 FRAMES = 1500
 

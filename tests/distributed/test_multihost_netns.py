@@ -1,6 +1,6 @@
 """Multi-host runs on one machine: every process in a network namespace of its own, a host with its own address.
 
-The ``hosts`` fixture makes N namespaces (``benchmarks/_netns.py``), each a
+The ``hosts`` fixture makes N namespaces (``benchmarks.common.netns``), each a
 host with a loopback and one veth at ``10.99.0.(I+1)/24``, joined by a Linux
 bridge in one more namespace; nothing is added to the root namespace, and
 everything is deleted at the end, failed test or not. Process I runs ``jaxsync train ... --coordinator
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
 import re
 import subprocess
 import sys
@@ -28,16 +27,15 @@ import jax
 import numpy as np
 import pytest
 
+from benchmarks.common import catalog
+from benchmarks.common import netns as _netns
+from benchmarks.common.netns import Hosts
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
 from jaxsync._src.distributed import cluster
 from jaxsync._src.train.checkpoints import RunCheckpoints
 
 import helpers
-
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2] / "benchmarks"))
-import _netns  # noqa: E402
-from _netns import Hosts  # noqa: E402
 
 PORT = _netns.PORT  # the coordinator's port in host 0, where nothing else listens
 PROBE_PORT = 4322  # the isolation check's listener in host 0
@@ -210,13 +208,13 @@ def test_gloo_is_given_the_advertised_address_only_where_this_host_can_bind_it()
 
 
 def _tiny_benchmark(name: str, tmp_path) -> str:
-  """Runs ``benchmarks/NAME.py --size tiny`` (skipping, or failing, where namespaces cannot be made); its results."""
+  """Runs ``python -m benchmarks.GROUP.NAME --size tiny`` (skipping, or failing, where namespaces cannot be made); its results."""
   import importlib
 
   results = tmp_path / "results"
   argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
   try:
-    assert importlib.import_module(name).main(argv) == 0
+    assert importlib.import_module(catalog.module(name)).main(argv) == 0
   except _netns.Unavailable as err:
     _unavailable(str(err))
   return (results / f"{name}.md").read_text()

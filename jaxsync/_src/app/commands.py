@@ -24,6 +24,7 @@ from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
 from jaxsync._src.distributed.cluster import ProcessGroup
 from jaxsync._src.strategies import registry as strategies
+from jaxsync._src.strategies.strategy import Strategy
 from jaxsync._src.train import plots, run_directory, training
 from jaxsync._src.train.progress import Reporter
 
@@ -182,7 +183,7 @@ def launched_processes(run_dir: pathlib.Path) -> int | None:
 
 
 def check_processes(
-  strategy: strategies.Strategy, num_processes: int, servers: int = 1, *, num_devices: int | None = None
+  strategy: Strategy, num_processes: int, servers: int = 1, *, num_devices: int | None = None
 ) -> None:
   """Raises ConfigError unless ``num_processes`` fits the strategy's worker count (and ``servers`` shards).
 

@@ -30,7 +30,7 @@ from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EvalSchedule
 from jaxsync._src.strategies import registry as strategies
 from jaxsync._src.strategies import schedules
-from jaxsync._src.strategies.strategy import with_worker_speeds
+from jaxsync._src.strategies.strategy import Blueprint, RateClock, Strategy, with_worker_speeds
 
 
 @contextlib.contextmanager
@@ -63,7 +63,7 @@ class Experiment:
   config: Config
   dataset: datasets.Dataset
   model: models.Model
-  strategy: strategies.Strategy
+  strategy: Strategy
   time_model: TimeModel
   data: WorkerData
   loss_fn: Callable[[Any, Any], Any]
@@ -203,7 +203,7 @@ def build(config: Config) -> Experiment:
   )
 
 
-def learning_rate(config: Config, strategy: strategies.Blueprint, *, num_examples: int):
+def learning_rate(config: Config, strategy: Blueprint, *, num_examples: int):
   """The schedule of ``config.strategy.schedule`` for ``strategy``, on its rate clock; raises ValueError.
 
   ``strategy`` is a :class:`Blueprint` (``strategies.blueprint``) or a built strategy.
@@ -223,7 +223,7 @@ def learning_rate(config: Config, strategy: strategies.Blueprint, *, num_example
     if spec.unit == "epochs"
     else 1.0
   )
-  server_clock = strategy.rate_clock == strategies.RateClock.SERVER_UPDATES
+  server_clock = strategy.rate_clock == RateClock.SERVER_UPDATES
   if spec.scale_with_batch:  # the linear scaling rule: the rate grows with the batch an update averages
     per_update = (strategy.gradients_per_update or 1.0) if server_clock else 1.0
     peak = peak * batch * per_update / spec.scale_with_batch

@@ -293,7 +293,7 @@ def keep_freed_memory() -> bool:
   reply), and glibc serves any block over 32 MB with a fresh ``mmap`` whose
   pages fault in one by one: at 40 MB the server's step took 27 ms with it and
   10 ms without, a push+pull 97 ms and 48 ms, on the 2-core machine
-  (``benchmarks/ps_throughput.py``). With
+  (``benchmarks/speed/ps_throughput.py``). With
   ``mmap`` off and no trimming, a freed block is reused as it is. The cost is
   that memory a run freed is not returned to the system until it exits: the
   processes of a multi-process run call this (``cluster.initialize``), a

@@ -50,7 +50,7 @@ def check_gradient_batch(strategy: Strategy, gradient_batch: int | None) -> int:
   if gradient_batch is None:
     # Batching pays where one gradient leaves the device idle (a GPU, a TPU); on a CPU one
     # gradient of a convolutional model already fills the cores and a vmap of per-worker
-    # weights is slower per gradient (benchmarks/simulator_throughput.py).
+    # weights is slower per gradient (benchmarks/speed/simulator_throughput.py).
     return 1 if jax.default_backend() == "cpu" else units
   batch = validation.check_int(_WHAT, "gradient_batch", gradient_batch)
   if batch > units:

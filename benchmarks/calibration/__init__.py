@@ -1,0 +1,1 @@
+"""The simulated clock against real processes on shaped network links."""

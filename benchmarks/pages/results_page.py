@@ -1,0 +1,72 @@
+"""The Results page's table of verdicts decided on the results stores, written from the benchmarks' own files.
+
+Each paper benchmark that records its verdicts (``Benchmark.verdict``) writes
+``benchmarks/results/<name>_verdicts.json`` beside its results file: per claim, the verdict, the numbers it
+rests on, the budget, the seeds per cell, the tuned learning rates and the verdict at half the budget. This
+script writes those rows into ``docs/results.md`` between ``<!-- verdicts: generated -->`` and
+``<!-- /verdicts: generated -->``; ``tests/test_docs.py`` fails when the page and the files differ, so the
+table never quotes a number its results file does not hold.
+
+Run: ``python -m benchmarks.pages.results_page`` (after a benchmark's run or ``--report-only``).
+"""
+
+from __future__ import annotations
+
+import json
+import pathlib
+import re
+import sys
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+RESULTS = REPO / "benchmarks" / "results"
+PAGE = REPO / "docs" / "results.md"
+MARKED = re.compile(r"(<!-- verdicts: generated -->\n)(.*?)(<!-- /verdicts: generated -->)", re.S)
+HEADER = (
+  "| paper | claim | verdict | evidence | budget | seeds per cell | learning rates (tuned per column) | results |",
+  "|---|---|---|---|---|---|---|---|",
+)
+
+
+def rows(results: pathlib.Path = RESULTS) -> list[str]:
+  """One table row per recorded verdict, benchmark by benchmark (sorted by file name)."""
+  out = []
+  for path in sorted(results.glob("*_verdicts.json")):
+    name = path.name.removesuffix("_verdicts.json")
+    for v in json.loads(path.read_text()):
+      verdict = v["verdict"] + (
+        f" (**budget-sensitive**: at half the budget {v['at_half']})" if v.get("budget_sensitive") else ""
+      )
+      cells = [
+        v["paper"],
+        v["claim"],
+        verdict,
+        v["evidence"],
+        v["budget"],
+        v["seeds"],
+        v["picks"],
+        f"[`{name}.md`](../benchmarks/results/{name}.md)",
+      ]
+      out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
+  return out
+
+
+def block(results: pathlib.Path = RESULTS) -> str:
+  """What belongs between the page's markers."""
+  found = rows(results)
+  if not found:
+    return "No benchmark has recorded its verdicts on a results store yet.\n"
+  return "\n".join([*HEADER, *found]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+  del argv
+  page = PAGE.read_text()
+  if not MARKED.search(page):
+    raise SystemExit(f"{PAGE}: no '<!-- verdicts: generated -->' ... '<!-- /verdicts: generated -->' markers")
+  PAGE.write_text(MARKED.sub(lambda m: m.group(1) + block() + m.group(3), page))
+  print(f"[results_page] wrote {len(rows())} verdicts into {PAGE}", file=sys.stderr)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
