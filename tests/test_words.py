@@ -57,3 +57,41 @@ def test_the_strategy_list_cites_papers():
   table = commands.strategies_table()
   assert not INTERNAL.search(table)
   assert "NeurIPS 2024" in table and "JPDC 2022" in table and "HPCAsia 2020" in table
+
+
+def _tracked_text_files() -> list[pathlib.Path]:
+  import subprocess
+
+  listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
+  suffixes = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".json", ".html", ".css"}
+  return [ROOT / f for f in listed.splitlines() if pathlib.Path(f).suffix in suffixes and (ROOT / f).is_file()]
+
+
+# A control character in a source or a page is an accident: an escape such as "\t" of "\theta" written into
+# a non-raw docstring becomes a TAB, and MathJax then fails in the browser on a page the docs build passes.
+CONTROL = re.compile(r"[\x00-\x09\x0b-\x1f\x7f]")  # TAB included: no file here indents with one
+
+
+def test_no_source_or_page_holds_a_control_character():
+  files = _tracked_text_files()
+  assert len(files) > 100, "git ls-files found too few files: is this a checkout?"
+  hits = [
+    f"{path.relative_to(ROOT)}:{i}: {line.strip()[:80]!r}"
+    for path in files
+    for i, line in enumerate(path.read_text(errors="replace").split("\n"), 1)
+    if CONTROL.search(line)
+  ]
+  assert not hits, "\n".join(hits)
+
+
+def test_no_docstring_holds_a_control_character():
+  # The same accident seen from the API pages' side: autodoc renders the docstring, not the source.
+  import inspect
+
+  import jaxsync
+
+  owners = [getattr(jaxsync, name) for name in jaxsync.__all__]
+  owners += [m for owner in list(owners) for _, m in inspect.getmembers(owner, inspect.isroutine)]
+  # __doc__, not inspect.getdoc: getdoc expands TABs into spaces.
+  bad = [repr(owner) for owner in owners if CONTROL.search(getattr(owner, "__doc__", None) or "")]
+  assert not bad, bad

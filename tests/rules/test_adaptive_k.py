@@ -76,6 +76,29 @@ def test_num_live_workers_bounds_k_when_max_k_is_none():
     tx.update(jnp.ones(4), tx.init(jnp.zeros(4)), version=0)
 
 
+def test_the_defaults_train_in_an_ordinary_single_process_chain():
+  # The design card's first use: no version, no num_live_workers. The tests alone bound k (big-batch SGD).
+  _, grad = quadratic([1.0, 3.0, 5.0])
+  rng = np.random.default_rng(2)
+  tx = optax.chain(jaxsync.adaptive_k(), optax.scale_by_learning_rate(0.05))
+  update = jax.jit(tx.update)
+  w = jnp.array([1.0, -1.0, 2.0])
+  state, ks = tx.init(w), []
+  for _ in range(300):
+    u, state = update(grad(w) + rng.normal(scale=0.5, size=3).astype(np.float32), state, w)
+    w = apply(w, u)
+    if bool(state[0].released):
+      ks.append(int(state[0].last_k))
+  assert float(jnp.linalg.norm(w)) < 0.2 * float(jnp.linalg.norm(jnp.array([1.0, -1.0, 2.0])))
+  assert len(ks) > 20 and min(ks) >= 2 and max(ks) > 2  # adaptive: more gradients as the signal fades
+
+
+def test_its_first_line_says_it_is_a_direction_to_chain_a_rate_after():
+  # adaptive_k alone in an optimizer climbs the loss (it returns +direction, as optax.scale_by_adam does).
+  first = jaxsync.adaptive_k.__doc__.strip().splitlines()[0]
+  assert "direction" in first and "chain a learning rate after it" in first
+
+
 def test_progressive_momentum_merges_stale_gradients_with_their_weight():
   """mc_S = gamma mc_{S-1} + (1/k) sum_F g + (1/k) sum_R gamma^(S - j_r) g_r (eq. of §11b)."""
   gamma = 0.5

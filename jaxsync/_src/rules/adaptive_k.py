@@ -82,7 +82,7 @@ def adaptive_k(
   max_k: int | None = None,
   fresh_staleness: int | None = 0,
 ) -> optax.GradientTransformationExtraArgs:
-  r"""Adaptive k-synchronization: wait for just enough fresh gradients, then take one momentum step.
+  r"""Adaptive k-synchronization: a momentum *direction* once enough fresh gradients agree; chain a learning rate after it.
 
   The server collects the gradients computed on its current parameters and
   releases their mean as soon as it is precise enough (its estimated error is
@@ -92,7 +92,10 @@ def adaptive_k(
   rule when a barrier on every worker (BSP) waits too long for stragglers and
   plain asynchronous SGD is too noisy. In a single process (no ``version``
   passed) every gradient is fresh and it is SGD with momentum on an adaptive
-  batch: each step averages as many batches as the tests ask for, up to ``max_k``.
+  batch: each step averages as many batches as the tests ask for, up to ``max_k``
+  (with the default ``max_k=None``, as many as they ask for: De et al.'s big-batch
+  SGD). Like ``optax.scale_by_adam`` it returns a direction, not a step: alone in an
+  optimizer it would climb the loss.
 
   With ``F`` the fresh gradients buffered for the current server version ``S``
   (those computed on a version ``j`` with ``S - j <= fresh_staleness``; by
@@ -143,8 +146,9 @@ def adaptive_k(
 
   Extra args of ``update``: ``version`` (int32 scalar, optional: the server
   version the gradient was computed on; omitted, the gradient is fresh) and
-  ``num_live_workers`` (int32 scalar: the forced-release bound; required when
-  ``max_k`` is ``None``). Unknown extra args are ignored. NaN/Inf gradients and
+  ``num_live_workers`` (int32 scalar: the forced-release bound; a runtime that
+  passes ``version`` must pass it too when ``max_k`` is ``None``, and a
+  ``ValueError`` says so if it does not). Unknown extra args are ignored. NaN/Inf gradients and
   versions newer than ``count`` are rejected and counted in the state;
   ``grads_finite`` (bool scalar) replaces the NaN/Inf scan when the caller
   already knows.
@@ -156,7 +160,8 @@ def adaptive_k(
     confidence: ``1 - a`` in ``(0, 1)``, the level of the t-interval.
     ci_endpoint: ``"upper"`` (paper text) or ``"lower"`` (cautious).
     max_k: the largest ``k``; a release is forced when it is reached.
-      ``None``: bounded by the ``num_live_workers`` extra arg only.
+      ``None`` (the default): bounded by the ``num_live_workers`` extra arg in
+      a runtime, by the tests alone in a single process.
     fresh_staleness: the largest staleness ``S - j`` at which a gradient
       counts as fresh (an integer >= 0, default 0); ``None``: every gradient.
 
@@ -166,7 +171,7 @@ def adaptive_k(
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxsync
-    >>> tx = optax.chain(jaxsync.adaptive_k(max_k=4), optax.scale_by_learning_rate(0.1))
+    >>> tx = optax.chain(jaxsync.adaptive_k(), optax.scale_by_learning_rate(0.1))
     >>> params = jnp.zeros(3)
     >>> state = tx.init(params)
     >>> g = jnp.array([1.0, 2.0, 3.0])
@@ -238,10 +243,12 @@ def adaptive_k(
     **extra_args: Any,
   ) -> tuple[optax.Updates, AdaptiveKState]:
     del params, extra_args
-    if max_k is None and num_live_workers is None:
+    # A runtime (it passes versions) must bound k by the workers alive, or a release could wait for
+    # gradients no one will send; a single-process loop has no such bound: the tests alone decide.
+    if max_k is None and num_live_workers is None and version is not None:
       raise ValueError(
-        f"{_RULE}: with max_k=None the update needs the extra argument "
-        "num_live_workers=... (the forced-release bound); pass it, or set max_k."
+        f"{_RULE}: with max_k=None and a version, the update needs the extra argument "
+        "num_live_workers=... (the forced-release bound of a runtime); pass it, or set max_k."
       )
     count = state.count
     s, version_ok = guard.arrival_version(version, count)

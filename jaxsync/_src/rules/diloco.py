@@ -127,9 +127,9 @@ def diloco(
 
   .. math::
 
-    &x \leftarrow x + \mathrm{inner}(g) \qquad 	ext{(every step)} \
-    &	ext{every } H 	ext{ steps:}\quad \Delta = Q(	heta - x), \quad
-      	heta \leftarrow 	heta + \mathrm{outer}(\Delta), \quad x \leftarrow 	heta
+    &x \\leftarrow x + \\mathrm{inner}(g) \\qquad \\text{(every step)} \\\\
+    &\\text{every } H \\text{ steps:}\\quad \\Delta = Q(\\theta - x), \\quad
+      \\theta \\leftarrow \\theta + \\mathrm{outer}(\\Delta), \\quad x \\leftarrow \\theta
 
   Streaming DiLoCo (``fragments = P > 1``): the leaves are cut into ``P``
   contiguous fragments (:func:`fragment_of_leaves`); every ``h = H / P``
