@@ -560,3 +560,21 @@ def test_a_verdict_file_becomes_rows_and_marks_a_budget_sensitive_claim(tmp_path
     "| 10 epochs | 3-5 | ASP 0.01 | [`bench.md`](../benchmarks/results/bench.md) |"
   )
   assert results_page.block(tmp_path / "none").startswith("No benchmark has recorded")
+
+
+def test_the_math_check_reads_mathjax_errors_and_untypeset_math_from_a_rendered_page(tmp_path):
+  # scripts/check_math.py renders the built pages in Chromium (scripts/docs.sh); here, what it reads from
+  # a rendered DOM: MathJax's error element (what the diloco page showed) and math left untypeset.
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location("check_math", ROOT / "scripts" / "check_math.py")
+  check_math = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(check_math)
+  page = tmp_path / "p.html"
+  page.write_text(
+    '<div class="math notranslate nohighlight">\\[a\\]</div><span class="math notranslate">\\(b\\)</span>'
+  )
+  good = "<mjx-container><mjx-math>a</mjx-math></mjx-container> <mjx-container>b</mjx-container>"
+  assert check_math.problems(page, good) == []
+  bad = '<mjx-container><mjx-merror data-mjx-error="Misplaced &amp;" title="Misplaced &amp;">x</mjx-merror></mjx-container>'
+  assert check_math.problems(page, bad) == ["Misplaced &", "1 of 2 math blocks were not typeset"]
