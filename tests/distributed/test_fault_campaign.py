@@ -1,7 +1,7 @@
 """The fault campaign's short version: fuzzed frames against a real server, and one run with worker faults.
 
 The fuzzing client is a separate process that speaks the wire protocol over
-ZeroMQ; the server runs in this process (``benchmarks.faults.fault_campaign``).
+ZeroMQ; the server runs in this process (``benchmarks.faults.fuzzing``).
 Every invalid message must be rejected for its own reason (the server's count
 and the ERROR replies, in order), every legitimate push applied exactly once,
 nothing else applied; a server that mis-handles one kind of message fails it.
@@ -10,32 +10,28 @@ nothing else applied; a server that mis-handles one kind of message fails it.
 from __future__ import annotations
 
 import argparse
-import importlib
-import pathlib
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from benchmarks.faults import fault_campaign, fuzzing, report, run_store, unsupervised
 from jaxsync._src.distributed import wire
 from jaxsync._src.distributed.server import param_server, server_step
-
-BENCHMARKS = pathlib.Path(__file__).resolve().parents[2] / "benchmarks"
-campaign = importlib.import_module("benchmarks.faults.fault_campaign")
 
 FRAMES = 1500
 
 
 @pytest.fixture(scope="module")
 def fuzzed():
-  return campaign.fuzz(FRAMES, seed=20240611, timeout=120)
+  return fuzzing.fuzz(FRAMES, seed=20240611, timeout=120)
 
 
 def test_every_fuzzed_message_is_rejected_for_its_reason_and_every_legit_push_applied_once(fuzzed):
   r, c = fuzzed, fuzzed.client
   assert r.problems == [] and r.crashed is None
   assert r.messages == FRAMES and sum(c["sent"].values()) == FRAMES
-  assert set(c["sent"]) == set(campaign.CASES)  # every case was sent
+  assert set(c["sent"]) == set(fuzzing.CASES)  # every case was sent
   # The server's count per reason is exactly the invalid messages sent for it.
   assert r.rejected == c["expected"]
   assert set(r.rejected) == {"malformed", "token", "worker", "future_version", "version", "dtype", "shape"}
@@ -43,13 +39,13 @@ def test_every_fuzzed_message_is_rejected_for_its_reason_and_every_legit_push_ap
   # The run's own connections are told why, in order; a foreign or garbled message gets no answer.
   for name in ("member", "stranger"):
     assert c["replies_got"][name] == c["replies_expected"][name]
-    assert set(c["replies_got"][name]) <= set(campaign.REPLY_REASONS)
-  answered = sum(r.rejected[x] for x in campaign.REPLY_REASONS)
+    assert set(c["replies_got"][name]) <= set(fuzzing.REPLY_REASONS)
+  answered = sum(r.rejected[x] for x in fuzzing.REPLY_REASONS)
   assert len(c["replies_got"]["member"]) + len(c["replies_got"]["stranger"]) == answered
   # Oversized frames never reach the server's checks: ZeroMQ closes their connections.
   assert c["oversize"] > 0 and c["oversize_closed"] == c["oversize"] and "oversize" not in c["replies_got"]
   # Worker 0's pushes, and only they, were applied: the version counts them and the parameters are exact.
-  assert c["legit_pushes"] > FRAMES // (2 * campaign.LEGIT_EVERY) and c["legit_mismatches"] == 0
+  assert c["legit_pushes"] > FRAMES // (2 * fuzzing.LEGIT_EVERY) and c["legit_mismatches"] == 0
   assert r.version == c["legit_pushes"] and r.params_exact and r.params_finite
   # Non-finite pushes are arrivals the rule rejects (not message errors), from worker 1 only.
   assert c["non_finite"] > 0 and r.rule_rejected == c["non_finite"]
@@ -58,7 +54,7 @@ def test_every_fuzzed_message_is_rejected_for_its_reason_and_every_legit_push_ap
 
 def test_the_results_file_reports_the_fuzzing_numbers(fuzzed, tmp_path):
   args = argparse.Namespace(size="tiny", runs_dir=tmp_path / "runs", results_dir=tmp_path)
-  text, failed = campaign.write_results(args, ["--quick"], 7, {"fuzz": [fuzzed]}, 1.0)
+  text, failed = report.write_results(args, ["--quick"], 7, {"fuzz": [fuzzed]}, 1.0)
   assert failed == 0
   assert (tmp_path / "fault_campaign.md").read_text() == text
   assert "| RNG seed | 7 |" in text and "| checks failed | 0 |" in text
@@ -70,12 +66,12 @@ def test_the_results_file_reports_the_fuzzing_numbers(fuzzed, tmp_path):
 
 
 def test_the_store_gives_back_what_it_was_given_and_report_only_needs_nothing_else(fuzzed, tmp_path):
-  store = campaign.RunStore(tmp_path / campaign.STORE_NAME)
-  store.put("fuzz", 0, 7, "tiny", {"frames": FRAMES}, campaign.encode("fuzz", fuzzed))
-  again = campaign.RunStore(tmp_path / campaign.STORE_NAME)  # read back from the file
+  store = run_store.RunStore(tmp_path / run_store.STORE_NAME)
+  store.put("fuzz", 0, 7, "tiny", {"frames": FRAMES}, run_store.encode("fuzz", fuzzed))
+  again = run_store.RunStore(tmp_path / run_store.STORE_NAME)  # read back from the file
   assert again.get("fuzz", 0, 7, "tiny", {"frames": 5}) is None  # other parameters: run again
   assert again.get("fuzz", 0, 8, "tiny", {"frames": FRAMES}) is None  # another seed
-  back = campaign.decode("fuzz", again.get("fuzz", 0, 7, "tiny", {"frames": FRAMES}))
+  back = run_store.decode("fuzz", again.get("fuzz", 0, 7, "tiny", {"frames": FRAMES}))
   assert back.rejected == fuzzed.rejected and back.messages == fuzzed.messages and back.problems == []
   argv = [
     "--quick",
@@ -88,10 +84,12 @@ def test_the_store_gives_back_what_it_was_given_and_report_only_needs_nothing_el
     "--results-dir",
     str(tmp_path),
   ]
-  assert campaign.main([*argv, "--report-only"]) == 0
+  assert fault_campaign.main([*argv, "--report-only"]) == 0
   assert f"| fuzzed messages | {FRAMES} |" in (tmp_path / "fault_campaign.md").read_text()
   # A planned run the store lacks: the report says so, and it is a failed check.
-  assert campaign.main([*argv[:-2], "--seed", "8", "--results-dir", str(tmp_path), "--report-only"]) == 1
+  assert (
+    fault_campaign.main([*argv[:-2], "--seed", "8", "--results-dir", str(tmp_path), "--report-only"]) == 1
+  )
   assert "the campaign is not complete" in (tmp_path / "fault_campaign.md").read_text()
 
 
@@ -140,7 +138,7 @@ def _trusts_the_finite_flag(monkeypatch):
 )
 def test_a_server_that_mishandles_one_kind_of_message_fails_the_checks(monkeypatch, mutant, caught):
   mutant(monkeypatch)
-  r = campaign.fuzz(300, seed=3, timeout=60)
+  r = fuzzing.fuzz(300, seed=3, timeout=60)
   assert caught in r.problems, r.problems
 
 
@@ -148,8 +146,8 @@ def test_a_server_that_mishandles_one_kind_of_message_fails_the_checks(monkeypat
 def test_a_run_with_a_killed_and_a_stopped_worker_finishes_with_every_update(tmp_path):
   # The kill comes as soon as the workers have joined: a killed worker not yet declared lost (3 s) when
   # the run ends holds process 0's exit for up to 15 s.
-  faults = [campaign.Fault("kill", 0, 0.0), campaign.Fault("stop", 2, 0.3, seconds=1.0)]
-  r = campaign.worker_fault_run(tmp_path / "asp", "asp", 2000, faults)
+  faults = [unsupervised.Fault("kill", 0, 0.0), unsupervised.Fault("stop", 2, 0.3, seconds=1.0)]
+  r = unsupervised.worker_fault_run(tmp_path / "asp", "asp", 2000, faults)
   assert r.problems == [] and r.finished and not r.crashed and not r.hung, r.problems
   assert r.consistent and r.lost_updates == 0
   s = r.summary
