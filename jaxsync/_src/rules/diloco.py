@@ -56,19 +56,25 @@ class DilocoState(NamedTuple):
 
 def check_exchange(
   rule: str, sync_every: Any, fragments: Any, overlap: Any, mixing: Any, quantize: Any, quantize_block: Any
-) -> tuple[int, int, int, float, str | None, int]:
-  """Checks DiLoCo's period and Streaming DiLoCo's fragments, overlap, mixing and wire format; returns them."""
-  sync_every = validation.check_static_int(rule, "period" if rule != _RULE else "sync_every", sync_every)
+) -> tuple[Any, int, int, Any, str | None, int]:
+  """Checks DiLoCo's period and Streaming DiLoCo's fragments, overlap, mixing and wire format; returns them.
+
+  The period and ``mixing`` may be scalar arrays (``optax.inject_hyperparams`` tunes them); ``fragments``,
+  ``overlap`` and ``quantize_block`` decide the state's structure and must be Python integers.
+  """
+  period_name = "period" if rule != _RULE else "sync_every"
+  sync_every = validation.check_int(rule, period_name, sync_every, array_ok=rule == _RULE)
   fragments = validation.check_static_int(rule, "fragments", fragments)
-  if sync_every % fragments:
-    raise validation.invalid(rule, "fragments", fragments, f"a divisor of the sync period {sync_every}")
-  round_steps = sync_every // fragments
   overlap = validation.check_static_int(rule, "overlap", overlap, low=0)
-  if overlap >= round_steps:
-    raise validation.invalid(
-      rule, "overlap", overlap, f"an integer in [0, {round_steps}): the steps between two fragments' syncs"
-    )
-  mixing = validation.check_real(rule, "mixing", mixing, low=0.0, high=1.0)
+  if isinstance(sync_every, int):  # an injected (array) period is checked by whoever injects it
+    if sync_every % fragments:
+      raise validation.invalid(rule, "fragments", fragments, f"a divisor of the sync period {sync_every}")
+    round_steps = sync_every // fragments
+    if overlap >= round_steps:
+      raise validation.invalid(
+        rule, "overlap", overlap, f"an integer in [0, {round_steps}): the steps between two fragments' syncs"
+      )
+  mixing = validation.check_real(rule, "mixing", mixing, low=0.0, high=1.0, array_ok=True)
   quantize, quantize_block = check_format(rule, quantize, quantize_block)
   return sync_every, fragments, overlap, mixing, quantize, quantize_block
 
@@ -85,8 +91,8 @@ def fragment_pseudo_gradient(anchor, x, fragment, num_fragments: int):
 
 def mix_fragment(theta, x, fragment, num_fragments: int, mixing: float):
   """A worker's model after ``fragment``'s outer step: ``(1 - alpha) theta + alpha x`` there, ``x`` elsewhere."""
-  if num_fragments == 1 and mixing == 0.0:
-    return theta
+  if num_fragments == 1 and isinstance(mixing, (int, float)) and mixing == 0.0:
+    return theta  # a Python zero (an injected mixing is an array, mixed in below)
   inside = _inside(theta, fragment, num_fragments)
   leaves = [
     jnp.where(keep, ((1.0 - mixing) * t + mixing * m).astype(m.dtype), m)

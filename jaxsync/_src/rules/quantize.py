@@ -21,7 +21,7 @@ def check_format(rule: str, fmt: Any, block_size: Any) -> tuple[str | None, int]
   """Validates a wire format (``None`` or one of :data:`FORMATS`) and its block size; returns them."""
   if fmt is not None:
     fmt = validation.check_choice(rule, "quantize", fmt, FORMATS)
-  return fmt, validation.check_int(rule, "quantize_block", block_size)
+  return fmt, validation.check_static_int(rule, "quantize_block", block_size)
 
 
 def bytes_per_value(fmt: str | None, block_size: int, itemsize: int = 4) -> float:
