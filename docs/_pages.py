@@ -1,7 +1,7 @@
 """What docs/conf.py writes and rewrites at build time.
 
 * ``_generated/config_keys.md``: every config key with its default, type and meaning, from the config
-  dataclasses (``jaxsync._src.app.config.reference_markdown``, the table ``jaxsync config`` prints);
+  dataclasses (``jaxsync._src.app.config_reference.reference_markdown``, the table ``jaxsync config`` prints);
   ``guide/configs.md`` includes it.
 * ``_generated/strategy_options.md``: every strategy's options with their defaults (what
   ``jaxsync strategies`` prints); ``guide/strategies.md`` includes it.
@@ -28,9 +28,9 @@ _LINK = re.compile(r"(!?\[(?:[^\]\\\n]|\\.)*\]\()\s*([^)\s]+)((?:\s+\"[^\"\n]*\"
 
 def config_keys_markdown() -> str:
   """The config reference: a Markdown table of keys per section."""
-  from jaxsync._src.app import config
+  from jaxsync._src.app import config_reference
 
-  return config.reference_markdown()
+  return config_reference.reference_markdown()
 
 
 def strategy_options_markdown() -> str:

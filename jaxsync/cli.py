@@ -260,7 +260,9 @@ def _config(args: argparse.Namespace) -> str:
       raise config_lib.ConfigError(
         "--set needs a CONFIG to apply to; e.g. jaxsync config configs/quickstart.yaml --set ..."
       )
-    return config_lib.reference_markdown() if args.markdown else config_lib.reference_text()
+    from jaxsync._src.app import config_reference
+
+    return config_reference.reference_markdown() if args.markdown else config_reference.reference_text()
   if args.markdown:
     raise config_lib.ConfigError("--markdown is for the key reference; expected no CONFIG with it.")
   cfg = config_lib.load(args.config, args.overrides)

@@ -64,7 +64,9 @@ def _tracked_text_files() -> list[pathlib.Path]:
 
   listed = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout
   suffixes = {".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".txt", ".cfg", ".json", ".html", ".css"}
-  return [ROOT / f for f in listed.splitlines() if pathlib.Path(f).suffix in suffixes and (ROOT / f).is_file()]
+  return [
+    ROOT / f for f in listed.splitlines() if pathlib.Path(f).suffix in suffixes and (ROOT / f).is_file()
+  ]
 
 
 # A control character in a source or a page is an accident: an escape such as "\t" of "\theta" written into

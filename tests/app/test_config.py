@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 
 import pytest
 import yaml
 
 import jaxsync
-from jaxsync._src.app import config, experiment
+from jaxsync._src.app import config, config_reference, experiment
 
 QUICKSTART = pathlib.Path(__file__).resolve().parents[2] / "configs" / "quickstart.yaml"
 
@@ -195,7 +196,7 @@ def _leaf_keys(tree, prefix=""):
 
 
 def test_the_reference_lists_every_key_with_its_default_type_and_meaning():
-  rows = {r.key: r for r in config.reference()}
+  rows = {r.key: r for r in config_reference.reference()}
   leaves = set(_leaf_keys(config.to_dict(config.Config())))
   assert {k for k, r in rows.items() if r.type != "section"} == leaves
   assert all(r.meaning for r in rows.values())
@@ -215,12 +216,12 @@ def test_a_key_without_a_meaning_is_caught():
     size: int = 3
 
   with pytest.raises(KeyError, match="meaning"):
-    config.reference(Undocumented)
+    config_reference.reference(Undocumented)
 
 
 def test_the_markdown_reference_has_one_row_per_key():
-  text = config.reference_markdown()
-  keys = [r.key for r in config.reference() if r.type != "section"]
+  text = config_reference.reference_markdown()
+  keys = [r.key for r in config_reference.reference() if r.type != "section"]
   assert all(text.count(f"| `{k}` |") == 1 for k in keys)
   assert "### `strategy.schedule`" in text
 
@@ -260,3 +261,29 @@ def test_emulated_slow_workers_are_the_time_models_slow_workers():
     dataclasses.replace(cfg, cluster=dataclasses.replace(cfg.cluster, emulate_slow_workers=True))
   )
   assert on.slowdowns() == (1.0, 1.0, 3.0, 3.0)
+
+
+@pytest.mark.parametrize(
+  ("override", "hint"),
+  [
+    ("strategy.name=ormoo", "did you mean 'ormo'?"),
+    ("strategy.options.momentom=0.5", "did you mean 'momentum'?"),
+    ("modle.name=mlp", "did you mean 'model'?"),
+    ("cluster.num_worker=4", "did you mean 'num_workers'?"),
+    ("data.name=fashion-mnist", "did you mean 'fashion_mnist'?"),
+    ("strategy.schedule.kind=cosin", "did you mean 'cosine'?"),
+  ],
+)
+def test_a_mistyped_key_or_name_gets_the_closest_valid_one(override, hint):
+  with pytest.raises(config.ConfigError, match=re.escape(hint)):
+    config.load(QUICKSTART, [override])
+
+
+def test_an_option_renamed_for_one_name_per_concept_is_still_accepted_in_a_config():
+  cfg = config.load(
+    QUICKSTART,
+    ["strategy.name=async_local_sgd", "strategy.options={delay: 3}"],
+  )
+  with pytest.warns(DeprecationWarning, match="delay= is the old name of momentum_period="):
+    strategy = jaxsync.strategies.make(cfg.strategy.name, 4, **cfg.strategy.options)
+  assert strategy.options["momentum_period"] == 3

@@ -72,29 +72,27 @@ CASES = {
   ),
   "delayed_nesterov": (
     jaxsync.delayed_nesterov,
-    dict(learning_rate=0.05, momentum=0.9, delay=3, activation=0.1),
-    ("delay",),
+    dict(learning_rate=0.05, momentum=0.9, momentum_period=3, activation=0.1),
+    ("momentum_period",),
     "plain_server",
   ),
   "diloco": (
-    lambda sync_every, mixing: jaxsync.diloco(
-      optax.sgd(0.1), optax.sgd(0.5), sync_every=sync_every, mixing=mixing
-    ),
-    dict(sync_every=3, mixing=0.25),
+    lambda period, mixing: jaxsync.diloco(optax.sgd(0.1), optax.sgd(0.5), period=period, mixing=mixing),
+    dict(period=3, mixing=0.25),
     (),
     "plain_server",
   ),
   "streaming_diloco": (
-    lambda sync_every, mixing, fragments, overlap, quantize_block: jaxsync.diloco(
+    lambda period, mixing, fragments, overlap, quantize_block: jaxsync.diloco(
       optax.sgd(0.1),
-      sync_every=sync_every,
+      period=period,
       mixing=mixing,
       fragments=fragments,
       overlap=overlap,
       quantize="int8",
       quantize_block=quantize_block,
     ),
-    dict(sync_every=4, mixing=0.25, fragments=1, overlap=1, quantize_block=2),  # one leaf: one fragment
+    dict(period=4, mixing=0.25, fragments=1, overlap=1, quantize_block=2),  # one leaf: one fragment
     ("fragments", "overlap", "quantize_block"),
     "plain_server",
   ),
@@ -171,7 +169,7 @@ def test_arrays_pass_unchecked_but_python_numbers_and_shapes_are_still_checked()
 @pytest.mark.parametrize("name", ["fragments", "overlap", "quantize_block"])
 def test_diloco_names_static_args_for_what_decides_its_structure(name):
   # DiLoCo's period and mixing are tuned as arrays; these three shape its state and say how to pass them.
-  kwargs = dict(sync_every=4, fragments=2, overlap=1, quantize="int8", quantize_block=2)
+  kwargs = dict(period=4, fragments=2, overlap=1, quantize="int8", quantize_block=2)
   kwargs[name] = jnp.asarray(kwargs[name])
   with pytest.raises(ValueError, match=f"list '{name}' in static_args"):
     jaxsync.diloco(optax.sgd(0.1), **kwargs)

@@ -18,7 +18,7 @@ def test_diloco_equals_a_numpy_loop_of_inner_sgd_and_outer_nesterov():
   rng = np.random.default_rng(0)
   h, steps, lr, outer_lr, beta = 3, 10, 0.1, 0.7, 0.9
   grads = _grads(rng, steps)
-  tx = jaxsync.diloco(optax.sgd(lr), sync_every=h)
+  tx = jaxsync.diloco(optax.sgd(lr), period=h)
   x = jnp.asarray(rng.normal(size=5), jnp.float32)
   state = tx.init(x)
   # Reference: x moves by SGD; every h steps Delta = theta - x, Nesterov on theta, x = theta.
@@ -37,9 +37,9 @@ def test_diloco_equals_a_numpy_loop_of_inner_sgd_and_outer_nesterov():
   assert int(state.count) == steps
 
 
-def test_diloco_with_sync_every_one_and_unit_outer_sgd_is_its_inner_optimizer():
+def test_diloco_with_period_one_and_unit_outer_sgd_is_its_inner_optimizer():
   rng = np.random.default_rng(1)
-  tx = jaxsync.diloco(optax.adam(0.01), optax.sgd(1.0), sync_every=1)
+  tx = jaxsync.diloco(optax.adam(0.01), optax.sgd(1.0), period=1)
   ref = optax.adam(0.01)
   x = y = jnp.asarray(rng.normal(size=5), jnp.float32)
   s, r = tx.init(x), ref.init(y)
@@ -53,7 +53,7 @@ def test_diloco_with_sync_every_one_and_unit_outer_sgd_is_its_inner_optimizer():
 
 
 def test_diloco_rejects_a_nonfinite_gradient_and_keeps_its_rounds():
-  tx = jaxsync.diloco(optax.sgd(0.1), sync_every=2)
+  tx = jaxsync.diloco(optax.sgd(0.1), period=2)
   x = jnp.ones(3)
   state = tx.init(x)
   u, state = tx.update(jnp.array([1.0, jnp.nan, 1.0]), state, x)
@@ -64,7 +64,7 @@ def test_delayed_nesterov_equals_its_equations_and_with_delay_one_is_optax_neste
   rng = np.random.default_rng(2)
   lr, beta, n, c = 0.3, 0.9, 3, 0.2
   grads = _grads(rng, 11)
-  tx = jaxsync.delayed_nesterov(lr, beta, delay=n, activation=c)
+  tx = jaxsync.delayed_nesterov(lr, beta, momentum_period=n, activation=c)
   w = jnp.zeros(5)
   state = tx.init(w)
   ref, m, d = np.zeros(5), np.zeros(5), np.zeros(5)
@@ -79,7 +79,7 @@ def test_delayed_nesterov_equals_its_equations_and_with_delay_one_is_optax_neste
     else:
       ref = ref - lr * (c * beta * m + g / n)
     np.testing.assert_allclose(np.asarray(w), ref, rtol=1e-5, atol=1e-6)
-  one = jaxsync.delayed_nesterov(lr, beta, delay=1)
+  one = jaxsync.delayed_nesterov(lr, beta, momentum_period=1)
   nesterov = optax.sgd(lr, beta, nesterov=True)
   a = b = jnp.zeros(5)
   sa, sb = one.init(a), nesterov.init(b)
@@ -146,7 +146,7 @@ def test_streaming_diloco_equals_a_numpy_loop_of_fragments_overlap_mixing_and_in
   x = {k: jnp.asarray(rng.normal(size=s), jnp.float32) for k, s in shapes.items()}
   tx = jaxsync.diloco(
     optax.sgd(lr),
-    sync_every=h_total,
+    period=h_total,
     fragments=frags,
     overlap=tau,
     mixing=alpha,
@@ -203,8 +203,8 @@ def test_the_wire_formats_round_trip_and_count_their_bytes():
       np.asarray(quantize.decode(sent, scales, fmt, 64))[:130], np.asarray(quantize.quantized(x, fmt, 64))
     )
   with pytest.raises(ValueError, match=r"quantize='fp4'.*'bfloat16', 'int8', 'int4'"):
-    jaxsync.diloco(optax.sgd(0.1), sync_every=4, quantize="fp4")
+    jaxsync.diloco(optax.sgd(0.1), period=4, quantize="fp4")
   with pytest.raises(ValueError, match=r"overlap=2.*\[0, 2\)"):
-    jaxsync.diloco(optax.sgd(0.1), sync_every=4, fragments=2, overlap=2)
+    jaxsync.diloco(optax.sgd(0.1), period=4, fragments=2, overlap=2)
   with pytest.raises(ValueError, match=r"fragments=3.*divisor"):
-    jaxsync.diloco(optax.sgd(0.1), sync_every=4, fragments=3)
+    jaxsync.diloco(optax.sgd(0.1), period=4, fragments=3)

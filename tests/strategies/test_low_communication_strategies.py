@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -23,7 +24,7 @@ def test_one_worker_diloco_is_the_diloco_transform_in_a_plain_loop():
   )
   _, params, _ = problem(1, **ONE)
   batches = [data.batch(0, t) for t in range(H * ROUNDS)]
-  expected = sgd_reference(params, batches, jaxsync.diloco(optax.adamw(LR, weight_decay=0.1), sync_every=H))
+  expected = sgd_reference(params, batches, jaxsync.diloco(optax.adamw(LR, weight_decay=0.1), period=H))
   assert_trees_close(final, expected, rtol=1e-5, atol=1e-6)
   assert list(history.version) == [1, 2, 3]
 
@@ -112,7 +113,7 @@ def test_one_worker_streaming_diloco_is_the_streaming_transform_in_a_plain_loop(
   final, history, data = simulate("streaming_diloco", 1, events=rounds, options=STREAMING, problem_kw=ONE)
   _, params, _ = problem(1, **ONE)
   tx = jaxsync.diloco(
-    optax.adamw(LR, weight_decay=0.1), sync_every=4, fragments=2, overlap=1, mixing=0.5, quantize="int8"
+    optax.adamw(LR, weight_decay=0.1), period=4, fragments=2, overlap=1, mixing=0.5, quantize="int8"
   )
   expected = sgd_reference(params, [data.batch(0, t) for t in range(2 * rounds)], tx)
   # The strategy's server parameters are theta; the wrapper's are the worker's mixed model: compare the
@@ -205,3 +206,61 @@ def test_a_streaming_round_costs_its_steps_the_ring_of_its_wire_bytes_and_the_up
   held = jaxsync.sim.TimeModel(**{**time.__dict__, "message_bytes": 12})
   expected = 2 * 0.01 + wire.ring_allreduce_time(4) + held.memory_time(strategy.server_traffic.release)
   assert history.time[0] == pytest.approx(expected, rel=1e-6)
+
+
+def test_the_inner_optimizer_of_the_diloco_family_is_any_optax_optimizer_with_its_own_options():
+  # AdamW's betas are the DiLoCo papers' to tune: diloco with b2 = 0.95 is optax.adamw(b2=0.95) inside.
+  inner = {"b2": 0.95, "eps": 1e-6}
+  options = {"learning_rate": LR, "period": H, "inner_options": inner}
+  final, _, data = simulate("diloco", 1, events=ROUNDS, options=options, problem_kw=ONE)
+  _, params, _ = problem(1, **ONE)
+  batches = [data.batch(0, t) for t in range(H * ROUNDS)]
+  expected = sgd_reference(
+    params, batches, jaxsync.diloco(optax.adamw(LR, weight_decay=0.1, **inner), period=H)
+  )
+  assert_trees_close(final, expected, rtol=1e-5, atol=1e-6)
+  default, _, _ = simulate(
+    "diloco", 1, events=ROUNDS, options={"learning_rate": LR, "period": H}, problem_kw=ONE
+  )
+  assert not np.allclose(jax.tree.leaves(default)[0], jax.tree.leaves(final)[0])  # b2 did change the run
+  lion = jaxsync.strategies.make("streaming_diloco", 4, inner_optimizer="lion", inner_options={"b1": 0.95})
+  assert lion.options["inner_optimizer"] == "lion"
+  with pytest.raises(ValueError, match=r"inner_options=\{'b3': 0.9\}.*arguments of optax.adamw"):
+    jaxsync.strategies.make("diloco", 4, inner_options={"b3": 0.9})
+  with pytest.raises(ValueError, match="optax.sgd takes no weight decay"):
+    jaxsync.strategies.make("async_local_sgd", 4, inner_optimizer="sgd")
+  with pytest.raises(ValueError, match="did you mean 'adamw'"):
+    jaxsync.strategies.make("diloco", 4, inner_optimizer="adam_w")
+  assert jaxsync.strategies.make("diloco", 4, inner_optimizer="sgd", weight_decay=0.0).num_workers == 4
+
+
+def test_dc_asgd_takes_the_papers_variance_control_for_each_variant():
+  # Zheng et al. (ICML 2017): lambda_0 = 0.04 for DC-ASGD-c, 2 for DC-ASGD-a.
+  x = jnp.array([1.0])
+
+  def second_update(tx):
+    state = tx.init(x)
+    _, state = tx.update(jnp.array([1.0]), state, x, worker=0)
+    moved = x - 0.5
+    update, _ = tx.update(jnp.array([2.0]), state, moved, worker=1)
+    return update
+
+  for adaptive, lam in ((False, 0.04), (True, 2.0)):
+    default = second_update(jaxsync.dc_asgd(0.5, num_workers=2, adaptive=adaptive))
+    explicit = second_update(jaxsync.dc_asgd(0.5, lam, num_workers=2, adaptive=adaptive))
+    np.testing.assert_array_equal(default, explicit)
+  assert jaxsync.strategies.describe("dc_asgd").options["variance_control"] is None
+
+
+def test_renamed_arguments_warn_and_keep_working():
+  with pytest.warns(DeprecationWarning, match="sync_every= is the old name of period="):
+    old = jaxsync.diloco(optax.sgd(0.1), sync_every=3)
+  new = jaxsync.diloco(optax.sgd(0.1), period=3)
+  x = jnp.ones(2)
+  np.testing.assert_array_equal(old.update(x, old.init(x), x)[0], new.update(x, new.init(x), x)[0])
+  with pytest.warns(DeprecationWarning, match="delay= is the old name of momentum_period="):
+    jaxsync.delayed_nesterov(0.1, delay=2)
+  with pytest.raises(ValueError, match="sync_every=3 is invalid; expected unset"):
+    jaxsync.diloco(optax.sgd(0.1), sync_every=3, period=3)
+  with pytest.raises(ValueError, match="period=None is invalid"):
+    jaxsync.diloco(optax.sgd(0.1))

@@ -16,6 +16,8 @@ from typing import Any
 
 import yaml
 
+from jaxsync._src.core.suggestions import did_you_mean
+
 
 class _Loader(yaml.SafeLoader):
   """PyYAML's safe loader, reading numbers the way people write them.
@@ -49,6 +51,24 @@ def _require(ok: bool, key: str, value: Any, expected: str) -> None:
     raise ConfigError(f"{key}={value!r} is invalid; expected {expected}.")
 
 
+def _require_choice(key: str, value: Any, options: Any, expected: str | None = None) -> None:
+  """``value`` is one of ``options``; the message lists them and suggests the closest one."""
+  options = tuple(options)
+  if value not in options:
+    hint = did_you_mean(value, options)
+    raise ConfigError(
+      f"{key}={value!r} is invalid{hint}; expected {expected or 'one of ' + ', '.join(options)}."
+    )
+
+
+def _unknown_keys(where: str, unknown: list[str], valid: Any) -> str:
+  """``strategy.options.momentom (did you mean 'momentum'?)``: each unknown key with its closest valid one."""
+  valid = tuple(valid)
+  return ", ".join(
+    f"{where}.{k}{did_you_mean(k, valid)}" if where else f"{k}{did_you_mean(k, valid)}" for k in unknown
+  )
+
+
 def _key(default: Any = dataclasses.MISSING, *, meaning: str, factory: Any = dataclasses.MISSING) -> Any:
   """A config key: its default and what it means (``jaxsync config`` prints both)."""
   return dataclasses.field(default=default, default_factory=factory, metadata={"meaning": meaning})
@@ -79,7 +99,7 @@ class DataConfig:
   def __post_init__(self):
     from jaxsync._src.data.datasets import DATASETS
 
-    _require(self.name in DATASETS, "data.name", self.name, f"one of {', '.join(DATASETS)}")
+    _require_choice("data.name", self.name, DATASETS)
     _positive("data", self, "batch_size", "num_examples", "sequence_length")
 
 
@@ -99,7 +119,7 @@ class ModelConfig:
   def __post_init__(self):
     from jaxsync._src.models.networks import MODELS
 
-    _require(self.name in MODELS, "model.name", self.name, f"one of {', '.join(MODELS)}")
+    _require_choice("model.name", self.name, MODELS)
     _require(
       self.hidden is None or (self.name == "mlp" and all(h > 0 for h in self.hidden)),
       "model.hidden",
@@ -139,8 +159,8 @@ class ScheduleConfig:
   def __post_init__(self):
     from jaxsync._src.strategies.schedules import KINDS
 
-    _require(self.kind in KINDS, "strategy.schedule.kind", self.kind, f"one of {', '.join(KINDS)}")
-    _require(self.unit in UNITS, "strategy.schedule.unit", self.unit, f"one of {', '.join(UNITS)}")
+    _require_choice("strategy.schedule.kind", self.kind, KINDS)
+    _require_choice("strategy.schedule.unit", self.unit, UNITS)
     _require(self.warmup >= 0, "strategy.schedule.warmup", self.warmup, "a length >= 0")
     _require(
       self.warmup_from == "1/num_workers"
@@ -183,13 +203,14 @@ class StrategyConfig:
   def __post_init__(self):
     from jaxsync._src.strategies.registry import describe, names
 
-    _require(self.name in names(), "strategy.name", self.name, f"one of {', '.join(names())}")
-    valid = describe(self.name).options
-    unknown = sorted(set(self.options) - set(valid))
+    _require_choice("strategy.name", self.name, names())
+    info = describe(self.name)
+    valid = info.options
+    unknown = sorted(set(self.options) - set(valid) - set(info.renamed))
     if unknown:
       raise ConfigError(
-        f"unknown option strategy.options.{unknown[0]} for strategy {self.name!r}; valid options: "
-        f"{', '.join(valid) or 'none'}."
+        f"unknown option {_unknown_keys('strategy.options', unknown[:1], valid)} for strategy {self.name!r};"
+        f" valid options: {', '.join(valid) or 'none'}."
       )
 
 
@@ -403,12 +424,13 @@ class CompareConfig:
 
     _positive("compare", self, "seeds")
     for name in self.strategies:
-      _require(name in names(), "compare.strategies", name, f"names from {', '.join(names())}")
+      _require_choice("compare.strategies", name, names(), f"names from {', '.join(names())}")
     for name, options in self.options.items():
-      _require(name in names(), "compare.options", name, f"strategy names as keys, from {', '.join(names())}")
+      _require_choice("compare.options", name, names(), f"strategy names as keys, from {', '.join(names())}")
       _require(isinstance(options, dict), f"compare.options.{name}", options, "a mapping of option to value")
-      valid = describe(name).options
-      unknown = sorted(set(options) - set(valid))
+      info = describe(name)
+      valid = info.options
+      unknown = sorted(set(options) - set(valid) - set(info.renamed))
       _require(not unknown, f"compare.options.{name}", options, f"options of {name}: {', '.join(valid)}")
 
 
@@ -428,7 +450,8 @@ class Config:
   compare: CompareConfig = _key(meaning="what jaxsync compare varies", factory=CompareConfig)
 
 
-def _type_name(hint: Any) -> str:
+def type_name(hint: Any) -> str:
+  """A type hint's short name, for messages (``int``, ``list[str]``)."""
   return getattr(hint, "__name__", None) or str(hint).replace("typing.", "")
 
 
@@ -454,7 +477,7 @@ def _coerce(path: str, hint: Any, value: Any) -> Any:
   if origin is list:
     (item,) = typing.get_args(hint)
     if not isinstance(value, list):
-      raise ConfigError(f"{path}={value!r} is invalid; expected a list of {_type_name(item)}.")
+      raise ConfigError(f"{path}={value!r} is invalid; expected a list of {type_name(item)}.")
     return [_coerce(f"{path}[{i}]", item, v) for i, v in enumerate(value)]
   if origin is dict:
     if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
@@ -497,7 +520,7 @@ def _build(cls: type, raw: Any, prefix: str = "") -> Any:
   hints = typing.get_type_hints(cls)
   unknown = sorted(set(raw) - set(hints))
   if unknown:
-    dotted = ", ".join(f"{prefix}.{k}" if prefix else str(k) for k in unknown)
+    dotted = _unknown_keys(prefix, [str(k) for k in unknown], hints)
     raise ConfigError(
       f"unknown config key {dotted}; valid keys{' of ' + prefix if prefix else ''}: {_keys(cls)}."
     )
@@ -601,82 +624,3 @@ def load(path: str | pathlib.Path, overrides: list[str] = ()) -> Config:
       f"config file {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections."
     )
   return from_dict(apply_overrides(raw or {}, list(overrides)))
-
-
-# ---------------------------------------------------------------------------
-# The reference of every key: `jaxsync config` and the documentation's config page.
-# ---------------------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class KeyReference:
-  """One config key: its dotted name, type, default and meaning."""
-
-  key: str
-  type: str
-  default: str
-  meaning: str
-
-
-def _type_words(hint: Any) -> str:
-  origin = typing.get_origin(hint)
-  if origin in (typing.Union, types.UnionType):
-    options = [o for o in typing.get_args(hint) if o is not type(None)]
-    words = " or ".join(_type_words(o) for o in options)
-    return f"{words} or null" if type(None) in typing.get_args(hint) else words
-  if origin is list:
-    return f"list of {_type_words(typing.get_args(hint)[0])}s"
-  if origin is dict:
-    return "mapping"
-  if dataclasses.is_dataclass(hint):
-    return f"mapping {{{', '.join(f.name for f in dataclasses.fields(hint))}}}"
-  return {int: "integer", float: "number", str: "string", bool: "true/false"}.get(hint, _type_name(hint))
-
-
-def _yaml_value(value: Any) -> str:
-  if isinstance(value, float):
-    return f"{value:g}"  # 1e+11, not 100000000000.0
-  return yaml.safe_dump(value, default_flow_style=True, width=1_000).strip().removesuffix("...").strip()
-
-
-def reference(cls: type = Config, prefix: str = "") -> list[KeyReference]:
-  """Every key of a config (sections first, then their keys), with its type, default and meaning."""
-  hints = typing.get_type_hints(cls)
-  keys = []
-  for field in dataclasses.fields(cls):
-    key, hint = f"{prefix}{field.name}", hints[field.name]
-    default = field.default_factory() if field.default is dataclasses.MISSING else field.default
-    if dataclasses.is_dataclass(hint):
-      keys.append(KeyReference(key, "section", "", field.metadata["meaning"]))
-      keys += reference(hint, f"{key}.")
-    else:
-      keys.append(KeyReference(key, _type_words(hint), _yaml_value(default), field.metadata["meaning"]))
-  return keys
-
-
-def reference_text() -> str:
-  """The reference as aligned text, one key per line under its section (``jaxsync config``)."""
-  rows = reference()
-  width = max(len(r.key) for r in rows) + 2
-  lines = []
-  for r in rows:
-    if r.type == "section":
-      lines += ["", f"{r.key}: {r.meaning}"]
-    else:
-      lines.append(f"  {r.key:<{width}}{r.default:<10} {r.type}: {r.meaning}")
-  return "\n".join(lines).lstrip("\n") + "\n"
-
-
-def reference_markdown() -> str:
-  """The reference as a Markdown table per section (the documentation's config page)."""
-  out = []
-  for r in reference():
-    if r.type == "section":
-      out += ["", f"### `{r.key}`", "", f"{r.meaning[0].upper()}{r.meaning[1:]}.", ""]
-      out += ["| key | default | type | meaning |", "|---|---|---|---|"]
-    else:
-      if not out:  # the top-level keys, before any section
-        out += ["| key | default | type | meaning |", "|---|---|---|---|"]
-      meaning = r.meaning.replace("|", "\\|")
-      out.append(f"| `{r.key}` | `{r.default}` | {r.type} | {meaning} |")
-  return "\n".join(out).strip() + "\n"

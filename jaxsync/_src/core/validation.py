@@ -13,15 +13,17 @@ scalar arrays, as ``optax.inject_hyperparams`` passes them (concrete arrays at
 
 from __future__ import annotations
 
-import difflib
 import math
 import numbers
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 import numpy as np
 import optax
+
+from jaxsync._src.core.suggestions import did_you_mean
 
 
 def _is_real(value: Any) -> bool:
@@ -103,20 +105,22 @@ def check_static_int(rule: str, name: str, value: Any, *, low: int = 1) -> int:
   return check_int(rule, name, value, low=low)
 
 
-def did_you_mean(value: Any, options: Sequence[str]) -> str:
-  """`` (did you mean 'ormo'?)`` when ``value`` is a string close to one of ``options``; else ``""``.
+def renamed(rule: str, old: str, new: str, old_value: Any, new_value: Any) -> Any:
+  """The value of an argument renamed from ``old`` to ``new``: ``new_value``, or ``old_value`` with a warning.
 
-  Example:
-    >>> did_you_mean("ormoo", ("asp", "ormo", "ormo_da"))
-    " (did you mean 'ormo'?)"
+  jaxsync keeps one name per concept across its transforms, strategies and configs; a name it gave up is
+  still accepted for a while, with a ``DeprecationWarning`` that names the new one.
   """
-  if not isinstance(value, str):
-    return ""
-  close = difflib.get_close_matches(value, list(options), n=1, cutoff=0.6)
-  if not close:  # a case slip (ORMO) or a hyphen for an underscore (ormo-da) is close too
-    folded = {o.lower().replace("-", "_"): o for o in options}
-    close = [folded[k] for k in difflib.get_close_matches(value.lower().replace("-", "_"), list(folded), n=1)]
-  return f" (did you mean {close[0]!r}?)" if close else ""
+  if old_value is None:
+    return new_value
+  if new_value is not None:
+    raise invalid(rule, old, old_value, f"unset: it is the old name of {new!r}, which is given too")
+  warnings.warn(
+    f"{rule}: {old}= is the old name of {new}=; pass {new}={old_value!r} (the old name will be removed)",
+    DeprecationWarning,
+    stacklevel=3,
+  )
+  return old_value
 
 
 def check_choice(rule: str, name: str, value: Any, options: Sequence[str]) -> str:

@@ -14,6 +14,11 @@ from jaxsync._src.rules import guard
 _RULE = "dc_asgd"
 
 
+# lambda_0 of the DC-ASGD paper's CIFAR-10 experiments (Zheng et al., ICML 2017): DC-ASGD-c and DC-ASGD-a.
+CONSTANT_VARIANCE_CONTROL = 0.04
+ADAPTIVE_VARIANCE_CONTROL = 2.0
+
+
 class DelayCompensationState(NamedTuple):
   """State of :func:`dc_asgd`.
 
@@ -37,7 +42,7 @@ class DelayCompensationState(NamedTuple):
 
 def dc_asgd(
   learning_rate: optax.ScalarOrSchedule,
-  variance_control: float = 0.04,
+  variance_control: float | None = None,
   *,
   num_workers: int,
   adaptive: bool = False,
@@ -86,8 +91,9 @@ def dc_asgd(
 
   Args:
     learning_rate: ``eta``, a positive number or a schedule of ``count``.
-    variance_control: ``lambda_0 >= 0``; 0 is plain asynchronous SGD. The
-      paper uses 0.04 for DC-ASGD-c and 2 for DC-ASGD-a (CIFAR-10).
+    variance_control: ``lambda_0 >= 0``; 0 is plain asynchronous SGD.
+      ``None`` (the default) takes the paper's value for the variant: 0.04 for
+      DC-ASGD-c, 2 for DC-ASGD-a (its CIFAR-10 experiments).
     num_workers: ``K``, the workers whose backups the server keeps.
     adaptive: ``True`` for DC-ASGD-a (``lambda_t`` scaled by the running
       mean square of the gradient).
@@ -116,9 +122,11 @@ def dc_asgd(
     Descent with Delay Compensation", ICML 2017, Algorithms 1-3.
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
-  lam = validation.check_real(_RULE, "variance_control", variance_control, low=0.0, array_ok=True)
   num_workers = validation.check_static_int(_RULE, "num_workers", num_workers)
   adaptive = validation.check_bool(_RULE, "adaptive", adaptive)
+  if variance_control is None:  # the paper's lambda_0 of each variant (ICML 2017, CIFAR-10)
+    variance_control = ADAPTIVE_VARIANCE_CONTROL if adaptive else CONSTANT_VARIANCE_CONTROL
+  lam = validation.check_real(_RULE, "variance_control", variance_control, low=0.0, array_ok=True)
   decay = validation.check_real(
     _RULE, "mean_square_decay", mean_square_decay, low=0.0, high=1.0, high_open=True, array_ok=True
   )

@@ -34,8 +34,9 @@ def delayed_nesterov(
   learning_rate: optax.ScalarOrSchedule,
   momentum: float = 0.9,
   *,
-  delay: int,
+  momentum_period: int | None = None,
   activation: float = 0.0,
+  delay: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Delayed Nesterov: Nesterov momentum for a server that receives pseudo-gradients one at a time.
 
@@ -43,8 +44,8 @@ def delayed_nesterov(
   its local steps moved) when it finishes, and the server applies each at
   once. Nesterov momentum updated on every arrival lets one worker's stale,
   large step dominate it; Delayed Nesterov applies each arrival plainly and
-  updates the momentum only once every ``N`` arrivals, with their mean. Use it
-  as the server (outer) rule of asynchronous local SGD; with ``delay=1`` and
+  updates the momentum only once every ``N = momentum_period`` arrivals, with their mean. Use it
+  as the server (outer) rule of asynchronous local SGD; with ``momentum_period=1`` and
   ``activation=0`` it is Nesterov SGD, ``optax.sgd(lr, momentum, nesterov=True)``.
 
   Arrival ``t`` with pseudo-gradient ``g``:
@@ -67,9 +68,11 @@ def delayed_nesterov(
   Args:
     learning_rate: ``epsilon``, a positive number or a schedule of ``count``.
     momentum: ``beta`` in ``[0, 1)``.
-    delay: ``N >= 1``, arrivals per momentum update (the number of workers
-      is the natural choice).
+    momentum_period: ``N >= 1``, arrivals per momentum update (required; the
+      number of workers is the natural choice). The paper calls it the delay,
+      but it is no gradient's staleness: it is how often the momentum moves.
     activation: ``c`` in ``[0, 1/N]``, the momentum applied between updates.
+    delay: the old name of ``momentum_period``, accepted with a ``DeprecationWarning``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -77,7 +80,7 @@ def delayed_nesterov(
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxsync
-    >>> tx = jaxsync.delayed_nesterov(1.0, 0.5, delay=2)
+    >>> tx = jaxsync.delayed_nesterov(1.0, 0.5, momentum_period=2)
     >>> w = jnp.array([0.0]); state = tx.init(w)
     >>> u, state = tx.update(jnp.array([2.0]), state, w); w = optax.apply_updates(w, u); w  # g / N
     Array([-1.], dtype=float32)
@@ -93,8 +96,11 @@ def delayed_nesterov(
   """
   learning_rate = validation.check_learning_rate(_RULE, learning_rate)
   beta = validation.check_real(_RULE, "momentum", momentum, low=0.0, high=1.0, high_open=True, array_ok=True)
-  delay = validation.check_int(_RULE, "delay", delay, array_ok=True)
-  high = 1.0 / delay if isinstance(delay, int) else None
+  period = validation.renamed(_RULE, "delay", "momentum_period", delay, momentum_period)
+  if period is None:
+    raise validation.invalid(_RULE, "momentum_period", None, "an integer >= 1 (arrivals per momentum update)")
+  period = validation.check_int(_RULE, "momentum_period", period, array_ok=True)
+  high = 1.0 / period if isinstance(period, int) else None
   c = validation.check_real(_RULE, "activation", activation, low=0.0, high=high, array_ok=True)
 
   def init_fn(params: optax.Params) -> DelayedNesterovState:
@@ -117,10 +123,10 @@ def delayed_nesterov(
 
     def apply(accept, rejected):
       rate = guard.learning_rate_at(learning_rate, state.count)
-      n = jnp.asarray(delay, jnp.float32)
+      n = jnp.asarray(period, jnp.float32)
       beta_ = jnp.asarray(beta, jnp.float32)
       c_ = jnp.asarray(c, jnp.float32)
-      full = (state.count + 1) % delay == 0
+      full = (state.count + 1) % period == 0
       summed = jax.tree.map(lambda d, g: d + g.astype(d.dtype), state.buffer, updates)
       momentum = jax.tree.map(
         lambda m, d: jnp.where(full, beta_ * m + d / n, m).astype(m.dtype), state.momentum, summed

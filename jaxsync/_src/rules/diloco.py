@@ -55,28 +55,27 @@ class DilocoState(NamedTuple):
 
 
 def check_exchange(
-  rule: str, sync_every: Any, fragments: Any, overlap: Any, mixing: Any, quantize: Any, quantize_block: Any
+  rule: str, period: Any, fragments: Any, overlap: Any, mixing: Any, quantize: Any, quantize_block: Any
 ) -> tuple[Any, int, int, Any, str | None, int]:
   """Checks DiLoCo's period and Streaming DiLoCo's fragments, overlap, mixing and wire format; returns them.
 
   The period and ``mixing`` may be scalar arrays (``optax.inject_hyperparams`` tunes them); ``fragments``,
   ``overlap`` and ``quantize_block`` decide the state's structure and must be Python integers.
   """
-  period_name = "period" if rule != _RULE else "sync_every"
-  sync_every = validation.check_int(rule, period_name, sync_every, array_ok=rule == _RULE)
+  period = validation.check_int(rule, "period", period, array_ok=rule == _RULE)
   fragments = validation.check_static_int(rule, "fragments", fragments)
   overlap = validation.check_static_int(rule, "overlap", overlap, low=0)
-  if isinstance(sync_every, int):  # an injected (array) period is checked by whoever injects it
-    if sync_every % fragments:
-      raise validation.invalid(rule, "fragments", fragments, f"a divisor of the sync period {sync_every}")
-    round_steps = sync_every // fragments
+  if isinstance(period, int):  # an injected (array) period is checked by whoever injects it
+    if period % fragments:
+      raise validation.invalid(rule, "fragments", fragments, f"a divisor of the sync period {period}")
+    round_steps = period // fragments
     if overlap >= round_steps:
       raise validation.invalid(
         rule, "overlap", overlap, f"an integer in [0, {round_steps}): the steps between two fragments' syncs"
       )
   mixing = validation.check_real(rule, "mixing", mixing, low=0.0, high=1.0, array_ok=True)
   quantize, quantize_block = check_format(rule, quantize, quantize_block)
-  return sync_every, fragments, overlap, mixing, quantize, quantize_block
+  return period, fragments, overlap, mixing, quantize, quantize_block
 
 
 def fragment_pseudo_gradient(anchor, x, fragment, num_fragments: int):
@@ -111,12 +110,13 @@ def diloco(
   inner: optax.GradientTransformation,
   outer: optax.GradientTransformation | None = None,
   *,
-  sync_every: int,
+  period: int | None = None,
   fragments: int = 1,
   overlap: int = 0,
   mixing: float = 0.0,
   quantize: str | None = None,
   quantize_block: int = 64,
+  sync_every: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo's two optimizers in one transform (and Streaming DiLoCo's fragments): inner steps, then an outer step.
 
@@ -150,7 +150,7 @@ def diloco(
   The inner optimizer's state (AdamW's moments) carries over from one round
   to the next, as in torchft and MaxText. The update returned on an outer
   step is ``x_new - x``, so ``optax.apply_updates`` lands on the new model
-  (to rounding). ``sync_every=1`` with ``outer = optax.sgd(1.0)`` is the
+  (to rounding). ``period=1`` with ``outer = optax.sgd(1.0)`` is the
   inner optimizer itself.
 
   Extra args are passed to the inner optimizer. A NaN/Inf gradient is
@@ -161,13 +161,14 @@ def diloco(
     inner: the inner optimizer, any optax transform (DiLoCo: AdamW).
     outer: the outer optimizer on pseudo-gradients; default Nesterov SGD
       with lr 0.7 and momentum 0.9.
-    sync_every: ``H >= 1``, inner steps between two syncs of a fragment
-      (DiLoCo: 500).
+    period: ``H >= 1``, inner steps between two syncs of a fragment
+      (required; DiLoCo: 500). The strategies and configs call it ``period`` too.
     fragments: ``P``, a divisor of ``H`` (1: DiLoCo).
     overlap: ``tau`` in ``[0, H / P)``.
     mixing: ``alpha`` in ``[0, 1]``.
     quantize: the pseudo-gradient's wire format, or ``None``.
     quantize_block: values per scale of the integer formats.
+    sync_every: the old name of ``period``, accepted with a ``DeprecationWarning``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -175,7 +176,7 @@ def diloco(
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxsync
-    >>> tx = jaxsync.diloco(optax.sgd(0.25), optax.sgd(0.5), sync_every=2)
+    >>> tx = jaxsync.diloco(optax.sgd(0.25), optax.sgd(0.5), period=2)
     >>> x = jnp.array([1.0]); state = tx.init(x)
     >>> for _ in range(2):
     ...   u, state = tx.update(jnp.array([1.0]), state, x); x = optax.apply_updates(x, u)
@@ -194,10 +195,15 @@ def diloco(
     outer = outer_nesterov()
   elif not isinstance(outer, optax.GradientTransformation):
     raise validation.invalid(_RULE, "outer", outer, "an optax GradientTransformation, or None for Nesterov")
-  sync_every, num_fragments, overlap, mixing, fmt, block = check_exchange(
-    _RULE, sync_every, fragments, overlap, mixing, quantize, quantize_block
+  period = validation.renamed(_RULE, "sync_every", "period", sync_every, period)
+  if period is None:
+    raise validation.invalid(
+      _RULE, "period", None, "an integer >= 1: inner steps between two syncs (DiLoCo's H)"
+    )
+  period, num_fragments, overlap, mixing, fmt, block = check_exchange(
+    _RULE, period, fragments, overlap, mixing, quantize, quantize_block
   )
-  round_steps = sync_every // num_fragments
+  round_steps = period // num_fragments
   inner = optax.with_extra_args_support(inner)
   if num_fragments > 1:
     outer = by_fragment(outer, num_fragments)

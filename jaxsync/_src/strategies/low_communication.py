@@ -10,10 +10,14 @@ Delayed Nesterov, Dynamic Local Updates; Liu et al., 2024).
 from __future__ import annotations
 
 import functools
+import inspect
+from collections.abc import Mapping
+from typing import Any
 
 import optax
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.suggestions import did_you_mean
 from jaxsync._src.rules.delayed_nesterov import delayed_nesterov
 from jaxsync._src.rules.diloco import OUTER_LEARNING_RATE, OUTER_MOMENTUM, by_fragment, check_exchange
 from jaxsync._src.strategies import pieces
@@ -29,6 +33,10 @@ from jaxsync._src.strategies.strategy import (
 )
 from jaxsync._src.strategies.table import Recipe, register
 
+_INNER_MEANINGS = {
+  "inner_optimizer": "the workers' inner optimizer, an optax optimizer by name: adamw (DiLoCo), adam, lion, sgd, ...",
+  "inner_options": "the inner optimizer's own arguments, e.g. {b1: 0.9, b2: 0.95, eps: 1e-8} (null: optax's defaults)",
+}
 _EXCHANGE_MEANINGS = {
   "fragments": "how many fragments the parameters are cut into; one is synchronized every period / fragments steps",
   "overlap": "local steps a fragment's exchange overlaps (tau < period / fragments)",
@@ -38,26 +46,30 @@ _EXCHANGE_MEANINGS = {
 }
 _DILOCO_MEANINGS = {
   **_EXCHANGE_MEANINGS,
+  **_INNER_MEANINGS,
   "period": "inner AdamW steps per worker between two outer steps (DiLoCo's H)",
   "outer_learning_rate": "the outer Nesterov step's rate on the averaged pseudo-gradient (DiLoCo: 0.7)",
   "outer_momentum": "the outer Nesterov step's momentum (DiLoCo: 0.9)",
-  "weight_decay": "AdamW's decoupled weight decay of the inner steps",
+  "weight_decay": "the inner optimizer's weight decay (AdamW's is decoupled); 0 for one that takes none",
 }
 _STREAMING_DILOCO_MEANINGS = {
   **_EXCHANGE_MEANINGS,
+  **_INNER_MEANINGS,
+  **_INNER_MEANINGS,
   "period": "inner AdamW steps between two syncs of one fragment (H)",
   "outer_learning_rate": "each fragment's outer Nesterov rate on its averaged pseudo-gradient",
   "outer_momentum": "each fragment's outer Nesterov momentum",
-  "weight_decay": "AdamW's decoupled weight decay of the inner steps",
+  "weight_decay": "the inner optimizer's weight decay (AdamW's is decoupled); 0 for one that takes none",
 }
 _ASYNC_LOCAL_SGD_MEANINGS = {
+  **_INNER_MEANINGS,
   "period": "local AdamW steps of the fastest worker between two pushes (H)",
   "outer_learning_rate": "epsilon, the server's Delayed Nesterov rate on each pushed pseudo-gradient",
   "outer_momentum": "beta, Delayed Nesterov's momentum, updated once every delay arrivals",
-  "weight_decay": "AdamW's decoupled weight decay of the local steps",
+  "weight_decay": "the inner optimizer's weight decay on the local steps (AdamW's is decoupled)",
   "dylu": "Dynamic Local Updates: each worker's local steps in proportion to its speed",
   "min_local_steps": "the fewest local steps a slow worker takes under DyLU",
-  "delay": "arrivals per Delayed Nesterov momentum update (default K)",
+  "momentum_period": "arrivals per Delayed Nesterov momentum update (the paper's N, its 'delay'; default K)",
   "activation": "c in [0, 1/delay]: the momentum applied between Delayed Nesterov updates",
 }
 
@@ -133,10 +145,45 @@ def _local_sgd(
   )
 
 
-def _adamw(name: str, weight_decay: float):
-  """AdamW as a worker's inner optimizer (decoupled decay), ``learning_rate -> rule``."""
+# The optax optimizers a worker may take as its inner one (DiLoCo: AdamW; MuLoCo-style work swaps it).
+INNER_OPTIMIZERS = ("adamw", "adam", "lion", "sgd", "rmsprop", "adafactor", "nadamw", "adabelief")
+
+
+def _inner(name: str, optimizer: str, options: Any, weight_decay: float):
+  """A worker's inner optimizer, ``optax.<optimizer>(lr, weight_decay=..., **options)``, as ``lr -> rule``.
+
+  ``options`` are the optimizer's own keyword arguments (AdamW's ``b1``, ``b2``, ``eps``, ...), checked
+  against its signature now; ``weight_decay`` is its own (decoupled for AdamW) and must be 0 for an
+  optimizer that takes none.
+  """
+  optimizer = validation.check_choice(name, "inner_optimizer", optimizer, INNER_OPTIMIZERS)
   decay = pieces.check_decay(name, weight_decay)
-  return lambda lr: reject_nonfinite(optax.adamw(lr, weight_decay=decay))
+  options = {} if options is None else options
+  if not isinstance(options, Mapping):
+    raise validation.invalid(
+      name, "inner_options", options, f"a mapping of optax.{optimizer}'s arguments, or null"
+    )
+  factory = getattr(optax, optimizer)
+  takes = set(inspect.signature(factory).parameters)
+  accepted = takes - {"learning_rate", "weight_decay"}  # the strategy's weight_decay is the optimizer's
+  unknown = sorted(set(options) - accepted)
+  if unknown:
+    hint = "".join(did_you_mean(k, tuple(accepted)) for k in unknown)
+    raise validation.invalid(
+      name,
+      "inner_options",
+      dict(options),
+      f"arguments of optax.{optimizer}{hint}: {', '.join(sorted(accepted))}",
+    )
+  kwargs = dict(options)
+  if "weight_decay" in takes:
+    kwargs["weight_decay"] = decay
+  elif decay:
+    raise validation.invalid(
+      name, "weight_decay", weight_decay, f"0: optax.{optimizer} takes no weight decay"
+    )
+  factory(0.001, **kwargs)  # checks the values now, before a learning rate is known
+  return lambda lr: reject_nonfinite(factory(lr, **kwargs))
 
 
 @register("diloco", learning_rate=0.001, meanings=_DILOCO_MEANINGS)
@@ -149,6 +196,8 @@ def _diloco(
   weight_decay=0.1,
   quantize=None,
   quantize_block=64,
+  inner_optimizer="adamw",
+  inner_options=None,
 ) -> Recipe:
   """DiLoCo: ``period`` AdamW steps per worker, then Nesterov on the averaged pseudo-gradient (Douillard et al., 2023).
 
@@ -162,7 +211,13 @@ def _diloco(
   name = "diloco"
   exchange = _exchange(name, period=period, quantize=quantize, quantize_block=quantize_block)
   return _local_rounds(
-    name, num_workers, period, outer_learning_rate, outer_momentum, _adamw(name, weight_decay), exchange
+    name,
+    num_workers,
+    period,
+    outer_learning_rate,
+    outer_momentum,
+    _inner(name, inner_optimizer, inner_options, weight_decay),
+    exchange,
   )
 
 
@@ -179,6 +234,8 @@ def _streaming_diloco(
   outer_learning_rate=OUTER_LEARNING_RATE,
   outer_momentum=OUTER_MOMENTUM,
   weight_decay=0.1,
+  inner_optimizer="adamw",
+  inner_options=None,
 ) -> Recipe:
   """Streaming DiLoCo: DiLoCo one fragment at a time, the exchange overlapped and mixed in, 4-bit on the wire (Douillard et al., 2025).
 
@@ -200,11 +257,22 @@ def _streaming_diloco(
     quantize_block=quantize_block,
   )
   return _local_rounds(
-    name, num_workers, period, outer_learning_rate, outer_momentum, _adamw(name, weight_decay), exchange
+    name,
+    num_workers,
+    period,
+    outer_learning_rate,
+    outer_momentum,
+    _inner(name, inner_optimizer, inner_options, weight_decay),
+    exchange,
   )
 
 
-@register("async_local_sgd", learning_rate=0.001, meanings=_ASYNC_LOCAL_SGD_MEANINGS)
+@register(
+  "async_local_sgd",
+  learning_rate=0.001,
+  meanings=_ASYNC_LOCAL_SGD_MEANINGS,
+  renamed={"delay": "momentum_period"},
+)
 def _async_local_sgd(
   num_workers,
   *,
@@ -213,16 +281,18 @@ def _async_local_sgd(
   min_local_steps=1,
   outer_learning_rate=OUTER_LEARNING_RATE,
   outer_momentum=OUTER_MOMENTUM,
-  delay=None,
+  momentum_period=None,
   activation=0.0,
   weight_decay=0.1,
+  inner_optimizer="adamw",
+  inner_options=None,
 ) -> Recipe:
   """Asynchronous local SGD: AdamW local steps, pseudo-gradients pushed as workers finish, Delayed Nesterov (Liu et al., 2024).
 
   Each worker takes ``period`` AdamW steps (``learning_rate``,
   ``weight_decay``) from the parameters it pulled and pushes its
   pseudo-gradient; the server applies each with Delayed Nesterov (rate
-  ``outer_learning_rate``, momentum updated every ``delay`` arrivals, default
+  ``outer_learning_rate``, momentum updated every ``momentum_period`` arrivals, default
   K) and replies at once. With ``dylu`` (Dynamic Local Updates) a worker
   takes steps in proportion to its speed, at least ``min_local_steps``.
   """
@@ -232,8 +302,12 @@ def _async_local_sgd(
   validation.check_int(name, "min_local_steps", min_local_steps)
   if min_local_steps > period:
     raise validation.invalid(name, "min_local_steps", min_local_steps, f"an integer in [1, period={period}]")
-  delay = num_workers if delay is None else validation.check_int(name, "delay", delay)
-  outer = functools.partial(delayed_nesterov, momentum=outer_momentum, delay=delay, activation=activation)
+  momentum_period = (
+    num_workers if momentum_period is None else validation.check_int(name, "momentum_period", momentum_period)
+  )
+  outer = functools.partial(
+    delayed_nesterov, momentum=outer_momentum, momentum_period=momentum_period, activation=activation
+  )
   outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
   outer(outer_lr)  # checks the outer options now
   # The Delayed Nesterov step reads g, theta, m and D and writes theta and D (m on every N-th): about 7.
@@ -246,4 +320,5 @@ def _async_local_sgd(
     gradients_per_update=float(period),
     server_traffic=ServerTraffic(0.0, pieces.ADAM_TRAFFIC),
   )
-  return Recipe(blueprint, lambda lr: (outer(outer_lr), _adamw(name, weight_decay)(lr)))
+  inner = _inner(name, inner_optimizer, inner_options, weight_decay)
+  return Recipe(blueprint, lambda lr: (outer(outer_lr), inner(lr)))

@@ -37,7 +37,8 @@ _SMEGA2_MEANINGS = {
 }
 _ORMO_DA_MEANINGS = {"delay_measure": "how OrMo-DA measures a gradient's delay: iterations or groups"}
 _DC_ASGD_MEANINGS = {
-  "variance_control": "lambda_0, the weight of the delay compensation g*g*(w - w_pulled) (0: plain ASGD)",
+  "variance_control": "lambda_0, the weight of the delay compensation g*g*(w - w_pulled) (0: plain ASGD;"
+  " default the paper's: 0.04, or 2 with adaptive)",
   "adaptive": "DC-ASGD-a: lambda_0 divided by the root of the running mean of g*g",
   "mean_square_decay": "the decay of DC-ASGD-a's running mean of g*g, in [0, 1)",
 }
@@ -159,7 +160,7 @@ def _ormo_da(num_workers, *, momentum=0.9, delay_measure="iterations", weight_de
 
 @register("dc_asgd", learning_rate=0.01, meanings=_DC_ASGD_MEANINGS)
 def _dc_asgd(
-  num_workers, *, variance_control=0.04, adaptive=False, mean_square_decay=0.95, weight_decay=0.0
+  num_workers, *, variance_control=None, adaptive=False, mean_square_decay=0.95, weight_decay=0.0
 ) -> Recipe:
   """DC-ASGD: asynchronous SGD whose server compensates each stale gradient to first order (Zheng et al., ICML 2017)."""
   name = "dc_asgd"

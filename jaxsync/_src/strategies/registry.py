@@ -77,6 +77,7 @@ class StrategyInfo:
     meanings: each option's meaning, in words.
     synchronous: whether its workers wait for each other (rounds behind a barrier).
     alias_of: the name this one is another name for, or None.
+    renamed: old option names still accepted (with a ``DeprecationWarning``) and the names they became.
   """
 
   name: str
@@ -85,6 +86,7 @@ class StrategyInfo:
   meanings: Mapping[str, str] = dataclasses.field(default_factory=dict)
   synchronous: bool = False
   alias_of: str | None = None
+  renamed: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
 
 def describe(name: str) -> StrategyInfo:
@@ -102,6 +104,7 @@ def describe(name: str) -> StrategyInfo:
     meanings={o: option_meaning(entry.canonical, o) for o in options},
     synchronous=entry.factory(4).blueprint.engine == Engine.SYNC,  # 4 workers: every default divides it
     alias_of=None if name == entry.canonical else entry.canonical,
+    renamed=dict(entry.renamed),
   )
 
 
@@ -119,6 +122,10 @@ def _recipe(name: str, num_workers: int, options: Mapping[str, Any]) -> tuple[Bl
   entry = _lookup(name)
   num_workers = validation.check_int(f"strategy {name!r}", "num_workers", num_workers)
   valid = describe(name).options
+  options = dict(options)
+  for old, new in entry.renamed.items():
+    if old in options:
+      options[new] = validation.renamed(f"strategy {name!r}", old, new, options.pop(old), options.get(new))
   unknown = sorted(set(options) - set(valid))
   if unknown:
     hints = "".join(validation.did_you_mean(option, tuple(valid)) for option in unknown)

@@ -32,6 +32,7 @@ class Entry(NamedTuple):
   factory: Callable[..., Recipe]
   learning_rate: float
   canonical: str  # the first name it was registered under; the others are other names for it
+  renamed: Mapping[str, str]  # an option's old name -> its name now (still accepted, with a warning)
 
 
 REGISTRY: dict[str, Entry] = {}
@@ -53,7 +54,12 @@ OPTION_MEANINGS: dict[str, str] = {
 _STRATEGY_MEANINGS: dict[tuple[str, str], str] = {}
 
 
-def register(*names: str, learning_rate: float, meanings: Mapping[str, str] | None = None):
+def register(
+  *names: str,
+  learning_rate: float,
+  meanings: Mapping[str, str] | None = None,
+  renamed: Mapping[str, str] | None = None,
+):
   """Registers a factory under ``names``; every strategy takes ``learning_rate``, this is its default.
 
   Args:
@@ -61,6 +67,7 @@ def register(*names: str, learning_rate: float, meanings: Mapping[str, str] | No
     learning_rate: the default learning rate.
     meanings: what the strategy's own options mean, where :data:`OPTION_MEANINGS` has no meaning for the
       name or the strategy gives it another one.
+    renamed: old option names, still accepted with a ``DeprecationWarning``, and the names they became.
 
   Returns:
     The decorator, which returns the factory unchanged.
@@ -70,7 +77,7 @@ def register(*names: str, learning_rate: float, meanings: Mapping[str, str] | No
 
   def add(factory):
     for name in names:
-      REGISTRY[name] = Entry(factory, learning_rate, names[0])
+      REGISTRY[name] = Entry(factory, learning_rate, names[0], dict(renamed or {}))
     return factory
 
   return add
