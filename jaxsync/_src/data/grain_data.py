@@ -21,6 +21,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from jaxsync._src.core import validation
@@ -44,7 +45,11 @@ def _epoch_draws(key, worker, epochs, num_units, shard_size):
 
   def draw(e):
     ka, kc = jax.random.split(jax.random.fold_in(worker_key, e))
-    return jax.random.randint(ka, [], 0, num_units), jax.random.randint(kc, [], 0, shard_size)
+    # int32 draws: under jax_enable_x64 the default int64 would draw another order for the same seed.
+    return (
+      jax.random.randint(ka, [], 0, num_units, dtype=jnp.int32),
+      jax.random.randint(kc, [], 0, shard_size, dtype=jnp.int32),
+    )
 
   return jax.vmap(draw)(epochs)
 

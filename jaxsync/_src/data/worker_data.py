@@ -110,8 +110,9 @@ class WorkerData:
 
     def order(e):
       ka, kc = jax.random.split(jax.random.fold_in(worker_key, e))
-      a = self._units[jax.random.randint(ka, [], 0, self._units.shape[0])]
-      c = jax.random.randint(kc, [], 0, s)
+      # int32 draws: the default integer is int64 under jax_enable_x64, which draws other numbers.
+      a = self._units[jax.random.randint(ka, [], 0, self._units.shape[0], dtype=jnp.int32)]
+      c = jax.random.randint(kc, [], 0, s, dtype=jnp.int32)
       return a, c
 
     # A batch spans at most two epochs (b <= S).

@@ -216,7 +216,7 @@ class RoundEngine:
     overlapped = offsets[:, None] >= strategy.local_steps - strategy.exchange.overlap
     before = jnp.max(jnp.sum(jnp.where(overlapped, 0.0, step_times), axis=0))
     during = jnp.max(jnp.sum(jnp.where(overlapped, step_times, 0.0), axis=0))
-    exchange = jnp.asarray(self._exchange_times(s.params))[fragment]
+    exchange = jnp.asarray(self._exchange_times(s.params), jnp.float32)[fragment]  # Python floats: not x64
     end = s.clock + before + jnp.maximum(exchange, during)
     models = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(work.model)
     return self._finish_round(
