@@ -578,3 +578,16 @@ def test_the_math_check_reads_mathjax_errors_and_untypeset_math_from_a_rendered_
   assert check_math.problems(page, good) == []
   bad = '<mjx-container><mjx-merror data-mjx-error="Misplaced &amp;" title="Misplaced &amp;">x</mjx-merror></mjx-container>'
   assert check_math.problems(page, bad) == ["Misplaced &", "1 of 2 math blocks were not typeset"]
+
+
+def test_the_streaming_diloco_reading_says_maxtexts_schedule_differs_from_torchfts():
+  # MaxText (0.2.5) applies the outer step at the round's end and mixes tau steps later: with an overlap its
+  # schedule is not torchft's, which jaxsync follows. The page once said the two agree.
+  page = (ROOT / "docs" / "algorithms.md").read_text()
+  reading = page[page.index("follow torchft's `StreamingDiLoCo`") :][:700]
+  assert "which agree" not in reading
+  assert (
+    "MaxText" in reading
+    and "differ with τ > 0" in reading
+    and "jaxsync follows torchft's schedule" in reading
+  )
