@@ -245,7 +245,7 @@ def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
     else "target not reached"
   )
   print(
-    f"{summary.get('label', '')}: accuracy {acc:.3f} after {summary['updates']} updates, "
+    f"{summary.get('label', '')}: test accuracy {acc:.3f} after {summary['updates']} updates, "
     f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); run directory {run_dir}"
   )
 
@@ -383,6 +383,11 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
   if isinstance(result, dict):
     print(result["table"], end="")
+    # stdout stays the table (for a pipe); where it and the runs went goes to stderr.
+    print(
+      f"jaxsync compare: the table (results.md), results.json, plots/ and every run are in {result['run_dir']}",
+      file=sys.stderr,
+    )
   elif args.progress != "quiet":
     _print_summary(result.summary, result.run_dir)
   return 0

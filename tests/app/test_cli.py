@@ -256,7 +256,7 @@ def test_corrupt_and_incompatible_checkpoints_get_a_clear_error(tmp_path, capsys
 @pytest.mark.heavy
 def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
   out = tmp_path / "cmp"
-  code, stdout, _ = _run(
+  code, stdout, err = _run(
     capsys,
     "compare",
     QUICKSTART,
@@ -273,6 +273,7 @@ def test_compare_writes_one_row_per_strategy_and_resumes(tmp_path, capsys):
   assert code == 0
   table = (out / "results.md").read_text()
   assert table == stdout
+  assert f"every run are in {out}" in err  # compare says where it wrote, as train and advise do
   rows = [line for line in table.splitlines()[2:] if line.startswith("|")]
   assert [r.split("|")[1].strip() for r in rows] == ["asp", "bsp"]
   assert all(r.split("|")[2].strip() == "2" and "±" in r.split("|")[3] for r in rows)
@@ -498,11 +499,14 @@ def test_the_bar_says_it_is_compiling_until_the_first_chunk():
   bar.phase("quickstart: loading data, building the model and strategy")
   bar.start("ormo K=8", 100, 0)
   assert bar._progress.tasks[0].fields["status"] == "compiling "
-  bar.update({"event": 10, "updates": 10, "simulated_time": 1.0, "loss": 0.5})
+  bar.update({"event": 10, "updates": 10, "simulated_time": 1.0, "loss": 0.5, "accuracy": 0.75})
   fields = bar._progress.tasks[0].fields
   assert fields["status"] == "" and fields["clock"] == "sim" and fields["time"] == "1.0s"
   bar.close()
   assert bar._progress is None
+  shown = bar.console.file.getvalue()  # a stream that is no terminal gets the bar's last line at its end
+  # The loss on the bar is the training batches' (summary.json's final_loss is the test set's): labelled so.
+  assert "train loss 0.5" in shown and "test acc 0.750" in shown
 
 
 def test_advise_ranks_the_candidates_writes_its_report_and_refuses_bad_questions(tmp_path, capsys):

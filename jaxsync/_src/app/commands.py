@@ -365,7 +365,7 @@ def _compare_runs(
   target = (targets[0]["metric"], targets[0]["value"]) if targets else None  # one config: one target
   histories = {name: [r.history for r in rs] for name, rs in results.items()}
   plots.plot_compare(histories, run_dir / "plots", target=target)
-  return {"table": table, "results": results}
+  return {"table": table, "results": results, "run_dir": run_dir}
 
 
 def mean_std(values: list[float | None], digits: int) -> str:

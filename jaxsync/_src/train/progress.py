@@ -91,7 +91,7 @@ class BarReporter(Reporter):
       rp.MofNCompleteColumn(),
       rp.TextColumn(
         "{task.fields[status]}{task.fields[clock]} {task.fields[time]} upd {task.fields[updates]} "
-        "loss {task.fields[loss]} acc {task.fields[acc]}"
+        "train loss {task.fields[loss]} test acc {task.fields[acc]}"
       ),
       rp.TimeRemainingColumn(),
       console=self.console,
