@@ -173,3 +173,116 @@ def test_diloco_names_static_args_for_what_decides_its_structure(name):
   kwargs[name] = jnp.asarray(kwargs[name])
   with pytest.raises(ValueError, match=f"list '{name}' in static_args"):
     jaxsync.diloco(optax.sgd(0.1), **kwargs)
+
+
+# The table of docs/guide/transforms.md, checked row by row: (factory, every argument with a value, extras).
+TABLE_CASES = {
+  "ordered_momentum": (
+    jaxsync.ordered_momentum,
+    dict(learning_rate=0.05, momentum=0.9, num_workers=4, delay_adaptive=True, delay_measure="groups"),
+    "server",
+  ),
+  "adaptive_k": (
+    jaxsync.adaptive_k,
+    dict(momentum=0.9, theta=0.5, confidence=0.9, max_k=3, fresh_staleness=1, ci_endpoint="lower"),
+    "server",
+  ),
+  "bb_step_size": (
+    jaxsync.bb_step_size,
+    dict(
+      initial_step_size=0.05,
+      smoothing=0.5,
+      armijo_slope=0.2,
+      armijo_shrink=0.5,
+      max_backtracks=5,
+      max_scale=3.0,
+      server_momentum=0.5,
+      armijo=True,
+    ),
+    "worker",
+  ),
+  "scale_by_staleness": (
+    jaxsync.scale_by_staleness,
+    dict(mode="exponential", penalty=0.3, gradients_per_update=2),
+    "server",
+  ),
+  "smega2": (
+    jaxsync.smega2,
+    dict(learning_rate=0.05, momentum=0.9, num_workers=4, dampening=0.1, look_ahead="naive"),
+    "server",
+  ),
+  "easgd_worker": (
+    jaxsync.easgd_worker,
+    dict(learning_rate=0.1, moving_rate=0.2, period=2, momentum=0.5, weight_decay=0.01),
+    "elastic_worker",
+  ),
+  "easgd_center": (jaxsync.easgd_center, dict(moving_rate=0.2), "center"),
+  "ea_wild_center": (jaxsync.ea_wild_center, dict(moving_rate=0.2), "center"),
+  "dc_asgd": (
+    jaxsync.dc_asgd,
+    dict(
+      learning_rate=0.05, variance_control=2.0, num_workers=2, mean_square_decay=0.9, eps=1e-6, adaptive=True
+    ),
+    "plain_server",
+  ),
+  "delayed_nesterov": (
+    jaxsync.delayed_nesterov,
+    dict(learning_rate=0.05, momentum=0.9, momentum_period=3, activation=0.1),
+    "plain_server",
+  ),
+  "diloco": (
+    jaxsync.diloco,
+    dict(
+      inner=optax.sgd(0.1), period=4, mixing=0.25, fragments=1, overlap=1, quantize="int8", quantize_block=2
+    ),
+    "plain_server",
+  ),
+}
+
+
+def _table():
+  """{rule: (tuned, static, left alone)} from the transforms page's inject_hyperparams table."""
+  import pathlib
+  import re
+
+  page = (pathlib.Path(__file__).resolve().parents[2] / "docs" / "guide" / "transforms.md").read_text()
+  section = page[page.index("## Tuning hyperparameters with `optax.inject_hyperparams`") :]
+  rows = {}
+  for line in section.splitlines():
+    cells = [c.strip() for c in line.strip().strip("|").split("|")]
+    if len(cells) != 4 or not cells[0].startswith("`"):
+      continue
+    names = [lambda c=c: re.findall(r"`(\w+)`", c) for c in cells]
+    for rule in names[0]():
+      rows[rule] = tuple(set(n()) for n in names[1:])
+  return rows
+
+
+def test_the_transforms_page_table_has_a_row_for_every_rule_of_the_suite():
+  assert set(_table()) == set(TABLE_CASES)
+
+
+@pytest.mark.parametrize("rule", sorted(TABLE_CASES))
+def test_the_transforms_page_says_which_arguments_inject_hyperparams_can_tune(rule):
+  factory, kwargs, kind = TABLE_CASES[rule]
+  tuned, static, _ = _table()[rule]
+  static = static & set(kwargs)  # "confidence, max_k with ci_endpoint='lower'": the case sets it
+  plain, _ = _run(factory(**kwargs), kind)
+  injected, state = _run(optax.inject_hyperparams(factory, static_args=tuple(static))(**kwargs), kind)
+  np.testing.assert_allclose(injected, plain, rtol=1e-5, atol=1e-7)
+  assert tuned - static <= set(state.hyperparams), tuned - set(state.hyperparams)
+  assert not set(state.hyperparams) & static
+  for name in static:  # each static argument, given as a number and not listed, is refused with the hint
+    with pytest.raises(ValueError, match=f"list '{name}' in static_args"):
+      optax.inject_hyperparams(factory, static_args=tuple(static - {name}))(**kwargs).init(X0)
+
+
+def test_structure_arguments_left_at_their_defaults_need_no_static_args():
+  # The design card's use: nothing in static_args. Their defaults are None, which inject_hyperparams skips.
+  tx = optax.inject_hyperparams(jaxsync.diloco)(optax.sgd(0.1), period=3)
+  _, state = _run(tx, "plain_server")
+  assert set(state.hyperparams) == {"period", "mixing"}
+  _, state = _run(
+    optax.inject_hyperparams(jaxsync.scale_by_staleness)(mode="exponential", penalty=0.5), "server"
+  )
+  assert set(state.hyperparams) == {"penalty"}

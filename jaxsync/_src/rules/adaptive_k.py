@@ -199,7 +199,8 @@ def adaptive_k(
       _RULE,
       "confidence",
       confidence,
-      "a Python number with ci_endpoint='lower' (its t quantiles are tabulated)",
+      "a Python number with ci_endpoint='lower': its t quantiles are tabulated (with "
+      "optax.inject_hyperparams, list 'confidence' in static_args)",
     )
   confidence = validation.check_real(
     _RULE, "confidence", confidence, low=0.0, high=1.0, low_open=True, high_open=True, array_ok=True

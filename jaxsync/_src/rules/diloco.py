@@ -111,11 +111,11 @@ def diloco(
   outer: optax.GradientTransformation | None = None,
   *,
   period: int | None = None,
-  fragments: int = 1,
-  overlap: int = 0,
+  fragments: int | None = None,
+  overlap: int | None = None,
   mixing: float = 0.0,
   quantize: str | None = None,
-  quantize_block: int = 64,
+  quantize_block: int | None = None,
   sync_every: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo's two optimizers in one transform (and Streaming DiLoCo's fragments): inner steps, then an outer step.
@@ -163,11 +163,16 @@ def diloco(
       with lr 0.7 and momentum 0.9.
     period: ``H >= 1``, inner steps between two syncs of a fragment
       (required; DiLoCo: 500). The strategies and configs call it ``period`` too.
-    fragments: ``P``, a divisor of ``H`` (1: DiLoCo).
-    overlap: ``tau`` in ``[0, H / P)``.
+    fragments: ``P``, a divisor of ``H`` (``None``: 1, DiLoCo).
+    overlap: ``tau`` in ``[0, H / P)`` (``None``: 0).
     mixing: ``alpha`` in ``[0, 1]``.
     quantize: the pseudo-gradient's wire format, or ``None``.
-    quantize_block: values per scale of the integer formats.
+    quantize_block: values per scale of the integer formats (``None``: 64).
+
+    ``fragments``, ``overlap`` and ``quantize_block`` shape the state: under
+    ``optax.inject_hyperparams`` a number given for one goes in ``static_args``
+    (their ``None`` defaults are left alone); ``period`` and ``mixing`` are tuned
+    as arrays.
     sync_every: the old name of ``period``, accepted with a ``DeprecationWarning``.
 
   Returns:
@@ -200,8 +205,15 @@ def diloco(
     raise validation.invalid(
       _RULE, "period", None, "an integer >= 1: inner steps between two syncs (DiLoCo's H)"
     )
+  # None defaults, not numbers: optax.inject_hyperparams injects every numeric default as an array.
   period, num_fragments, overlap, mixing, fmt, block = check_exchange(
-    _RULE, period, fragments, overlap, mixing, quantize, quantize_block
+    _RULE,
+    period,
+    1 if fragments is None else fragments,
+    0 if overlap is None else overlap,
+    mixing,
+    quantize,
+    64 if quantize_block is None else quantize_block,
   )
   round_steps = period // num_fragments
   inner = optax.with_extra_args_support(inner)

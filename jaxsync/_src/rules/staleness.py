@@ -45,7 +45,7 @@ def scale_by_staleness(
   mode: str = "linear",
   *,
   penalty: float | None = None,
-  gradients_per_update: int = 1,
+  gradients_per_update: int | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Staleness-aware SGD: scales each arriving gradient down by how stale it is; optionally averages several.
 
@@ -95,7 +95,8 @@ def scale_by_staleness(
       rule only averages ``c`` arrivals, as K-async SGD and InHAD's pull do).
     penalty: ``kappa > 0`` for ``mode="exponential"``; must be ``None`` for
       the other modes.
-    gradients_per_update: ``c >= 1``, the gradients averaged per update.
+    gradients_per_update: ``c >= 1``, the gradients averaged per update (``None``: 1). It shapes the
+      state, so under ``optax.inject_hyperparams`` a number given here goes in ``static_args``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -125,7 +126,9 @@ def scale_by_staleness(
     penalty = validation.check_real(_RULE, "penalty", penalty, low=0.0, low_open=True, array_ok=True)
   elif penalty is not None:
     raise validation.invalid(_RULE, "penalty", penalty, f"None with mode={mode!r}")
-  per_update = validation.check_static_int(_RULE, "gradients_per_update", gradients_per_update, low=1)
+  # None (1) by default, not 1: optax.inject_hyperparams injects every numeric default as an array.
+  per_update = 1 if gradients_per_update is None else gradients_per_update
+  per_update = validation.check_static_int(_RULE, "gradients_per_update", per_update, low=1)
 
   def factor(tau: jax.Array) -> jax.Array:
     tau_f = tau.astype(jnp.float32)
