@@ -5,7 +5,13 @@
 #      /usr/share/datasets/fashion-mnist/) and the Jargon File (jargon-text puts jargon.txt.gz under
 #      /usr/share/doc/jargon-text/), each where jaxsync looks by default;
 #   2. jaxsync and its test extras, into the active Python environment;
-#   3. pytest on two processes. Extra arguments go to pytest (scripts/test.sh -m 'not heavy').
+#   3. pytest on two processes, one tier:
+#        scripts/test.sh            the fast tier, what a developer runs after every change (the tests not
+#                                   marked heavy; under 7 minutes on 2 cores);
+#        scripts/test.sh --heavy    the rest: multi-process runs, the fault campaign, every benchmark at its
+#                                   tiny size, long training (.ci/run runs both tiers, one after the other);
+#        scripts/test.sh --all      both tiers in one run.
+#      Extra arguments go to pytest (scripts/test.sh tests/rules -x).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
@@ -45,5 +51,11 @@ if [ ${#packages[@]} -gt 0 ]; then
   fi
 fi
 
+tier=(-m "not heavy")
+case "${1:-}" in
+  --all) tier=(); shift ;;
+  --heavy) tier=(-m heavy); shift ;;
+esac
+
 python -m pip install -q -e '.[test]'
-exec python -m pytest -q -n 2 "$@"
+exec python -m pytest -q -n 2 "${tier[@]}" "$@"

@@ -1072,3 +1072,28 @@ def test_run_all_names_modules_of_the_catalog():
   script = (BENCHMARKS / "run_all.sh").read_text()
   named = re.search(r'BENCHMARKS=\$\{BENCHMARKS:-"([^"]+)"\}', script).group(1).split()
   assert named and all(catalog.module(n.split(".")[1]) == f"benchmarks.{n}" for n in named)
+
+
+def test_the_suite_tiers_benchmark_reads_each_tests_time_from_a_junit_report(tmp_path):
+  # Its real run is the whole suite (half an hour on 2 cores): here, what it reads and writes.
+  tiers = importlib.import_module("benchmarks.speed.suite_tiers")
+  report = tmp_path / "fast.xml"
+  report.write_text(
+    '<?xml version="1.0"?><testsuites><testsuite name="pytest">'
+    '<testcase classname="tests.rules.test_a" name="test_x[1]" time="2.5"/>'
+    '<testcase classname="tests.test_benchmarks" name="test_b_tiny" time="40.0"><failure message="no"/></testcase>'
+    '<testcase classname="tests.sim.test_c" name="test_y" time="0.1"><skipped/></testcase>'
+    "</testsuite></testsuites>"
+  )
+  cases = tiers.case_times(report)
+  assert cases == [
+    ("tests/rules/test_a.py::test_x[1]", 2.5, "passed"),
+    ("tests/test_benchmarks.py::test_b_tiny", 40.0, "failed"),
+    ("tests/sim/test_c.py::test_y", 0.1, "skipped"),
+  ]
+  text = tiers.report_text({"fast": (300.0, 1, cases), "heavy": (600.0, 0, [])}, 2, ["--slowest", "2"])
+  assert "| fast | `bash scripts/test.sh` | 3 | 1 | 5.0 min (300 s) |" in text
+  assert "The fast tier took 300 s against an aim of 420 s (met)." in text
+  assert "Both tiers, one after the other (what `.ci/run` runs): 15.0 min." in text
+  slowest = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| `tests/")]
+  assert slowest == ["`tests/test_benchmarks.py::test_b_tiny`", "`tests/rules/test_a.py::test_x[1]`"]

@@ -26,6 +26,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "transform_overhead",
     "import_time",
     "conv_in_loop",
+    "suite_tiers",
   ),
   "faults": ("fault_campaign",),
   "calibration": ("sim_vs_real",),

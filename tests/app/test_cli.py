@@ -306,7 +306,7 @@ def test_a_diverged_run_says_so_in_its_summary_on_stderr_and_in_the_compare_tabl
   good = json.loads((out / "asp" / "seed0" / "summary.json").read_text())
   assert bad["diverged"] is True and good["diverged"] is False and "diverged_because" not in good
   assert "chance level" in bad["diverged_because"] or "non-finite" in bad["diverged_because"]
-  warnings = [line for line in err.splitlines() if "diverged" in line]
+  warnings = [line for line in err.splitlines() if line.startswith("jaxsync: warning:")]
   assert warnings == [
     f"jaxsync: warning: {bad['label']} diverged: {bad['diverged_because']} "
     f"(run directory {out / 'naive_asgdm' / 'seed0'})."
