@@ -591,3 +591,32 @@ def test_the_streaming_diloco_reading_says_maxtexts_schedule_differs_from_torchf
     and "differ with τ > 0" in reading
     and "jaxsync follows torchft's schedule" in reading
   )
+
+
+def test_every_benchmark_command_in_the_docs_names_a_benchmark_of_the_catalog():
+  # The benchmarks moved into groups (python -m benchmarks.GROUP.NAME): a page that still names an old
+  # path, or a module that does not exist, would send a reader to nothing.
+  from benchmarks.common import catalog
+
+  pages = [
+    ROOT / "README.md",
+    *doc_pages(),
+    *ROOT.glob("configs/**/*.md"),
+    *ROOT.glob("benchmarks/results/*.md"),
+  ]
+  named, stale = set(), []
+  for page in pages:
+    text = page.read_text()
+    named |= {(page.name, m) for m in re.findall(r"python -m\s+(benchmarks\.[\w.]+)", text)}
+    stale += [f"{page.name}: {m}" for m in re.findall(r"python3? benchmarks/[\w/]+\.py", text)]
+  assert not stale, stale
+  modules = {catalog.module(n) for names in catalog.GROUPS.values() for n in names}
+  placeholders = {
+    "benchmarks.GROUP.NAME",
+    "benchmarks.claims.NAME",
+    "benchmarks.speed.NAME",
+    "benchmarks.pages.NAME",
+  }
+  unknown = sorted(f"{page}: {m}" for page, m in named if m not in modules | placeholders)
+  assert not unknown, unknown
+  assert len(named) > 20

@@ -40,6 +40,7 @@ WHY = {
   "tests/app/test_cli.py": "the command line end to end, in processes (kill, resume, compare, advise)",
   "tests/rules/test_barzilai_borwein.py": "training the quickstart's CNN with per-worker BB step sizes",
   "tests/test_quickstart_example.py": "the quickstart example trained to its accuracy",
+  "tests/sim/test_x64.py": "every engine under jax_enable_x64, in a process of its own",
 }
 
 
