@@ -27,6 +27,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 # Sphinx marks math as <div class="math ..."> (display) and <span class="math ..."> (inline).
 MATH = re.compile(r'<(?:div|span) class="math[ "]')
 ERROR = re.compile(r'<mjx-merror[^>]*data-mjx-error="([^"]*)"|<mjx-merror[^>]*>(.{0,120})', re.S)
+# An undefined macro (\thetta) is no error to MathJax: its noundefined package draws the name in red.
+UNDEFINED = re.compile(r'<mjx-mtext[^>]*style="[^"]*color:\s*red[^"]*"[^>]*>(.{0,4000}?)</mjx-mtext>', re.S)
+# MathJax's CHTML output writes each character as an element whose class is its code point: mjx-c5C is "\".
+CHARACTER = re.compile(r'<mjx-c class="mjx-c([0-9A-F]+)')
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 
 
@@ -51,11 +55,19 @@ def rendered(chromium: str, page: pathlib.Path, timeout: float = 120.0) -> str:
   return subprocess.run(command, capture_output=True, text=True, timeout=timeout, check=True).stdout
 
 
+def _text(markup: str) -> str:
+  """The text of a bit of MathJax output: its characters' code points, or its plain text."""
+  codes = CHARACTER.findall(markup)
+  return "".join(chr(int(c, 16)) for c in codes) if codes else re.sub(r"<[^>]+>", "", markup).strip()
+
+
 def problems(page: pathlib.Path, dom: str) -> list[str]:
-  """What is wrong with the math of ``page`` rendered as ``dom``: MathJax errors and untypeset math."""
+  """What is wrong with the math of ``page`` rendered as ``dom``: MathJax errors, undefined macros, and
+  math left untypeset."""
   found = [
     html.unescape(m.group(1) or re.sub(r"<[^>]+>", "", m.group(2))).strip() for m in ERROR.finditer(dom)
   ]
+  found += [f"undefined macro {html.unescape(_text(m.group(1)))}" for m in UNDEFINED.finditer(dom)]
   expected = len(MATH.findall(page.read_text()))
   typeset = dom.count("<mjx-container")
   if typeset < expected:

@@ -11,7 +11,8 @@
 #        scripts/test.sh --heavy    the rest: multi-process runs, the fault campaign, every benchmark at its
 #                                   tiny size, long training (.ci/run runs both tiers, one after the other);
 #        scripts/test.sh --all      both tiers in one run.
-#      Extra arguments go to pytest (scripts/test.sh tests/rules -x).
+#      Extra arguments go to pytest (scripts/test.sh tests/rules -x); a -m of your own is added to the
+#      tier's, and pytest keeps the last: pass --all with it to choose the tests by your marker alone.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
@@ -51,11 +52,17 @@ if [ ${#packages[@]} -gt 0 ]; then
   fi
 fi
 
+# The tier flag may stand anywhere among the arguments; the rest go to pytest as they are.
 tier=(-m "not heavy")
-case "${1:-}" in
-  --all) tier=(); shift ;;
-  --heavy) tier=(-m heavy); shift ;;
-esac
+args=()
+for arg in "$@"; do
+  case "$arg" in
+    --all) tier=() ;;
+    --heavy) tier=(-m heavy) ;;
+    *) args+=("$arg") ;;
+  esac
+done
 
 python -m pip install -q -e '.[test]'
-exec python -m pytest -q -n 2 "${tier[@]}" "$@"
+# ${a[@]+"${a[@]}"}: an empty array under `set -u` in every bash, macOS's 3.2 included.
+exec python -m pytest -q -n 2 ${tier[@]+"${tier[@]}"} ${args[@]+"${args[@]}"}

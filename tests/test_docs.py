@@ -578,6 +578,10 @@ def test_the_math_check_reads_mathjax_errors_and_untypeset_math_from_a_rendered_
   assert check_math.problems(page, good) == []
   bad = '<mjx-container><mjx-merror data-mjx-error="Misplaced &amp;" title="Misplaced &amp;">x</mjx-merror></mjx-container>'
   assert check_math.problems(page, bad) == ["Misplaced &", "1 of 2 math blocks were not typeset"]
+  # An undefined macro (\\thetta): MathJax draws it in red, one element per character (its code point).
+  chars = "".join(f'<mjx-c class="mjx-c{ord(c):X}"></mjx-c>' for c in "\\thetta")
+  undefined = good + f'<mjx-mtext class="mjx-n" space="4" style="color: red;">{chars}</mjx-mtext>'
+  assert check_math.problems(page, undefined) == ["undefined macro \\thetta"]
 
 
 def test_the_streaming_diloco_reading_says_maxtexts_schedule_differs_from_torchfts():

@@ -14,7 +14,7 @@ one run directory per seed of each cell, each with its metrics and summary)
 and ``--report-only``.
 
 Every finished run is appended to the benchmark's results store,
-``<results-dir>/<name>_runs.jsonl`` (see ``results_store.py``): a rerun skips the
+``<results-dir>/<name>_runs.jsonl`` (see ``store.py``): a rerun skips the
 runs it holds, so a full-size benchmark runs in several sittings, on several
 machines, and ``--report-only`` rewrites the results file from the store alone,
 naming the runs it lacks.

@@ -284,6 +284,9 @@ def test_an_option_renamed_for_one_name_per_concept_is_still_accepted_in_a_confi
     QUICKSTART,
     ["strategy.name=async_local_sgd", "strategy.options={delay: 3}"],
   )
-  with pytest.warns(DeprecationWarning, match="delay= is the old name of momentum_period="):
+  with pytest.warns(FutureWarning, match="delay= is the old name of momentum_period="):
     strategy = jaxsync.strategies.make(cfg.strategy.name, 4, **cfg.strategy.options)
   assert strategy.options["momentum_period"] == 3
+  # compare and calibrate pass the shared options on by strategy: the old name is one it takes.
+  assert experiment.for_strategy(cfg, "async_local_sgd", 0).strategy.options == {"delay": 3}
+  assert experiment.dropped_options(cfg, "async_local_sgd") == []

@@ -253,12 +253,12 @@ def test_dc_asgd_takes_the_papers_variance_control_for_each_variant():
 
 
 def test_renamed_arguments_warn_and_keep_working():
-  with pytest.warns(DeprecationWarning, match="sync_every= is the old name of period="):
+  with pytest.warns(FutureWarning, match="sync_every= is the old name of period="):
     old = jaxsync.diloco(optax.sgd(0.1), sync_every=3)
   new = jaxsync.diloco(optax.sgd(0.1), period=3)
   x = jnp.ones(2)
   np.testing.assert_array_equal(old.update(x, old.init(x), x)[0], new.update(x, new.init(x), x)[0])
-  with pytest.warns(DeprecationWarning, match="delay= is the old name of momentum_period="):
+  with pytest.warns(FutureWarning, match="delay= is the old name of momentum_period="):
     jaxsync.delayed_nesterov(0.1, delay=2)
   with pytest.raises(ValueError, match="sync_every=3 is invalid; expected unset"):
     jaxsync.diloco(optax.sgd(0.1), sync_every=3, period=3)

@@ -259,7 +259,7 @@ def for_strategy(config: Config, name: str, seed: int) -> Config:
   Returns the new config and is pure; options of ``strategy.options`` that
   ``name`` does not take are left out (see :func:`dropped_options`).
   """
-  accepted = strategies.describe(name).options
+  accepted = _accepted_options(name)
   options = {k: v for k, v in config.strategy.options.items() if k in accepted}
   options.update(config.compare.options.get(name, {}))
   return dataclasses.replace(
@@ -271,5 +271,11 @@ def for_strategy(config: Config, name: str, seed: int) -> Config:
 
 def dropped_options(config: Config, name: str) -> list[str]:
   """The shared ``strategy.options`` that strategy ``name`` does not take."""
-  accepted = strategies.describe(name).options
+  accepted = _accepted_options(name)
   return sorted(k for k in config.strategy.options if k not in accepted)
+
+
+def _accepted_options(name: str) -> set[str]:
+  """The options strategy ``name`` takes, the old names of renamed ones included (they still work)."""
+  info = strategies.describe(name)
+  return set(info.options) | set(info.renamed)

@@ -109,7 +109,8 @@ def renamed(rule: str, old: str, new: str, old_value: Any, new_value: Any) -> An
   """The value of an argument renamed from ``old`` to ``new``: ``new_value``, or ``old_value`` with a warning.
 
   jaxsync keeps one name per concept across its transforms, strategies and configs; a name it gave up is
-  still accepted for a while, with a ``DeprecationWarning`` that names the new one.
+  still accepted for a while, with a ``FutureWarning`` that names the new one (a warning Python shows by
+  default, wherever the old name was written: a script, a config, a library).
   """
   if old_value is None:
     return new_value
@@ -117,7 +118,7 @@ def renamed(rule: str, old: str, new: str, old_value: Any, new_value: Any) -> An
     raise invalid(rule, old, old_value, f"unset: it is the old name of {new!r}, which is given too")
   warnings.warn(
     f"{rule}: {old}= is the old name of {new}=; pass {new}={old_value!r} (the old name will be removed)",
-    DeprecationWarning,
+    FutureWarning,
     stacklevel=3,
   )
   return old_value

@@ -72,7 +72,7 @@ def delayed_nesterov(
       number of workers is the natural choice). The paper calls it the delay,
       but it is no gradient's staleness: it is how often the momentum moves.
     activation: ``c`` in ``[0, 1/N]``, the momentum applied between updates.
-    delay: the old name of ``momentum_period``, accepted with a ``DeprecationWarning``.
+    delay: the old name of ``momentum_period``, accepted with a ``FutureWarning``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a

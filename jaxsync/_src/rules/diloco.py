@@ -173,7 +173,7 @@ def diloco(
     ``optax.inject_hyperparams`` a number given for one goes in ``static_args``
     (their ``None`` defaults are left alone); ``period`` and ``mixing`` are tuned
     as arrays.
-    sync_every: the old name of ``period``, accepted with a ``DeprecationWarning``.
+    sync_every: the old name of ``period``, accepted with a ``FutureWarning``.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a

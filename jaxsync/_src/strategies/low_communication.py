@@ -55,7 +55,6 @@ _DILOCO_MEANINGS = {
 _STREAMING_DILOCO_MEANINGS = {
   **_EXCHANGE_MEANINGS,
   **_INNER_MEANINGS,
-  **_INNER_MEANINGS,
   "period": "inner AdamW steps between two syncs of one fragment (H)",
   "outer_learning_rate": "each fragment's outer Nesterov rate on its averaged pseudo-gradient",
   "outer_momentum": "each fragment's outer Nesterov momentum",
@@ -65,12 +64,12 @@ _ASYNC_LOCAL_SGD_MEANINGS = {
   **_INNER_MEANINGS,
   "period": "local AdamW steps of the fastest worker between two pushes (H)",
   "outer_learning_rate": "epsilon, the server's Delayed Nesterov rate on each pushed pseudo-gradient",
-  "outer_momentum": "beta, Delayed Nesterov's momentum, updated once every delay arrivals",
+  "outer_momentum": "beta, Delayed Nesterov's momentum, updated once every momentum_period arrivals",
   "weight_decay": "the inner optimizer's weight decay on the local steps (AdamW's is decoupled)",
   "dylu": "Dynamic Local Updates: each worker's local steps in proportion to its speed",
   "min_local_steps": "the fewest local steps a slow worker takes under DyLU",
   "momentum_period": "arrivals per Delayed Nesterov momentum update (the paper's N, its 'delay'; default K)",
-  "activation": "c in [0, 1/delay]: the momentum applied between Delayed Nesterov updates",
+  "activation": "c in [0, 1/momentum_period]: the momentum applied between Delayed Nesterov updates",
 }
 
 
@@ -180,7 +179,11 @@ def _inner(name: str, optimizer: str, options: Any, weight_decay: float):
     kwargs["weight_decay"] = decay
   elif decay:
     raise validation.invalid(
-      name, "weight_decay", weight_decay, f"0: optax.{optimizer} takes no weight decay"
+      name,
+      "weight_decay",
+      weight_decay,
+      f"0 with inner_optimizer={optimizer!r}: optax.{optimizer} takes no weight decay (the default 0.1 is"
+      " AdamW's, DiLoCo's inner optimizer)",
     )
   factory(0.001, **kwargs)  # checks the values now, before a learning rate is known
   return lambda lr: reject_nonfinite(factory(lr, **kwargs))

@@ -77,7 +77,7 @@ class StrategyInfo:
     meanings: each option's meaning, in words.
     synchronous: whether its workers wait for each other (rounds behind a barrier).
     alias_of: the name this one is another name for, or None.
-    renamed: old option names still accepted (with a ``DeprecationWarning``) and the names they became.
+    renamed: old option names still accepted (with a ``FutureWarning``) and the names they became.
   """
 
   name: str

@@ -67,7 +67,7 @@ def register(
     learning_rate: the default learning rate.
     meanings: what the strategy's own options mean, where :data:`OPTION_MEANINGS` has no meaning for the
       name or the strategy gives it another one.
-    renamed: old option names, still accepted with a ``DeprecationWarning``, and the names they became.
+    renamed: old option names, still accepted with a ``FutureWarning``, and the names they became.
 
   Returns:
     The decorator, which returns the factory unchanged.
