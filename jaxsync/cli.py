@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import signal
 import sys
 import threading
@@ -45,16 +46,43 @@ def _user_errors() -> tuple[type[Exception], ...]:
   return (ConfigError, RunDirectoryError, CheckpointError, EmptyRunError)
 
 
+class _Parser(argparse.ArgumentParser):
+  """argparse's parser, whose errors also suggest the closest command, choice or option ("did you mean")."""
+
+  def error(self, message):
+    from jaxsync._src.core.suggestions import did_you_mean
+
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+    if choice:
+      message += did_you_mean(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)))
+    unknown = re.match(r"unrecognized arguments: (.*)$", message)
+    if unknown:
+      message += "".join(
+        did_you_mean(word.split("=")[0], self._every_option())
+        for word in unknown.group(1).split()
+        if word[:2] == "--"
+      )
+    super().error(message)
+
+  def _every_option(self) -> list[str]:
+    """The long options of this parser and of its commands (argparse reports a command's unknown ones here)."""
+    parsers = [self]
+    for action in self._actions:
+      if isinstance(action, argparse._SubParsersAction):
+        parsers += list(action.choices.values())
+    return sorted({o for p in parsers for o in p._option_string_actions if o.startswith("--")})
+
+
 def _parser() -> argparse.ArgumentParser:
   from jaxsync import __version__
 
   # --traceback is accepted before and after the command (SUPPRESS: a subcommand's default does not
   # overwrite a value given before it).
-  common = argparse.ArgumentParser(add_help=False)
+  common = _Parser(add_help=False)
   common.add_argument(
     "--traceback", action="store_true", default=argparse.SUPPRESS, help="show Python tracebacks of errors"
   )
-  parser = argparse.ArgumentParser(
+  parser = _Parser(
     prog="jaxsync",
     description="Synchronization strategies for data-parallel training, on a simulated cluster or real processes.",
     epilog="Run `jaxsync COMMAND --help` for a command's options.",

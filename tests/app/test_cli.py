@@ -644,3 +644,17 @@ def test_a_negative_max_restarts_is_refused_before_anything_is_built(capsys, tmp
   argv = [command, *(["-n", "3"] if command == "launch" else []), target, "--max-restarts", "-1"]
   code, _, err = _run(capsys, *argv)
   assert code == 2 and err == "jaxsync: error: --max-restarts=-1 is invalid; expected an integer >= 0.\n"
+
+
+@pytest.mark.parametrize(
+  ("argv", "hint"),
+  [
+    (["trian", "x"], "did you mean 'train'?"),
+    (["train", "x", "--progress", "quite"], "did you mean 'quiet'?"),
+    (["compare", "x", "--strategys", "asp"], "did you mean '--strategies'?"),
+  ],
+)
+def test_the_parser_suggests_the_closest_command_choice_or_option(argv, hint, capsys):
+  with pytest.raises(SystemExit):
+    cli._parser().parse_args(argv)
+  assert hint in capsys.readouterr().err
