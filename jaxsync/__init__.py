@@ -103,11 +103,12 @@ _RULES = {
 }
 
 # Running a whole config from Python (a notebook, a script), as `jaxsync train` does.
-_APP = {"train_config": "jaxsync._src.app.commands"}
+_APP = {"train_config": "jaxsync._src.app.commands", "plan": "jaxsync._src.plan.planner"}
 
 if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr__ imports them on first use
-  from jaxsync import calibration, datasets, dist, models, sim, strategies
+  from jaxsync import calibration, datasets, dist, models, planning, sim, strategies
   from jaxsync._src.app.commands import train_config
+  from jaxsync._src.plan.planner import plan
   from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
   from jaxsync._src.rules.barzilai_borwein import (
     BBStepSizeState,
@@ -133,7 +134,7 @@ if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr_
   from jaxsync._src.rules.staleness import ScaleByStalenessState, scale_by_staleness
 
 __version__ = "0.1.0"
-_SUBMODULES = ("calibration", "datasets", "dist", "models", "sim", "strategies")
+_SUBMODULES = ("calibration", "datasets", "dist", "models", "planning", "sim", "strategies")
 
 __all__ = (
   "AdaptiveKState",
@@ -163,6 +164,8 @@ __all__ = (
   "models",
   "on_release",
   "ordered_momentum",
+  "plan",
+  "planning",
   "scale_by_staleness",
   "server_version",
   "dist",

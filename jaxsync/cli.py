@@ -243,6 +243,21 @@ def _parser() -> argparse.ArgumentParser:
   run_options(resume, config=False)
   restarts_option(resume)
   process_options(resume)
+  plan = sub.add_parser(
+    "plan",
+    help="plan a run at any scale without training: step time, utilization, bytes, goodput, bandwidth needed",
+    description="Plans each strategy of a plan config (configs/plan/*.yaml) on the simulator's own clock: "
+    "step time, compute utilization, goodput under failures, wall-clock time to the budget, bytes over the "
+    "links and the bandwidth each needs for 50/80/90/95/99%% compute utilization; prints the table and "
+    "writes plan.md, plan.json and utilization.png. Nothing is trained; it predicts no accuracy or loss.",
+  )
+  plan.add_argument(
+    "config", type=pathlib.Path, help="a plan config, e.g. configs/plan/four_datacenters.yaml"
+  )
+  plan.add_argument(
+    "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE", help="override a value"
+  )
+  plan.add_argument("--out", type=pathlib.Path, help="where to write the files (default: runs/plan-NAME)")
   sub.add_parser(
     "strategies",
     help="list the strategies with their options and defaults",
@@ -332,6 +347,19 @@ def _in_a_launched_or_cluster_run(args: argparse.Namespace) -> bool:
   return bool(getattr(args, "coordinator", None) or os.environ.get(cluster.ENV_COORDINATOR))
 
 
+def _plan(args: argparse.Namespace) -> int:
+  from jaxsync._src.app import plan_config
+
+  cfg = plan_config.load_plan(args.config, args.overrides)
+  result = plan_config.run_plan(cfg)
+  out = args.out or pathlib.Path("runs", f"plan-{cfg.name}")
+  title = f"{cfg.name}: {cfg.model.parameters:.3g} parameters, {cfg.topology.workers} workers"
+  files = plan_config.write_plan(result, out, title)
+  print(plan_config.plan_table(result))
+  print("\nwrote " + ", ".join(str(f) for f in files))
+  return 0
+
+
 def _dispatch(args: argparse.Namespace) -> int:
   from jaxsync._src.app import commands
   from jaxsync._src.app import config as config_lib
@@ -344,6 +372,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     return 0
   if args.command == "calibrate":
     return _calibrate(args)
+  if args.command == "plan":
+    return _plan(args)
   if getattr(args, "max_restarts", 0) < 0:  # before anything is built
     raise config_lib.ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
   if args.command == "launch":

@@ -2,7 +2,7 @@
 
 The order (docs/design.md, "Layers"): ``core`` < ``rules``, ``data``, ``models``
 < ``strategies`` < ``steps`` < ``interface`` < ``sim``, ``distributed`` < ``advisor``,
-``calibration``, ``train`` < ``app``. Folders of the same rank are independent of each other (the simulator
+``calibration``, ``plan``, ``train`` < ``app``. Folders of the same rank are independent of each other (the simulator
 and the multi-process runtime share only what lies below them). The public
 modules (``jaxsync/*.py``) sit on top.
 """
@@ -26,6 +26,7 @@ RANK = {
   "sim": 5,
   "distributed": 5,
   "advisor": 6,
+  "plan": 6,
   "calibration": 6,
   "train": 6,
   "app": 7,

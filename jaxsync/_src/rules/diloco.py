@@ -275,7 +275,7 @@ def diloco(
   return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
-def fragment_of_leaves(params: optax.Params, num_fragments: int) -> tuple[int, ...]:
+def fragment_of_leaves(params: optax.Params, num_fragments: int, *, strided: bool = False) -> tuple[int, ...]:
   """Streaming DiLoCo's fragments: each leaf's fragment, contiguous blocks of leaves of about equal size.
 
   The leaves (in ``jax.tree.leaves`` order, which for a model's nested dict
@@ -284,12 +284,17 @@ def fragment_of_leaves(params: optax.Params, num_fragments: int) -> tuple[int, .
   block getting at least one leaf. A function of the shapes only: the same
   under ``jit`` and in every process.
 
+  With ``strided=True``, leaf ``i`` goes to fragment ``i mod P`` instead: the
+  paper's default pattern (its Figure 7), which the planner takes to compare
+  with the paper; the rules here synchronize contiguous blocks.
+
   Args:
     params: the parameters (or anything shaped like them).
     num_fragments: ``P >= 1``, at most the number of leaves.
+    strided: every ``P``-th leaf in one fragment, instead of contiguous blocks.
 
   Returns:
-    ``fragment[i]`` for leaf ``i``, non-decreasing, covering ``0 .. P-1``.
+    ``fragment[i]`` for leaf ``i``, non-decreasing (contiguous), covering ``0 .. P-1``.
   """
   sizes = [max(1, math.prod(jnp.shape(leaf))) for leaf in jax.tree.leaves(params)]
   n = len(sizes)
@@ -300,6 +305,8 @@ def fragment_of_leaves(params: optax.Params, num_fragments: int) -> tuple[int, .
       num_fragments,
       f"an integer in [1, {n}]: the model has {n} parameter arrays",
     )
+  if strided:
+    return tuple(i % num_fragments for i in range(n))
   total, seen, owner = float(sum(sizes)), 0.0, []
   for i, size in enumerate(sizes):
     middle = int((seen + size / 2) * num_fragments / total)

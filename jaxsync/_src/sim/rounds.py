@@ -151,14 +151,13 @@ class RoundEngine:
     workers = jnp.arange(num_workers, dtype=jnp.int32)
     keep = strategy.gradients_per_round
     durations = time_model.sample_compute(s.key, workers, s.steps)
+    round_compute = time_model.gradient_round_compute(durations, keep)
     if keep < num_workers:
       # Fastest-k (docs/algorithms.md §9): the k earliest finishers are kept, the rest cancelled.
       rank = jnp.argsort(jnp.argsort(durations, stable=True), stable=True)
       kept = rank < keep
-      round_compute = jnp.sort(durations)[keep - 1]
     else:
       kept = jnp.ones([num_workers], jnp.bool_)
-      round_compute = jnp.max(durations)
     weights = kept.astype(jnp.float32) / keep
     # A cancelled worker's gradient must not touch the round even when it is
     # NaN (0 * NaN = NaN): it is computed on the fastest worker's batch instead.
@@ -213,9 +212,7 @@ class RoundEngine:
     update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
     offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
     step_times = jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets)
-    overlapped = offsets[:, None] >= strategy.local_steps - strategy.exchange.overlap
-    before = jnp.max(jnp.sum(jnp.where(overlapped, 0.0, step_times), axis=0))
-    during = jnp.max(jnp.sum(jnp.where(overlapped, step_times, 0.0), axis=0))
+    before, during = time_model.local_round_compute(step_times, strategy.exchange.overlap)
     exchange = jnp.asarray(self._exchange_times(s.params), jnp.float32)[fragment]  # Python floats: not x64
     end = s.clock + before + jnp.maximum(exchange, during)
     models = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(work.model)
@@ -235,21 +232,15 @@ class RoundEngine:
     )
 
   def _exchange_times(self, params) -> tuple[float, ...]:
-    """Seconds each fragment's exchange and outer step take: its bytes in the wire format over the
-    link, its update at the parameters' own precision through the memory."""
-    strategy, release = self.strategy, self.strategy.server_traffic.release
-    times = []
-    for wire, held in zip(
-      sync_round.fragment_bytes(strategy, params), sync_round.fragment_bytes(strategy, params, on_wire=False)
-    ):
-      moved = dataclasses.replace(self.time_model, message_bytes=wire)
-      applied = dataclasses.replace(self.time_model, message_bytes=held)
-      times.append(
-        moved.round_time(strategy, strategy.num_workers)
-        - moved.memory_time(release)
-        + applied.memory_time(release)
+    """Seconds each fragment's exchange and outer step take (``TimeModel.local_exchange_time``)."""
+    strategy = self.strategy
+    return tuple(
+      self.time_model.local_exchange_time(strategy, wire, held)
+      for wire, held in zip(
+        sync_round.fragment_bytes(strategy, params),
+        sync_round.fragment_bytes(strategy, params, on_wire=False),
       )
-    return tuple(times)
+    )
 
   def _finish_round(
     self,

@@ -393,6 +393,57 @@ class TimeModel:
     summing = self.memory_time(pushes * traffic.arrival)
     return self.parameter_server_round_time(strategy.num_workers, pushes) + summing + update
 
+  def gradient_round_compute(self, durations: jax.Array, keep: int) -> jax.Array:
+    """Seconds until a gradient round's ``keep`` gradients are in: the slowest of ``K`` workers, or fastest-k's ``k``-th.
+
+    Args:
+      durations: ``[K]`` the workers' compute times of this round.
+      keep: gradients the round waits for (``K``: a barrier).
+    """
+    if keep < durations.shape[-1]:
+      return jnp.sort(durations, axis=-1)[..., keep - 1]
+    return jnp.max(durations, axis=-1)
+
+  def local_round_compute(self, step_times: jax.Array, overlap: int) -> tuple[jax.Array, jax.Array]:
+    r"""A local round's compute, split at its exchange: ``(before, during)``.
+
+    Every worker takes its ``H`` local steps on its own; the pseudo-gradient
+    is taken ``tau = overlap`` steps before the round ends and its exchange
+    overlaps the last ``tau`` steps (Streaming DiLoCo), so the round ends at
+
+    .. math::
+
+      t_{round} = \max_k \sum_{h < H - \tau} t_{k,h}
+        + \max\Bigl(T_{exchange},\ \max_k \sum_{h \ge H - \tau} t_{k,h}\Bigr)
+
+    Args:
+      step_times: ``[H, K]`` each worker's step times of the round.
+      overlap: ``tau``, the steps the exchange overlaps.
+
+    Returns:
+      ``before`` (the slowest worker's steps up to the exchange) and
+      ``during`` (the slowest worker's overlapped steps).
+    """
+    local_steps = step_times.shape[0]
+    offsets = jnp.arange(local_steps, dtype=jnp.int32)
+    overlapped = offsets[:, None] >= local_steps - overlap
+    before = jnp.max(jnp.sum(jnp.where(overlapped, 0.0, step_times), axis=0))
+    during = jnp.max(jnp.sum(jnp.where(overlapped, step_times, 0.0), axis=0))
+    return before, during
+
+  def local_exchange_time(self, strategy: Strategy, wire_bytes: float, held_bytes: float) -> float:
+    """Seconds a local round's exchange and outer step take: ``wire_bytes`` (the pseudo-gradients in their
+    wire format) through the round's collective, the update at the parameters' own precision (``held_bytes``)
+    through the memory."""
+    release = strategy.server_traffic.release
+    moved = dataclasses.replace(self, message_bytes=int(wire_bytes))
+    applied = dataclasses.replace(self, message_bytes=int(held_bytes))
+    return (
+      moved.round_time(strategy, strategy.num_workers)
+      - moved.memory_time(release)
+      + applied.memory_time(release)
+    )
+
   def round_messages(self, strategy: Strategy, pushes: int) -> tuple[int, int]:
     """Full-size messages one synchronous round moves: (between machines, inside groups).
 
