@@ -29,7 +29,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "suite_tiers",
   ),
   "faults": ("fault_campaign",),
-  "calibration": ("sim_vs_real",),
+  "calibration": ("sim_vs_real", "plan_vs_published"),
   "pages": ("readme_figures", "results_page"),
 }
 

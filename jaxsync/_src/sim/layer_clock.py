@@ -84,6 +84,10 @@ class LayerClock:
       costs twice the forward).
     strided: Streaming DiLoCo's fragments as every ``P``-th layer (the paper's
       pattern) instead of contiguous blocks (the rules' own).
+    layered: each layer's exchange starts when its backward is done and the
+      next forward waits per layer; ``False``: the round engine's own clock
+      (the fragment's exchange, one message, after the round's compute up to
+      it; the next round after it has landed).
   """
 
   time_model: TimeModel
@@ -92,6 +96,7 @@ class LayerClock:
   dtype: str = "bfloat16"
   forward_share: float = 1.0 / 3.0
   strided: bool = False
+  layered: bool = True
 
   def __post_init__(self):
     strategy = self.strategy
@@ -224,6 +229,8 @@ class LayerClock:
     ends = np.zeros((rounds, width))
     compute_ends = np.zeros((rounds, width))
     waiting = False  # any layer's exchange still in flight at a round's start
+    if not self.layered:
+      return self._run_rounds(links, before, during, owners, steps)
     for r in range(rounds):
       step = before[r] / sending_steps  # the first and the sending step: a mean step of the round
       # The first step's forward, each layer once its last exchange has landed.
@@ -245,7 +252,47 @@ class LayerClock:
       waiting = True
       compute_ends[r] = t
       ends[r] = np.maximum(t, queue)
-    wire = np.asarray([self.layer_wire_bytes()[owners == p].sum() for p in range(self.fragments)], np.float64)
+    return self._times(ends, compute_ends, steps, self.fragment_wire_bytes(owners, on_wire=True))
+
+  def fragment_wire_bytes(self, owners, *, on_wire: bool) -> np.ndarray:
+    """``[P]`` bytes of each fragment's message: on the wire (the exchange's format), or as held."""
+    exchange = self.strategy.exchange
+    fmt = exchange.quantize if (self.local and on_wire) else None
+    leaves = layer_shapes(self.layer_sizes, self.dtype)
+    return np.asarray(
+      [
+        quantize.wire_bytes([leaf for leaf, o in zip(leaves, owners) if o == p], fmt, exchange.quantize_block)
+        for p in range(self.fragments)
+      ],
+      np.float64,
+    )
+
+  def _run_rounds(self, links, before, during, owners, steps) -> RoundTimes:
+    """The round engine's clock: ``t_{round} = t_{before} + max(T_{exchange}, t_{during})``, vectorized over links."""
+    wire = self.fragment_wire_bytes(owners, on_wire=True)
+    held = self.fragment_wire_bytes(owners, on_wire=False)
+    exchange = np.asarray(
+      [
+        [
+          self._exchange_time(dataclasses.replace(self.time_model, link=link), int(w), int(h))
+          for link in links
+        ]
+        for w, h in zip(wire, held)
+      ],
+      np.float64,
+    )  # [P, links]
+    rounds = len(before)
+    clock = np.zeros(len(links))
+    ends = np.zeros((rounds, len(links)))
+    compute_ends = np.zeros((rounds, len(links)))
+    for r in range(rounds):
+      compute_ends[r] = clock + before[r] + during[r]
+      ends[r] = clock + before[r] + np.maximum(exchange[r % self.fragments], during[r])
+      clock = ends[r]
+    return self._times(ends, compute_ends, steps, wire)
+
+  def _times(self, ends, compute_ends, steps, wire) -> RoundTimes:
+    strategy = self.strategy
     keep = strategy.gradients_per_round or strategy.num_workers
     per_worker = self.time_model.round_messages(strategy, keep)[0] / strategy.num_workers
     return RoundTimes(
