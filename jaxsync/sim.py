@@ -11,6 +11,7 @@ from jaxsync._src.advisor.advisor import Advice, Estimate, advise, estimate, pre
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.interface.history import History
 from jaxsync._src.sim.events import EventState
+from jaxsync._src.sim.layer_clock import LayerClock, RoundTimes
 from jaxsync._src.sim.rounds import RoundState
 from jaxsync._src.sim.simulator import Simulator, run
 from jaxsync._src.sim.time_model import (
@@ -30,8 +31,10 @@ __all__ = [
   "EventRecord",
   "EventState",
   "History",
+  "LayerClock",
   "Link",
   "RoundState",
+  "RoundTimes",
   "Simulator",
   "TimeModel",
   "WorkerData",

@@ -275,6 +275,7 @@ API_PAGES = {
   "jaxsync.strategies": "strategies.md",
   "jaxsync.sim": "sim.md",
   "jaxsync.calibration": "calibration.md",
+  "jaxsync.planning": "planning.md",
   "jaxsync.dist": "dist.md",
   "jaxsync.models": "models.md",
   "jaxsync.datasets": "datasets.md",

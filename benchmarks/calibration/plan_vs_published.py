@@ -183,8 +183,8 @@ def streaming_hours(tables) -> list[dict]:
 
 def intellect1(tables) -> list[dict]:
   """Table 2: CU of a 10B DiLoCo run (H = 100, 22.8 s a step, int8) at the bandwidth its median all-reduce implies."""
-  from jaxsync.strategies import blueprint
   from jaxsync.sim import TimeModel
+  from jaxsync.strategies import blueprint
 
   nodes, parameters, step = 14, 10e9, 38 * 60 / 100
   model = ModelSize(parameters=parameters, layers=42, step_time=step)
@@ -238,7 +238,8 @@ def report(cells: list[dict], seconds: float) -> str:
     f"Read as the last swept bandwidth *below* each level (the reading the papers' cells follow, see below): "
     f"{below} of {len(cells)} cells within one step.",
     "",
-    f"Of the {len(swept)} bandwidth cells, ours lies {np.mean(offsets):+.2f} sweep steps from theirs on average "
+    f"Of the {len(swept)} bandwidth cells, ours lies {np.mean(offsets) if len(offsets) else 0.0:+.2f} sweep "
+    "steps from theirs on average "
     f"({np.sum(offsets == 0)} on the same step, {np.sum(offsets == 1)} one step above, {np.sum(offsets == -1)} "
     f"one below, {np.sum(np.abs(offsets) > 1)} further). A step is the papers' ratio between neighbouring "
     f"bandwidths, {STEP:.3f}x.",

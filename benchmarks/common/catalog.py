@@ -27,6 +27,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "import_time",
     "conv_in_loop",
     "suite_tiers",
+    "plan_sweep",
   ),
   "faults": ("fault_campaign",),
   "calibration": ("sim_vs_real", "plan_vs_published"),

@@ -22,7 +22,9 @@ from sim_cases import problem
 
 K = 4
 # Slow workers, jitter and a latency: every term of the clock is exercised.
-CLUSTER = dict(num_workers=K, compute_time=0.05, jitter_shape=20.0, slow_fraction=0.25, slowdown=2.0, link="1gbps")
+CLUSTER = dict(
+  num_workers=K, compute_time=0.05, jitter_shape=20.0, slow_fraction=0.25, slowdown=2.0, link="1gbps"
+)
 SYNC_OPTIONS = {
   "allreduce": {},
   "bsp": {},
@@ -66,9 +68,9 @@ def test_one_layer_per_layer_clock_is_the_round_clock():
   time_model = jaxsync.sim.TimeModel(**CLUSTER, message_bytes=10**6)
   for name in ("allreduce", "diloco"):
     layered, rounds = (
-      LayerClock(time_model, blueprint(name, K, **SYNC_OPTIONS[name]), (250_000,), "float32", layered=flag).run(
-        [time_model.link], rounds=6, seed=1
-      )
+      LayerClock(
+        time_model, blueprint(name, K, **SYNC_OPTIONS[name]), (250_000,), "float32", layered=flag
+      ).run([time_model.link], rounds=6, seed=1)
       for flag in (True, False)
     )
     np.testing.assert_allclose(layered.ends, rounds.ends, rtol=1e-12)
@@ -76,15 +78,21 @@ def test_one_layer_per_layer_clock_is_the_round_clock():
 
 def test_layers_hide_the_exchange_behind_the_backward_pass():
   """Data-parallel with 24 layers: all but the first layer's exchange runs under the backward pass."""
-  time_model = jaxsync.sim.TimeModel(num_workers=2, compute_time=0.1, jitter_shape=None, link=jaxsync.sim.Link(0.0, 1e9))
+  time_model = jaxsync.sim.TimeModel(
+    num_workers=2, compute_time=0.1, jitter_shape=None, link=jaxsync.sim.Link(0.0, 1e9)
+  )
   sizes = (10**6,) * 24  # 24 layers of 4 MB: 4 ms each at 1 GB/s, 96 ms in all
-  one = LayerClock(time_model, blueprint("allreduce", 2), sizes, "float32", layered=False).run([time_model.link], 4)
+  one = LayerClock(time_model, blueprint("allreduce", 2), sizes, "float32", layered=False).run(
+    [time_model.link], 4
+  )
   per_layer = LayerClock(time_model, blueprint("allreduce", 2), sizes, "float32").run([time_model.link], 4)
   np.testing.assert_allclose(np.diff(one.ends[:, 0]), 0.1 + 0.096, rtol=1e-7)
   # Layer 24's exchange starts after its backward (the forward's third plus 1/24 of the backward); the
   # 24 exchanges then queue back to back, longer than the rest of the backward: the step is
   # 0.1/3 + (2/3)(0.1)/24 + 0.096 = 0.1321 s.
-  np.testing.assert_allclose(np.diff(per_layer.compute_ends[1:, 0]), 0.1 / 3 + 0.2 / 3 / 24 + 0.096, rtol=1e-7)
+  np.testing.assert_allclose(
+    np.diff(per_layer.compute_ends[1:, 0]), 0.1 / 3 + 0.2 / 3 / 24 + 0.096, rtol=1e-7
+  )
 
 
 @pytest.mark.parametrize("name", FAST_ASYNC)

@@ -265,6 +265,13 @@ def _duration(seconds: float | None) -> str:
   return f"{seconds:.3g} s"
 
 
+def _bytes(n: float) -> str:
+  for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+    if n >= size:
+      return f"{n / size:.3g} {unit}"
+  return f"{n:.3g} B"
+
+
 def plan_table(result) -> str:
   """The plan as a Markdown table, one row per strategy, then its assumptions."""
   levels = list(result.strategies[0].needed_bandwidth)
@@ -283,7 +290,7 @@ def plan_table(result) -> str:
     ]
     lines.append(
       f"| {s.name} | {s.clock} | {s.step_time:.4g} | {s.compute_utilization:.1%} | {s.goodput:.1%} | "
-      f"{_duration(s.wall_time)} | {s.bytes_per_step / 1e6:.4g} MB | {s.largest_exchange / 1e9:.4g} GB | "
+      f"{_duration(s.wall_time)} | {_bytes(s.bytes_per_step)} | {_bytes(s.largest_exchange)} | "
       + " | ".join(need)
       + " |"
     )

@@ -18,14 +18,14 @@ Compute utilization is the share of a worker's time spent computing,
   CU = \frac{H\,\bar c}{t_{round}}
 
 for a round of ``H`` steps of mean compute ``c`` (1 for a gradient round), and
-``1 - idle / elapsed`` on events. The bandwidth a strategy needs for a level
+the workers' mean compute of the steps that arrived over the elapsed time on events. The bandwidth a strategy needs for a level
 of CU is the smallest swept bandwidth at which it reaches it.
 
 Cost: a synchronous plan runs ``4 P`` rounds (``P`` fragments) when compute is
 deterministic, a pattern that repeats every ``P`` rounds (the first ``2 P``
 warm the queue up, the last ``2 P`` are measured), each round ``O(L)`` per
 bandwidth: independent of ``M`` and of the run's length. With jitter or slow
-workers it draws ``M H`` compute times per round over ``max(4 P, 32)``
+workers it draws ``M H`` compute times per round over ``max(4 P, 2 P + 32)``
 rounds. An asynchronous plan simulates ``events_per_worker M`` events of
 ``O(M)`` each.
 
@@ -216,7 +216,7 @@ def plan(
     ...   Topology(workers=2, outer=jaxsync.sim.Link(0.0, gbits(100))),
     ...   [("data-parallel", "allreduce", {})], bandwidths=(100.0, 1000.0))
     >>> round(p.strategies[0].compute_utilization, 2)
-    0.53
+    0.51
   """
   validation.check_real("plan", "mfu", mfu, low=0.0, high=1.0, low_open=True)
   if budget_steps is not None and budget_tokens is not None:
@@ -264,8 +264,9 @@ def plan(
     else:
       history, totals = event_timeline(name, options, base, events_per_worker * blueprint.num_units, seed)
       elapsed = float(history.time[-1])
-      busy = elapsed - np.asarray(totals.worker_idle, np.float64)
-      utilization = np.asarray([float(np.mean(busy) / elapsed)])
+      # The compute of the steps that arrived, over the time they took (steps in flight are not counted).
+      busy = np.asarray(totals.worker_steps, np.float64) * base.mean_compute_times()
+      utilization = np.asarray([min(1.0, float(np.mean(busy)) / elapsed)])
       steps = float(np.mean(totals.worker_steps))
       step_time = elapsed / steps
       bytes_per_step = float(totals.bytes_moved) / (steps * topology.workers)

@@ -12,8 +12,11 @@ layer a forward node, a backward node and a reduction node), round by round:
   than its last exchange has landed (``ready_l``);
 * the round's compute up to its exchange, then the sending step's backward,
   layer ``L`` first; when layer ``l``'s backward is done and it belongs to the
-  round's fragment, its exchange joins one FIFO queue on the link:
-  ``q = max(q, t) + T_l`` and ``ready_l = q``;
+  round's fragment, its bytes join one FIFO queue on the link:
+  ``q = max(q, t) + T_l`` and ``ready_l = q``, where ``T_l`` is the exchange
+  time of the layer's bytes alone; the exchange's latencies (what an exchange
+  of no bytes costs) are paid once, with its first layer, as a pipelined
+  collective pays them;
 * then the ``tau`` overlapped steps (:meth:`TimeModel.local_round_compute`).
 
 Every cost is the time model's: a round's compute
@@ -147,8 +150,14 @@ class LayerClock:
       np.float64,
     )
 
+  def fixed_exchange_time(self, link: Link) -> float:
+    """Seconds of an exchange that do not grow with its bytes (latencies, the server's fixed apply time):
+    the exchange of 0 bytes. A fragment's exchange pays them once, its layers pipelined behind them."""
+    return self._exchange_time(dataclasses.replace(self.time_model, link=link), 0, 0)
+
   def layer_exchange_times(self, link: Link) -> np.ndarray:
-    """``[L]`` seconds each layer's exchange takes on ``link`` (the time model's formulas on its bytes)."""
+    """``[L]`` seconds each layer's exchange takes on ``link``, its bytes alone (the time model's formulas on
+    its bytes, less :meth:`fixed_exchange_time`)."""
     held = [quantize.wire_bytes([leaf], None, 1) for leaf in layer_shapes(self.layer_sizes, self.dtype)]
     model = dataclasses.replace(self.time_model, link=link)
     known: dict[tuple[int, int], float] = {}  # most layers have the same size: each size once
@@ -158,7 +167,7 @@ class LayerClock:
       if key not in known:
         known[key] = self._exchange_time(model, *key)
       times.append(known[key])
-    return np.asarray(times, np.float64)
+    return np.asarray(times, np.float64) - self.fixed_exchange_time(link)
 
   def _exchange_time(self, model: TimeModel, wire: int, held: int) -> float:
     if self.local:
@@ -217,6 +226,7 @@ class LayerClock:
     strategy = self.strategy
     num_layers = len(self.layer_sizes)
     exchange_times = np.stack([self.layer_exchange_times(link) for link in links], axis=1)  # [L, links]
+    fixed = np.asarray([self.fixed_exchange_time(link) for link in links], np.float64)
     owners = np.asarray(self.owners())
     before, during = self.round_compute(rounds, seed)
     steps = strategy.local_steps if self.local else 1
@@ -243,11 +253,14 @@ class LayerClock:
       # exchange queued on the link as its backward is done.
       t = t + (before[r] - forward * step - backward * step)
       fragment = r % self.fragments
+      first = True
       for layer in reversed(range(num_layers)):
         t = t + backward * step / num_layers
         if owners[layer] == fragment:
-          queue = np.maximum(queue, t) + exchange_times[layer]
+          # The exchange's latency once, when its first layer goes out; its layers' bytes then queue.
+          queue = np.maximum(queue, t) + exchange_times[layer] + (fixed if first else 0.0)
           ready[layer] = queue
+          first = False
       t = t + during[r]
       waiting = True
       compute_ends[r] = t

@@ -1,0 +1,156 @@
+"""The planner's answers, its config and its command: numbers that follow from the clock's formulas."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+import pytest
+
+import jaxsync
+from jaxsync._src.app import plan_config
+from jaxsync._src.app.config import ConfigError
+from jaxsync.cli import main
+from jaxsync.planning import Failures, ModelSize, Topology, gbits, goodput, needed_bandwidths
+from jaxsync.sim import Link
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "configs" / "plan" / "four_datacenters.yaml"
+
+
+def _plan(strategies, *, workers=2, gbps=10.0, latency=0.0, **kw):
+  return jaxsync.plan(
+    ModelSize(parameters=1e9, layers=24, step_time=0.1),
+    Topology(workers=workers, outer=Link(latency, gbits(gbps))),
+    strategies,
+    **kw,
+  )
+
+
+def test_diloco_utilization_is_compute_over_compute_plus_the_exposed_exchange():
+  """DiLoCo H=100 at 10 Gbit/s: 16 Gbit of bfloat16 pseudo-gradients between 2 workers take 1.6 s,
+  of which the last step's backward hides all but the first layer's share after it."""
+  result = _plan([("DiLoCo", "diloco", {"period": 100, "quantize": None})], bandwidths=(10.0,))
+  row = result.strategies[0]
+  backward = 0.1 * 2 / 3
+  exposed = 1.6 - backward + backward / 24  # the exchanges queue from layer 24's backward on
+  np.testing.assert_allclose(row.compute_utilization, 10.0 / (10.0 + exposed), rtol=1e-6)
+  np.testing.assert_allclose(row.bytes_per_step, 2e9 / 100, rtol=1e-9)  # 2 GB per round, ring factor 1
+  assert row.clock == "layers"
+
+
+def test_utilization_grows_with_bandwidth_and_the_needed_bandwidths_are_read_off_the_sweep():
+  result = _plan([("data-parallel", "allreduce", {})])
+  sweep = np.asarray(result.strategies[0].sweep)
+  assert np.all(np.diff(sweep) >= -1e-12) and sweep[0] < 0.05 and sweep[-1] > 0.99
+  need = result.strategies[0].needed_bandwidth
+  for level, gbps in need.items():
+    i = result.bandwidths.index(gbps)
+    assert sweep[i] >= level and (i == 0 or sweep[i - 1] < level)
+  assert needed_bandwidths([1.0, 2.0], [0.4, 0.6], (0.5, 0.9)) == {0.5: 2.0, 0.9: None}
+
+
+def test_streaming_diloco_needs_less_bandwidth_than_diloco_and_int4_less_again():
+  result = _plan(
+    [
+      ("DiLoCo", "diloco", {"period": 96, "quantize": None}),
+      ("streaming", "streaming_diloco", {"period": 96, "fragments": 8, "overlap": 1, "quantize": None}),
+      ("int4", "streaming_diloco", {"period": 96, "fragments": 8, "overlap": 1, "quantize": "int4"}),
+    ]
+  )
+  need = [s.needed_bandwidth[0.9] for s in result.strategies]
+  assert need[0] > need[1] > need[2]
+  largest = [s.largest_exchange for s in result.strategies]
+  np.testing.assert_allclose(largest[0] / largest[1], 8.0, rtol=1e-6)  # a fragment is an eighth
+
+
+def test_asynchronous_strategies_run_on_events_and_report_their_idle_time():
+  result = _plan([("asp", "asp", {})], workers=4, gbps=1.0, events_per_worker=10)
+  row = result.strategies[0]
+  assert row.clock == "events" and row.sweep == ()
+  # Each arrival's push and reply (2 GB each) through one server's interface at 1 Gbit/s: 16 s per
+  # arrival per direction, against 0.1 s of compute: the workers wait almost all the time.
+  assert row.compute_utilization < 0.01
+  assert 30 < row.step_time < 70
+
+
+def test_goodput_of_each_failure_behaviour():
+  f = Failures(chip_mtbf_hours=1000.0, restart_time=600.0, checkpoint_interval=3600.0, checkpoint_time=60.0)
+  rate = 8 / (1000 * 3600)  # a worker of 8 chips
+  ckpt = 1 / (1 + 60 / 3600)
+  np.testing.assert_allclose(
+    goodput(f, "restart", chips=80, workers=10, lost_work=1.0), ckpt / (1 + 10 * rate * (600 + 3660 / 2))
+  )
+  np.testing.assert_allclose(
+    goodput(f, "continue", chips=80, workers=10, lost_work=100.0), ckpt * (1 - rate * 650)
+  )
+  assert goodput(None, "restart", chips=80, workers=10, lost_work=1.0) == 1.0
+  # A job-wide restart loses more than a worker that is replaced alone.
+  assert goodput(f, "restart", chips=80, workers=10, lost_work=1.0) < goodput(
+    f, "replace", chips=80, workers=10, lost_work=1.0
+  )
+
+
+def test_a_token_budget_becomes_wall_time_through_goodput():
+  model = ModelSize(parameters=1e9, layers=24, tokens_per_step=1e5)
+  failures = Failures(chip_mtbf_hours=100.0)
+  result = jaxsync.plan(
+    model,
+    Topology(workers=2, chips_per_worker=8, outer=Link(0.0, gbits(1000.0))),
+    [("DiLoCo", "diloco", {"period": 100})],
+    budget_tokens=2e10,
+    failures=failures,
+    hardware="H100",
+    mfu=0.5,
+  )
+  row = result.strategies[0]
+  np.testing.assert_allclose(result.compute_time, 6 * 1e9 * 1e5 / (8 * 989e12 * 0.5))
+  assert result.budget_steps == pytest.approx(1e5)
+  np.testing.assert_allclose(row.wall_time, 1e5 * row.step_time / row.goodput)
+
+
+def test_bad_planner_arguments_name_the_value():
+  with pytest.raises(ValueError, match="mfu"):
+    _plan([("dp", "allreduce", {})], mfu=1.5)
+  with pytest.raises(ValueError, match="hardware"):
+    _plan([("dp", "allreduce", {})], hardware="H900")
+  with pytest.raises(ValueError, match="exactly one"):
+    ModelSize(parameters=1e9, layers=24)
+  with pytest.raises(ValueError, match="workers"):
+    Topology(workers=0, outer=Link(0.0, 1e9))
+
+
+@pytest.mark.parametrize(
+  "override, message",
+  [
+    ("topology.outer.gbps=-1", "topology.outer.gbps=-1"),
+    ("topology.chips_per_worker=0", "topology.chips_per_worker=0"),
+    ("hardware.mfu=1.5", "hardware.mfu=1.5"),
+    ("strategies=[{name: streaming_diloco, options: {period: 10, fragments: 3}}]", "fragments"),
+    ("strategies=[{name: adaptive_k}]", "k_async"),
+    ("strategies=[{name: alreduce}]", "did you mean 'allreduce'"),
+    ("hardware.accelerator=H900", "hardware.accelerator='H900'"),
+    ("topology.wrokers=4", "did you mean 'workers'"),
+  ],
+)
+def test_a_bad_plan_config_is_one_line_naming_the_key_and_value(override, message):
+  with pytest.raises(ConfigError, match=message.replace("[", r"\[").replace("(", r"\(")) as err:
+    plan_config.load_plan(EXAMPLE, [override])
+  assert "\n" not in str(err.value)
+
+
+def test_jaxsync_plan_prints_the_table_and_writes_the_plot(tmp_path, capsys):
+  out = tmp_path / "plan"
+  assert main(["plan", str(EXAMPLE), "--out", str(out), "--set", "stragglers.jitter_shape=null"]) == 0
+  printed = capsys.readouterr().out
+  assert "| data-parallel | layers |" in printed and "predicts no accuracy or loss" in printed
+  assert (out / "utilization.png").stat().st_size > 10_000
+  saved = json.loads((out / "plan.json").read_text())
+  assert [s["name"] for s in saved["strategies"]][:2] == ["data-parallel", "DiLoCo H=100"]
+  assert (out / "plan.md").read_text().count("\n| ") >= 7
+
+
+def test_a_bad_plan_config_exits_2_with_one_line(tmp_path, capsys):
+  assert main(["plan", str(EXAMPLE), "--set", "topology.outer.gbps=0", "--out", str(tmp_path)]) == 2
+  assert "topology.outer.gbps=0" in capsys.readouterr().err
