@@ -182,6 +182,13 @@ def _parser() -> argparse.ArgumentParser:
   )
   advise.add_argument("--seeds", type=int, default=2, help="seeds per candidate (default: 2)")
   advise.add_argument(
+    "--plan",
+    type=pathlib.Path,
+    metavar="PLAN.yaml",
+    help="time each candidate's steps on this plan's cluster (jaxsync plan) instead of the config's: the "
+    "steps come from the short runs, the seconds per step from the planner",
+  )
+  advise.add_argument(
     "--fraction",
     type=float,
     default=0.25,
@@ -498,6 +505,11 @@ def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
     if args.progress == "bar":
       print(f"jaxsync advise: {line}", file=sys.stderr, flush=True)
 
+  plan = None
+  if args.plan is not None:
+    from jaxsync._src.app import plan_config
+
+    plan = plan_config.run_plan(plan_config.load_plan(args.plan))
   advice = commands.advise(
     cfg,
     out,
@@ -508,13 +520,14 @@ def _advise(args: argparse.Namespace, cfg, out: pathlib.Path) -> int:
     time_budget=args.time_budget,
     overwrite=args.overwrite,
     progress=say,
+    plan=plan,
   )
   if args.progress == "jsonl":
     print(json.dumps(json.loads((out / "advice.json").read_text())))
   elif args.progress != "quiet":
     print(
       f"{advice.table()}\n\nRecommended: {advice.recommended}. {advice.reason}\n\n"
-      f"{commands.clock_note(cfg.cluster)}\n(written to {out})"
+      f"{commands.plan_note(plan) if plan is not None else commands.clock_note(cfg.cluster)}\n(written to {out})"
     )
   return 0
 

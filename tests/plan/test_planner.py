@@ -154,3 +154,43 @@ def test_jaxsync_plan_prints_the_table_and_writes_the_plot(tmp_path, capsys):
 def test_a_bad_plan_config_exits_2_with_one_line(tmp_path, capsys):
   assert main(["plan", str(EXAMPLE), "--set", "topology.outer.gbps=0", "--out", str(tmp_path)]) == 2
   assert "topology.outer.gbps=0" in capsys.readouterr().err
+
+
+def test_advice_on_a_plan_keeps_each_candidates_steps_and_takes_the_planned_seconds_per_step():
+  from jaxsync._src.app import commands
+
+  from helpers import made_up_history
+
+  history = made_up_history(10, {"accuracy": np.linspace(0.1, 0.9, 5)})
+  steps = float(np.mean(history.worker_steps))
+  planned = commands.on_planned_clock(history, 2.0)
+  # A worker's simulated seconds per step, elapsed / steps, become the plan's 2 s.
+  np.testing.assert_allclose(planned.elapsed, 2.0 * steps)
+  np.testing.assert_allclose(planned.eval_time, history.eval_time * 2.0 * steps / history.elapsed, rtol=1e-6)
+  assert planned.clock == "planned" and np.array_equal(planned.eval_version, history.eval_version)
+  result = _plan([("dp", "allreduce", {})], bandwidths=(10.0,))
+  assert commands.planned_step_times(result, ["allreduce"]) == {"allreduce": result.strategies[0].step_time}
+  with pytest.raises(ConfigError, match="'ormo' is not in the plan; the plan's strategies: allreduce"):
+    commands.planned_step_times(result, ["ormo"])
+
+
+@pytest.mark.heavy
+def test_jaxsync_advise_on_a_plan_says_what_comes_from_where(tmp_path, capsys):
+  plan_file = tmp_path / "plan.yaml"
+  plan_file.write_text(
+    "model: {parameters: 1.0e9, layers: 24, step_time: 0.1}\n"
+    "topology: {workers: 8, outer: {gbps: 1.0, latency: 0.01}}\n"
+    "strategies: [{name: ormo}, {name: allreduce}]\n"
+  )
+  argv = ["advise", str(ROOT / "configs" / "quickstart.yaml"), "--plan", str(plan_file), "--strategies",
+          "ormo,allreduce", "--seeds", "1", "--fraction", "0.05", "--out", str(tmp_path / "advice")]  # fmt: skip
+  assert main(argv) == 0
+  printed = capsys.readouterr().out
+  assert "planned s to accuracy" in printed and "from the planner alone" in printed
+  assert "from the planner alone" in (tmp_path / "advice" / "advice.md").read_text()
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "plan").glob("*.yaml")), ids=lambda p: p.name)
+def test_every_shipped_plan_loads(path):
+  config = plan_config.load_plan(path)
+  assert config.strategies and config.topology.workers >= 1

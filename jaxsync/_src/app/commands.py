@@ -459,12 +459,18 @@ def advise(
   time_budget: float | None,
   overwrite: bool,
   progress: Any = None,
+  plan: Any = None,
 ) -> advisor.Advice:
   """Runs the first ``fraction`` of ``config``'s run for each candidate and seed; ranks and recommends.
 
   Each seed is a whole setup (initialisation, data order and jitter), as in
   ``compare``. Writes ``advice.md``, ``advice.json`` and the short runs'
   plots into ``out``.
+
+  With ``plan`` (a ``jaxsync.planning.Plan`` of the same strategies at the
+  scale you will run), the short runs say how many steps each candidate needs
+  and the plan how long a step takes there: each run's clock is stretched by
+  the planned step time over its simulated one (:func:`on_planned_clock`).
   """
   names = strategy_names or config.compare.strategies
   if not names:
@@ -498,6 +504,7 @@ def advise(
     for name in names
     for i in range(seeds)
   }  # every candidate's config errors before any run
+  planned = planned_step_times(plan, names) if plan is not None else None
   run_directory.create(out, overwrite=overwrite)
   runs: dict[str, list] = {}
   for (name, _), exp in built.items():
@@ -510,8 +517,13 @@ def advise(
         f"{history.elapsed:.3g} simulated s, accuracy {accuracy:.3f}"
       )
   chance = 1.0 / next(iter(built.values())).dataset.num_classes
+  if planned is not None:
+    runs = {name: [on_planned_clock(h, planned[name]) for h in hs] for name, hs in runs.items()}
   advice = advisor.rank(runs, metric="accuracy", target=target, time_budget=time_budget, chance=chance)
-  (out / "advice.md").write_text(advice_report(advice, config, gradients, fraction, seeds))
+  report = advice_report(advice, config, gradients, fraction, seeds)
+  if planned is not None:
+    report += "\n" + plan_note(plan)
+  (out / "advice.md").write_text(report)
   run_directory.write_json(
     out / "advice.json",
     {
@@ -530,6 +542,50 @@ def advise(
     runs, out / "plots", target=None if advice.target is None else ("accuracy", advice.target)
   )
   return advice
+
+
+def planned_step_times(plan: Any, names: list[str]) -> dict[str, float]:
+  """Each candidate's planned seconds per worker step, from the first of the plan's rows that runs it."""
+  times = {}
+  for name in names:
+    rows = [row for row in plan.strategies if row.strategy == name]
+    if not rows:
+      planned = sorted({row.strategy for row in plan.strategies})
+      raise config_lib.ConfigError(
+        f"advise: strategy name={name!r} is not in the plan; the plan's strategies: {', '.join(planned)}."
+      )
+    times[name] = rows[0].step_time
+  return times
+
+
+def on_planned_clock(history: Any, step_time: float) -> Any:
+  """``history`` with its seconds stretched to the planned cluster's: its steps at ``step_time`` each.
+
+  A worker's simulated seconds per step in the short run are its elapsed
+  seconds over its mean steps; every time of the history is multiplied by the
+  planned step time over that, so the candidate keeps the steps it needed and
+  takes the plan's time for each.
+  """
+  steps = float(np.mean(history.worker_steps))
+  scale = step_time * steps / history.elapsed if steps > 0 and history.elapsed > 0 else 1.0
+  return dataclasses.replace(
+    history, time=history.time * scale, eval_time=history.eval_time * scale, clock="planned"
+  )
+
+
+def plan_note(plan: Any) -> str:
+  """What comes from where when the advice runs on a plan's clock."""
+  rows = "\n".join(
+    f"- {row.name}: {row.step_time:.4g} s per step, {row.compute_utilization:.1%} compute"
+    for row in plan.strategies
+  )
+  return (
+    "**Two sources.** The steps (and updates) each candidate needs come from the trained short runs above, on "
+    "this config's model and data; the seconds per step come from the planner alone (`jaxsync plan`), on the "
+    "plan's model, hardware and cluster, where nothing was trained:\n\n"
+    f"{rows}\n\nThat a candidate needs as many steps at the plan's scale as here is an assumption, not a "
+    "measurement.\n"
+  )
 
 
 def advice_report(
