@@ -269,18 +269,17 @@ def _bytes(n: float) -> str:
   for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
     if n >= size:
       return f"{n / size:.3g} {unit}"
-  return f"{n:.3g} B"
+  return "0" if n == 0 else f"{n:.3g} B"
 
 
 def plan_table(result) -> str:
   """The plan as a Markdown table, one row per strategy, then its assumptions."""
   levels = list(result.strategies[0].needed_bandwidth)
   head = (
-    "| strategy | clock | step (s) | compute util. | goodput | wall time | bytes/step/worker | largest exchange | "
-    + " | ".join(f"Gbit/s for {lv:.0%}" for lv in levels)
-    + " |"
+    "| strategy | clock | step (s) | compute util. | goodput | wall time | bytes/step/worker | inner bytes/step | "
+    "largest exchange | " + " | ".join(f"Gbit/s for {lv:.0%}" for lv in levels) + " |"
   )
-  lines = [head, "|" + "---|" * (8 + len(levels))]
+  lines = [head, "|" + "---|" * (9 + len(levels))]
   for s in result.strategies:
     need = [
       "-"
@@ -290,9 +289,8 @@ def plan_table(result) -> str:
     ]
     lines.append(
       f"| {s.name} | {s.clock} | {s.step_time:.4g} | {s.compute_utilization:.1%} | {s.goodput:.1%} | "
-      f"{_duration(s.wall_time)} | {_bytes(s.bytes_per_step)} | {_bytes(s.largest_exchange)} | "
-      + " | ".join(need)
-      + " |"
+      f"{_duration(s.wall_time)} | {_bytes(s.bytes_per_step)} | {_bytes(s.inner_bytes_per_step)} | "
+      f"{_bytes(s.largest_exchange)} | " + " | ".join(need) + " |"
     )
   lines += ["", *[f"- {a}" for a in result.assumptions]]
   lines.append(

@@ -71,6 +71,8 @@ class StrategyPlan:
     goodput: the share of compute that ends up in the model under failures.
     wall_time: seconds to the budget, failures included (None without a budget).
     bytes_per_step: bytes one worker moves over the outer link per step.
+    inner_bytes_per_step: bytes one worker moves inside its group per step
+      (the hierarchical all-reduce's lower level, InHAD's nodes, EA-wild's groups).
     largest_exchange: bytes one worker moves in its largest single exchange.
     needed_bandwidth: ``{level: Gbit/s}``, the smallest swept bandwidth that
       reaches each compute utilization (None: none of the sweep does).
@@ -85,6 +87,7 @@ class StrategyPlan:
   goodput: float
   wall_time: float | None
   bytes_per_step: float
+  inner_bytes_per_step: float
   largest_exchange: float
   needed_bandwidth: dict[float, float | None]
   sweep: tuple[float, ...]
@@ -234,7 +237,6 @@ def plan(
     validation.check_real("plan", "bandwidths[i]", b, low=0.0, low_open=True)
   chip = accelerator(hardware)
   compute = model.compute_time(chip.peak_flops, mfu, topology.chips_per_worker)
-  inner = topology.inner or Link(topology.outer.latency / 10, topology.outer.bandwidth * 10)
   base = TimeModel(
     num_workers=topology.workers,
     compute_time=compute,
@@ -242,7 +244,7 @@ def plan(
     slow_fraction=slow_fraction,
     slowdown=slowdown,
     link=topology.outer,
-    intra_link=inner,
+    intra_link=topology.inner,  # None: the time model's default, 10x the outer link
     message_bytes=int(model.parameters * model.bytes_per_parameter),
   )
   sweep_links = [Link(topology.outer.latency, gbits(b)) for b in bandwidths]
@@ -257,6 +259,7 @@ def plan(
       step_time = times.compute_per_step / utilization[0]
       per_round_bytes = times.wire_bytes
       bytes_per_step = float(np.mean(per_round_bytes)) / times.steps_per_round
+      inner_bytes = float(np.mean(times.inner_wire_bytes)) / times.steps_per_round
       largest = float(np.max(per_round_bytes))
       sweep = tuple(float(u) for u in utilization[1:])
       lost_work = step_time * times.steps_per_round
@@ -270,6 +273,7 @@ def plan(
       steps = float(np.mean(totals.worker_steps))
       step_time = elapsed / steps
       bytes_per_step = float(totals.bytes_moved) / (steps * topology.workers)
+      inner_bytes = float(totals.bytes_moved_intra) / (steps * topology.workers)
       largest = float(base.message_bytes)
       sweep = ()
       lost_work = (
@@ -290,6 +294,7 @@ def plan(
         goodput=share,
         wall_time=None if budget_steps is None else float(budget_steps * step_time / max(share, 1e-12)),
         bytes_per_step=bytes_per_step,
+        inner_bytes_per_step=inner_bytes,
         largest_exchange=largest,
         needed_bandwidth=needed_bandwidths(bandwidths, sweep, levels)
         if sweep

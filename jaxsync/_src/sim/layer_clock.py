@@ -58,6 +58,8 @@ class RoundTimes(NamedTuple):
     compute_per_step: a worker's mean compute seconds per step (no waiting).
     wire_bytes: ``[P]`` bytes a worker moves over the link (on average) in
       each fragment's exchange (all layers of a gradient round).
+    inner_wire_bytes: ``[P]`` the same inside a group (the hierarchical
+      all-reduce's lower level; 0 elsewhere).
   """
 
   ends: np.ndarray
@@ -65,6 +67,7 @@ class RoundTimes(NamedTuple):
   steps_per_round: int
   compute_per_step: float
   wire_bytes: np.ndarray
+  inner_wire_bytes: np.ndarray
 
 
 def layer_shapes(layer_sizes: Sequence[int], dtype: str) -> list[jax.ShapeDtypeStruct]:
@@ -307,11 +310,12 @@ class LayerClock:
   def _times(self, ends, compute_ends, steps, wire) -> RoundTimes:
     strategy = self.strategy
     keep = strategy.gradients_per_round or strategy.num_workers
-    per_worker = self.time_model.round_messages(strategy, keep)[0] / strategy.num_workers
+    outer, inner = self.time_model.round_messages(strategy, keep)
     return RoundTimes(
       ends=ends,
       compute_ends=compute_ends,
       steps_per_round=steps,
       compute_per_step=float(np.mean(self.time_model.mean_compute_times())),
-      wire_bytes=wire * per_worker,
+      wire_bytes=wire * outer / strategy.num_workers,
+      inner_wire_bytes=wire * inner / strategy.num_workers,
     )
