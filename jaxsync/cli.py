@@ -360,7 +360,11 @@ def _plan(args: argparse.Namespace) -> int:
   cfg = plan_config.load_plan(args.config, args.overrides)
   result = plan_config.run_plan(cfg)
   out = args.out or pathlib.Path("runs", f"plan-{cfg.name}")
-  title = f"{cfg.name}: {cfg.model.parameters:.3g} parameters, {cfg.topology.workers} workers"
+  t = cfg.topology
+  title = (
+    f"{cfg.name}: {cfg.model.parameters / 1e9:.3g}B parameters, {t.workers} workers of {t.chips_per_worker} "
+    f"{cfg.hardware.accelerator} (time only, no accuracy)"
+  )
   files = plan_config.write_plan(result, out, title)
   print(plan_config.plan_table(result))
   print("\nwrote " + ", ".join(str(f) for f in files))

@@ -194,3 +194,11 @@ def test_jaxsync_advise_on_a_plan_says_what_comes_from_where(tmp_path, capsys):
 def test_every_shipped_plan_loads(path):
   config = plan_config.load_plan(path)
   assert config.strategies and config.topology.workers >= 1
+
+
+def test_a_plan_file_that_is_not_yaml_is_one_line(tmp_path):
+  bad = tmp_path / "bad.yaml"
+  bad.write_text("model: [1\n")
+  with pytest.raises(ConfigError, match="is not valid YAML") as err:
+    plan_config.load_plan(bad)
+  assert "\n" not in str(err.value)

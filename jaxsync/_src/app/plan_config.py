@@ -7,6 +7,8 @@ import json
 import pathlib
 from typing import Any
 
+import yaml
+
 from jaxsync._src.app.config import (
   ConfigError,
   _build,
@@ -204,7 +206,10 @@ class PlanConfig:
     for i, s in enumerate(self.strategies):
       _require_choice(f"strategies[{i}].name", s.name, registry.names())
       _require(
-        s.name not in VALUE_DEPENDENT, f"strategies[{i}].name", s.name, VALUE_DEPENDENT.get(s.name, "")
+        s.name not in VALUE_DEPENDENT,
+        f"strategies[{i}].name",
+        s.name,
+        f"a strategy whose timing the planner can run without gradients; {VALUE_DEPENDENT.get(s.name, '')}",
       )
       try:
         registry.blueprint(s.name, self.topology.workers, **s.options)
@@ -219,7 +224,10 @@ def load_plan(path: str | pathlib.Path, overrides: list[str] = ()) -> PlanConfig
     raise ConfigError(
       f"plan file {str(path)!r} does not exist; expected a YAML file such as configs/plan/four_datacenters.yaml."
     )
-  raw = load_yaml(path.read_text())
+  try:
+    raw = load_yaml(path.read_text())
+  except yaml.YAMLError as err:
+    raise ConfigError(f"plan file {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
   if not isinstance(raw, dict):
     raise ConfigError(f"plan file {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections.")
   return _build(PlanConfig, apply_overrides(raw, list(overrides)))
@@ -314,6 +322,10 @@ def write_plan(result, out: pathlib.Path, title: str) -> list[pathlib.Path]:
   for s in result.strategies:
     if s.sweep:
       ax.plot(result.bandwidths, [100 * u for u in s.sweep], label=s.name)
+  ax.axvline(result.link_gbps, color="0.5", linestyle="--", linewidth=1)
+  ax.annotate(
+    f" the plan's link, {result.link_gbps:g} Gbit/s", (result.link_gbps, 3), fontsize=8, color="0.4"
+  )
   ax.set_xscale("log")
   ax.set_xlabel("bandwidth between workers (Gbit/s)")
   ax.set_ylabel("compute utilization (%)")

@@ -101,6 +101,7 @@ class Plan:
   Attributes:
     strategies: one :class:`StrategyPlan` each, in the order given.
     bandwidths: the swept outer-link bandwidths, Gbit/s.
+    link_gbps: the topology's own outer bandwidth, Gbit/s (what the rows' step times are at).
     compute_time: a worker's compute seconds per step.
     budget_steps: worker steps to the budget (None: no budget).
     assumptions: what the plan assumed, one line each.
@@ -108,6 +109,7 @@ class Plan:
 
   strategies: tuple[StrategyPlan, ...]
   bandwidths: tuple[float, ...]
+  link_gbps: float
   compute_time: float
   budget_steps: float | None
   assumptions: tuple[str, ...]
@@ -251,7 +253,9 @@ def plan(
   rows = []
   for label, name, options in strategies:
     if name in VALUE_DEPENDENT:
-      raise validation.invalid("plan", "strategy", name, VALUE_DEPENDENT[name])
+      raise validation.invalid(
+        "plan", "strategy", name, f"a strategy whose timing runs without gradients; {VALUE_DEPENDENT[name]}"
+      )
     blueprint = registry.blueprint(name, topology.workers, **dict(options))
     if blueprint.engine == Engine.SYNC:
       clock = LayerClock(base, blueprint, model.layer_sizes(), model.dtype, strided=strided)
@@ -320,6 +324,7 @@ def plan(
   return Plan(
     strategies=tuple(rows),
     bandwidths=bandwidths,
+    link_gbps=topology.outer.bandwidth * 8 / 1e9,
     compute_time=float(compute),
     budget_steps=budget_steps,
     assumptions=assumptions,
