@@ -109,7 +109,7 @@ def test_the_event_timeline_is_the_event_engine_for_every_asynchronous_strategy(
 def _assert_same_events(name):
   time_model = jaxsync.sim.TimeModel(**CLUSTER)
   params, history = _trained(name, {}, 40, time_model)
-  planned, _ = event_timeline(name, {}, time_model.with_message_bytes(params), 40, seed=3)
+  planned, _, _ = event_timeline(name, {}, time_model.with_message_bytes(params), 40, seed=3)
   for field in ("worker", "version", "released", "k", "staleness"):
     np.testing.assert_array_equal(getattr(planned, field), getattr(history, field), err_msg=field)
   # The same float32 sums, compiled in another program: XLA may fuse them differently (one ulp at most).

@@ -70,9 +70,10 @@ def test_asynchronous_strategies_run_on_events_and_report_their_idle_time():
   row = result.strategies[0]
   assert row.clock == "events" and row.sweep == ()
   # Each arrival's push and reply (2 GB each) through one server's interface at 1 Gbit/s: 16 s per
-  # arrival per direction, against 0.1 s of compute: the workers wait almost all the time.
-  assert row.compute_utilization < 0.01
-  assert 30 < row.step_time < 70
+  # arrival each way, one arrival every 16 s in the steady state, so a worker steps every 4 x 16 s.
+  assert row.step_time == pytest.approx(64.0, rel=0.01)
+  assert row.compute_utilization == pytest.approx(0.1 / 64.0, rel=0.01)
+  assert row.bytes_per_step == pytest.approx(2e9, rel=0.01)  # one push a step; the replies are the server's
 
 
 def test_goodput_of_each_failure_behaviour():
@@ -110,13 +111,43 @@ def test_a_token_budget_becomes_wall_time_through_goodput():
   np.testing.assert_allclose(row.wall_time, 1e5 * row.step_time / row.goodput)
 
 
+def test_fastest_k_steps_at_its_kth_gradient_not_the_workers_mean():
+  # Workers of 0.1 s, one of 0.2 s; fastest-k with k = 3 waits for the third: 0.1 s a round.
+  result = _plan(
+    [("fastest 3 of 4", "fastest_k", {"k": 3})], workers=4, gbps=1e5, slow_fraction=0.25, slowdown=2.0
+  )
+  row = result.strategies[0]
+  assert row.step_time == pytest.approx(0.1, rel=1e-3) and row.compute_utilization == 1.0
+
+
+def test_a_hierarchical_all_reduce_counts_the_leaders_and_the_groups_bytes():
+  # 8 workers in 2 groups of 4 (2 GB gradients): the 2 leaders all-reduce over the outer link, each sending
+  # 2 (2 - 1) / 2 = 1 message; inside a group, a reduce and a broadcast of (4 - 1) / 4 each per worker.
+  result = _plan([("h", "hierarchical_allreduce", {"group_size": 4})], workers=8, bandwidths=(10.0,))
+  row = result.strategies[0]
+  assert row.largest_exchange == pytest.approx(2e9)
+  assert row.bytes_per_step == pytest.approx(2e9 * 2 / 8)
+  assert row.inner_bytes_per_step == pytest.approx(2e9 * 2 * 3 / 4)
+
+
+def test_strided_fragments_take_every_pth_layer():
+  from jaxsync._src.sim.layer_clock import LayerClock
+
+  time_model = jaxsync.sim.TimeModel(num_workers=2, jitter_shape=None)
+  strategy = jaxsync.strategies.blueprint("streaming_diloco", 2, period=6, fragments=3)
+  assert LayerClock(time_model, strategy, (10,) * 6, strided=True).owners() == (0, 1, 2, 0, 1, 2)
+  assert LayerClock(time_model, strategy, (10,) * 6).owners() == (0, 0, 1, 1, 2, 2)
+
+
 def test_bad_planner_arguments_name_the_value():
-  with pytest.raises(ValueError, match="mfu"):
+  with pytest.raises(ValueError, match="mfu=1.5"):
     _plan([("dp", "allreduce", {})], mfu=1.5)
   with pytest.raises(ValueError, match="hardware"):
     _plan([("dp", "allreduce", {})], hardware="H900")
-  with pytest.raises(ValueError, match="exactly one"):
+  with pytest.raises(ValueError, match=r"exactly one of the three"):
     ModelSize(parameters=1e9, layers=24)
+  with pytest.raises(ValueError, match="layers=24"):
+    ModelSize(parameters=10, layers=24, step_time=1.0)
   with pytest.raises(ValueError, match="workers"):
     Topology(workers=0, outer=Link(0.0, 1e9))
 
@@ -130,6 +161,8 @@ def test_bad_planner_arguments_name_the_value():
     ("strategies=[{name: streaming_diloco, options: {period: 10, fragments: 3}}]", "fragments"),
     ("strategies=[{name: adaptive_k}]", "k_async"),
     ("strategies=[{name: alreduce}]", "did you mean 'allreduce'"),
+    ("strategies=[{name: streaming_diloco, options: {period: 128, fragments: 64}}]", "model.layers=48"),
+    ("strategies=[{name: dc_asgd, options: {variance_control: -1}}]", "variance_control"),
     ("hardware.accelerator=H900", "hardware.accelerator='H900'"),
     ("topology.wrokers=4", "did you mean 'workers'"),
   ],
@@ -154,6 +187,16 @@ def test_jaxsync_plan_prints_the_table_and_writes_the_plot(tmp_path, capsys):
 def test_a_bad_plan_config_exits_2_with_one_line(tmp_path, capsys):
   assert main(["plan", str(EXAMPLE), "--set", "topology.outer.gbps=0", "--out", str(tmp_path)]) == 2
   assert "topology.outer.gbps=0" in capsys.readouterr().err
+
+
+def test_advice_on_a_plan_refuses_a_candidate_the_plan_runs_twice_with_other_options():
+  from jaxsync._src.app import commands
+
+  result = _plan(
+    [("H=10", "diloco", {"period": 10}), ("H=100", "diloco", {"period": 100})], bandwidths=(1.0,)
+  )
+  with pytest.raises(ConfigError, match="'diloco' is in the plan 2 times"):
+    commands.planned_step_times(result, ["diloco"])
 
 
 def test_advice_on_a_plan_keeps_each_candidates_steps_and_takes_the_planned_seconds_per_step():

@@ -15,7 +15,7 @@ from jaxsync._src.app import plan_config
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
 COUNT = re.compile(r"Cells within one step of the published value: (\d+) of (\d+)")
-BELOW = re.compile(r"(\d+) of (\d+) (?:cells within one step|read as the papers' cells are read)")
+BELOW = re.compile(r"(\d+) of (\d+) (?:cells within one step|reading each published cell)")
 
 
 def _counts(text: str) -> tuple:
@@ -53,12 +53,25 @@ def test_the_worked_example_is_what_the_config_plans(gbps):
   config = plan_config.load_plan(
     ROOT / "configs" / "plan" / "four_datacenters.yaml", [f"topology.outer.gbps={gbps}"]
   )
-  fresh = dataclasses.asdict(plan_config.run_plan(config))
+  fresh = json.loads(json.dumps(dataclasses.asdict(plan_config.run_plan(config)), default=str))
   saved = json.loads((RESULTS / "plan_four_datacenters" / f"{gbps}gbps" / "plan.json").read_text())
-  for mine, theirs in zip(fresh["strategies"], saved["strategies"]):
-    assert mine["name"] == theirs["name"]
-    assert mine["step_time"] == pytest.approx(theirs["step_time"], rel=1e-6)
-    assert mine["compute_utilization"] == pytest.approx(theirs["compute_utilization"], rel=1e-6)
+  assert len(fresh["strategies"]) == len(saved["strategies"]) == 6
+  assert _close(fresh, saved)
+
+
+def _close(a, b) -> bool:
+  """Every number of ``a`` within 1e-6 of ``b``'s, everything else equal."""
+  if isinstance(a, dict):
+    assert a.keys() == b.keys()
+    return all(_close(a[k], b[k]) for k in a)
+  if isinstance(a, list):
+    assert len(a) == len(b)
+    return all(_close(x, y) for x, y in zip(a, b))
+  if isinstance(a, float) and isinstance(b, float):
+    assert a == pytest.approx(b, rel=1e-6)
+    return True
+  assert a == b
+  return True
 
 
 def test_every_number_of_the_worked_example_is_in_its_tables():
@@ -70,7 +83,7 @@ def test_every_number_of_the_worked_example_is_in_its_tables():
     (RESULTS / "plan_four_datacenters" / f"{g}gbps" / "plan.md").read_text() for g in ("1", "10")
   )
   # The config's own inputs (the model, the link, the budget) are not results.
-  inputs = {"30", "0.59", "50", "80", "90", "95", "100", "16", "4", "1", "10", "0.53"}
+  inputs = {"0.59", "50", "80", "90", "95", "100", "200"}
   numbers = set(re.findall(r"\d+(?:\.\d+)?", paragraph)) - inputs
   missing = sorted(n for n in numbers if not re.search(rf"(?<![\d.]){re.escape(n)}(?![\d])", tables))
   assert not missing, missing

@@ -545,7 +545,7 @@ def advise(
 
 
 def planned_step_times(plan: Any, names: list[str]) -> dict[str, float]:
-  """Each candidate's planned seconds per worker step, from the first of the plan's rows that runs it."""
+  """Each candidate's planned seconds per worker step, from the plan's row that runs it."""
   times = {}
   for name in names:
     rows = [row for row in plan.strategies if row.strategy == name]
@@ -553,6 +553,12 @@ def planned_step_times(plan: Any, names: list[str]) -> dict[str, float]:
       planned = sorted({row.strategy for row in plan.strategies})
       raise config_lib.ConfigError(
         f"advise: strategy name={name!r} is not in the plan; the plan's strategies: {', '.join(planned)}."
+      )
+    if len({row.step_time for row in rows}) > 1:
+      labels = ", ".join(row.name for row in rows)
+      raise config_lib.ConfigError(
+        f"advise: strategy name={name!r} is in the plan {len(rows)} times with other options ({labels}); "
+        "expected one row per candidate (the short runs use the config's options)."
       )
     times[name] = rows[0].step_time
   return times

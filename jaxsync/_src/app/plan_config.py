@@ -58,7 +58,11 @@ class PlanTopologyConfig:
   workers: int = _key(meaning="M, workers (a host, a pod or a datacenter each)")
   chips_per_worker: int = _key(1, meaning="R, chips in each worker")
   outer: PlanLinkConfig = _key(meaning="the link between workers (each worker's share)")
-  inner: PlanLinkConfig | None = _key(None, meaning="the link between a worker's chips (null: 10x the outer)")
+  inner: PlanLinkConfig | None = _key(
+    None,
+    meaning="the link inside a group of workers: a hierarchical all-reduce's lower level, InHAD's nodes "
+    "(null: 10x the outer); a worker's own chips talk inside its step time",
+  )
 
   def __post_init__(self):
     _require(self.workers >= 1, "topology.workers", self.workers, "an integer >= 1")
@@ -212,9 +216,18 @@ class PlanConfig:
         f"a strategy whose timing the planner can run without gradients; {VALUE_DEPENDENT.get(s.name, '')}",
       )
       try:
-        registry.blueprint(s.name, self.topology.workers, **s.options)
+        blueprint = registry.blueprint(s.name, self.topology.workers, **s.options)
+        if blueprint.engine == "async":  # its rules read options the blueprint does not: build them
+          registry.make(s.name, self.topology.workers, **s.options)
       except ValueError as err:
         raise ConfigError(f"strategies[{i}] ({s.name}): {' '.join(str(err).split())}") from None
+      fragments = blueprint.exchange.fragments if blueprint.protocol == "local" else 1
+      _require(
+        fragments <= self.model.layers,
+        f"strategies[{i}].options.fragments",
+        fragments,
+        f"at most model.layers={self.model.layers} (a fragment holds whole layers)",
+      )
 
 
 def load_plan(path: str | pathlib.Path, overrides: list[str] = ()) -> PlanConfig:
@@ -234,7 +247,15 @@ def load_plan(path: str | pathlib.Path, overrides: list[str] = ()) -> PlanConfig
 
 
 def run_plan(config: PlanConfig):
-  """The plan of ``config`` (``jaxsync.plan`` with its plain arguments)."""
+  """The plan of ``config`` (``jaxsync.plan`` with its plain arguments); a value the planner refuses is a
+  :class:`ConfigError`."""
+  try:
+    return _run_plan(config)
+  except ValueError as err:
+    raise ConfigError(f"plan {config.name!r}: {' '.join(str(err).split())}") from None
+
+
+def _run_plan(config: PlanConfig):
   import numpy as np
 
   from jaxsync._src.plan.planner import plan

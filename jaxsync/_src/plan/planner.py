@@ -17,9 +17,15 @@ Compute utilization is the share of a worker's time spent computing,
 
   CU = \frac{H\,\bar c}{t_{round}}
 
-for a round of ``H`` steps of mean compute ``c`` (1 for a gradient round), and
-the workers' mean compute of the steps that arrived over the elapsed time on events. The bandwidth a strategy needs for a level
-of CU is the smallest swept bandwidth at which it reaches it.
+for a round of ``H`` steps (1 for a gradient round) of a worker's mean
+compute ``c``; on events, the compute of the steps that arrived in the second
+half of the simulated events over that half's time. The bandwidth a strategy
+needs for a level of CU is the smallest swept bandwidth at which it reaches it.
+
+Bytes are what one worker sends over a link per step (a ring all-reduce's
+``2 (P - 1) / P`` of a message, a push to a server); the largest exchange is
+what the busiest sender sends in one exchange (a leader of a hierarchical
+all-reduce sends for its group).
 
 Cost: a synchronous plan runs ``4 P`` rounds (``P`` fragments) when compute is
 deterministic, a pattern that repeats every ``P`` rounds (the first ``2 P``
@@ -70,10 +76,11 @@ class StrategyPlan:
     compute_utilization: the share of that time spent computing.
     goodput: the share of compute that ends up in the model under failures.
     wall_time: seconds to the budget, failures included (None without a budget).
-    bytes_per_step: bytes one worker moves over the outer link per step.
-    inner_bytes_per_step: bytes one worker moves inside its group per step
+    bytes_per_step: bytes one worker sends over the outer link per step, on average.
+    inner_bytes_per_step: bytes one worker sends inside its group per step
       (the hierarchical all-reduce's lower level, InHAD's nodes, EA-wild's groups).
-    largest_exchange: bytes one worker moves in its largest single exchange.
+    largest_exchange: bytes the busiest sender sends over the outer link in
+      one exchange (what a peak bandwidth must carry).
     needed_bandwidth: ``{level: Gbit/s}``, the smallest swept bandwidth that
       reaches each compute utilization (None: none of the sweep does).
     sweep: ``[bandwidths]`` compute utilization over the sweep (empty if not swept).
@@ -138,18 +145,43 @@ def _rounds_clock(clock: LayerClock, links: Sequence[Link], seed: int) -> tuple[
   rounds = 2 * period + measured
   times = clock.run(links, rounds, seed)
   per_round = (times.compute_ends[-1] - times.compute_ends[-1 - measured]) / measured
-  utilization = times.steps_per_round * times.compute_per_step / per_round
-  return np.minimum(utilization, 1.0), times
+  # Fastest-k's round waits for the k-th gradient only: faster than the workers' mean step, so CU is at most 1
+  # while the step time is the round's own.
+  utilization = np.minimum(times.steps_per_round * times.compute_per_step / per_round, 1.0)
+  return utilization, per_round / times.steps_per_round, times
+
+
+def _events_clock(strategy, time_model: TimeModel, history, totals) -> tuple[float, float, float, float]:
+  """``(utilization, step time, bytes sent, bytes sent inside groups)`` per worker and step, over the second half of
+  the events (the first half fills the server's queues)."""
+  half = len(history.time) // 2
+  window = float(history.time[-1] - history.time[half])
+  arrivals = np.asarray(history.worker[half + 1 :])
+  if strategy.protocol == WorkerProtocol.LOCAL:
+    steps_per_arrival = np.asarray(strategy.local_steps_per_unit, np.float64)[arrivals]
+  else:
+    steps_per_arrival = np.ones(len(arrivals))
+  # A unit is a worker, or an EA-wild group of G workers stepping together.
+  unit_means = time_model.mean_compute_times().reshape(strategy.num_units, -1).mean(axis=1)
+  busy = float(np.sum(steps_per_arrival * unit_means[arrivals]))
+  utilization = min(1.0, busy / (window * strategy.num_units))
+  step_time = window * strategy.num_units / float(np.sum(steps_per_arrival))
+  steps = float(np.sum(totals.worker_steps)) / strategy.workers_per_unit
+  # The server's messages both ways, over all the workers' steps: half of them a worker sends.
+  sent = float(totals.bytes_moved) / 2 / max(steps, 1.0)
+  inner = float(totals.bytes_moved_intra) / 2 / max(steps, 1.0)
+  return utilization, step_time, sent, inner
 
 
 def event_timeline(
   blueprint_name: str, options: Mapping[str, Any], time_model: TimeModel, num_events: int, seed: int = 0
 ):
-  """The simulator's event engine on a stand-in model: ``(history, totals)`` of ``num_events`` arrivals.
+  """The simulator's event engine on a stand-in model: ``(history, totals, strategy)`` of ``num_events`` arrivals.
 
   One parameter, a zero loss, and ``time_model.message_bytes`` for the planned
   model's messages: the timing is the trained simulator's for every strategy
-  whose timing does not depend on the gradients' values.
+  whose timing does not depend on the gradients' values. ``strategy`` is the
+  one it ran (with Dynamic Local Updates, sized by the workers' speeds).
   """
   import jax.numpy as jnp
 
@@ -166,7 +198,7 @@ def event_timeline(
   sim = Simulator(strategy, lambda p, b: 0.0 * jnp.sum(p) + 0.0 * jnp.sum(b["x"]), data, time_model)
   state = sim.init(jnp.zeros([1], jnp.float32), seed)
   state, records = sim.advance(state, num_events)
-  return sim.history([records], state), sim.totals(state)
+  return sim.history([records], state), sim.totals(state), sim.strategy
 
 
 def plan(
@@ -259,32 +291,24 @@ def plan(
     blueprint = registry.blueprint(name, topology.workers, **dict(options))
     if blueprint.engine == Engine.SYNC:
       clock = LayerClock(base, blueprint, model.layer_sizes(), model.dtype, strided=strided)
-      utilization, times = _rounds_clock(clock, [topology.outer, *sweep_links], seed)
-      step_time = times.compute_per_step / utilization[0]
-      per_round_bytes = times.wire_bytes
-      bytes_per_step = float(np.mean(per_round_bytes)) / times.steps_per_round
+      utilization, step_times, times = _rounds_clock(clock, [topology.outer, *sweep_links], seed)
+      step_time = float(step_times[0])
+      bytes_per_step = float(np.mean(times.wire_bytes)) / times.steps_per_round
       inner_bytes = float(np.mean(times.inner_wire_bytes)) / times.steps_per_round
-      largest = float(np.max(per_round_bytes))
+      largest = float(np.max(times.busiest_wire_bytes))
       sweep = tuple(float(u) for u in utilization[1:])
       lost_work = step_time * times.steps_per_round
       clock_name = "layers"
     else:
-      history, totals = event_timeline(name, options, base, events_per_worker * blueprint.num_units, seed)
-      elapsed = float(history.time[-1])
-      # The compute of the steps that arrived, over the time they took (steps in flight are not counted).
-      busy = np.asarray(totals.worker_steps, np.float64) * base.mean_compute_times()
-      utilization = np.asarray([min(1.0, float(np.mean(busy)) / elapsed)])
-      steps = float(np.mean(totals.worker_steps))
-      step_time = elapsed / steps
-      bytes_per_step = float(totals.bytes_moved) / (steps * topology.workers)
-      inner_bytes = float(totals.bytes_moved_intra) / (steps * topology.workers)
+      history, totals, ran = event_timeline(
+        name, options, base, events_per_worker * blueprint.num_units, seed
+      )
+      cu, step_time, bytes_per_step, inner_bytes = _events_clock(ran, base, history, totals)
+      utilization = np.asarray([cu])
       largest = float(base.message_bytes)
       sweep = ()
-      lost_work = (
-        step_time * max(blueprint.local_steps_per_unit)
-        if blueprint.protocol == WorkerProtocol.LOCAL
-        else step_time
-      )
+      local = ran.protocol == WorkerProtocol.LOCAL
+      lost_work = step_time * max(ran.local_steps_per_unit) if local else step_time
       clock_name = "events"
     share = goodput(
       failures, _behaviour(blueprint), chips=topology.chips, workers=topology.workers, lost_work=lost_work

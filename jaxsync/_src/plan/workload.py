@@ -80,9 +80,11 @@ class Topology:
     workers: ``M``.
     chips_per_worker: ``R``.
     outer: the link between workers (each worker's share of it).
-    inner: the link inside a worker, between its chips (the hierarchical
-      all-reduce's lower level); default 10x the outer bandwidth at a tenth of
-      its latency, as the simulator's.
+    inner: the link inside a group of workers: the hierarchical all-reduce's
+      lower level (its ``group_size`` workers), InHAD's nodes, EA-wild's
+      groups; default 10x the outer bandwidth at a tenth of its latency, as
+      the simulator's. A worker's own chips talk inside its step time (the
+      MFU), not over a link of the plan.
   """
 
   workers: int

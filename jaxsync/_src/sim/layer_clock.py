@@ -42,7 +42,7 @@ from jaxsync._src.core import validation
 from jaxsync._src.rules import quantize
 from jaxsync._src.rules.diloco import fragment_of_leaves
 from jaxsync._src.sim.time_model import Link, TimeModel
-from jaxsync._src.strategies.strategy import Blueprint, Engine, WorkerProtocol
+from jaxsync._src.strategies.strategy import Blueprint, Communication, Engine, WorkerProtocol
 
 _WHAT = "LayerClock"
 
@@ -60,6 +60,9 @@ class RoundTimes(NamedTuple):
       each fragment's exchange (all layers of a gradient round).
     inner_wire_bytes: ``[P]`` the same inside a group (the hierarchical
       all-reduce's lower level; 0 elsewhere).
+    busiest_wire_bytes: ``[P]`` what the busiest sender sends over the link in
+      each fragment's exchange (a hierarchical all-reduce's leaders send for
+      their groups; a parameter server's workers one push each).
   """
 
   ends: np.ndarray
@@ -68,6 +71,7 @@ class RoundTimes(NamedTuple):
   compute_per_step: float
   wire_bytes: np.ndarray
   inner_wire_bytes: np.ndarray
+  busiest_wire_bytes: np.ndarray
 
 
 def layer_shapes(layer_sizes: Sequence[int], dtype: str) -> list[jax.ShapeDtypeStruct]:
@@ -311,6 +315,12 @@ class LayerClock:
     strategy = self.strategy
     keep = strategy.gradients_per_round or strategy.num_workers
     outer, inner = self.time_model.round_messages(strategy, keep)
+    if strategy.communication == Communication.PARAMETER_SERVER:
+      outer, senders = keep, keep  # the pushes: a worker sends one; the replies are the server's
+    elif strategy.communication == Communication.HIERARCHICAL:
+      senders = strategy.num_workers // strategy.group_size  # only the leaders cross the link
+    else:
+      senders = strategy.num_workers
     return RoundTimes(
       ends=ends,
       compute_ends=compute_ends,
@@ -318,4 +328,5 @@ class LayerClock:
       compute_per_step=float(np.mean(self.time_model.mean_compute_times())),
       wire_bytes=wire * outer / strategy.num_workers,
       inner_wire_bytes=wire * inner / strategy.num_workers,
+      busiest_wire_bytes=wire * outer / senders,
     )
