@@ -255,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
     help="plan a run at any scale without training: step time, utilization, bytes, goodput, bandwidth needed",
     description="Plans each strategy of a plan config (configs/plan/*.yaml) on the simulator's own clock: "
     "step time, compute utilization, goodput under failures, wall-clock time to the budget, bytes over the "
-    "links and the bandwidth each needs for 50/80/90/95/99%% compute utilization; prints the table and "
+    "links and the bandwidth each needs for 50/80/90/95/99% compute utilization; prints the table and "
     "writes plan.md, plan.json and utilization.png. Nothing is trained; it predicts no accuracy or loss.",
   )
   plan.add_argument(
