@@ -321,6 +321,13 @@ def plan_table(result) -> str:
       f"{_duration(s.wall_time)} | {_bytes(s.bytes_per_step)} | {_bytes(s.inner_bytes_per_step)} | "
       f"{_bytes(s.largest_exchange)} | " + " | ".join(need) + " |"
     )
+  fastest = min(result.strategies, key=lambda s: s.step_time / s.goodput)
+  done = f"{_duration(fastest.wall_time)} to the budget, " if fastest.wall_time is not None else ""
+  lines += [
+    "",
+    f"Fastest on this link: {fastest.name} ({done}{fastest.step_time:.4g} s a step at "
+    f"{fastest.compute_utilization:.1%} compute, goodput included).",
+  ]
   lines += ["", *[f"- {a}" for a in result.assumptions]]
   lines.append(
     "- '-' under Gbit/s: an asynchronous strategy runs on events at the topology's own link (not swept)"
