@@ -608,19 +608,27 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
   return out
 
 
-def load(path: str | pathlib.Path, overrides: list[str] = ()) -> Config:
-  """Reads a YAML config, applies ``--set`` overrides, validates; raises :class:`ConfigError`."""
+def read_file(path: str | pathlib.Path, what: str, example: str) -> dict[str, Any]:
+  """The mapping a YAML config file holds (empty for an empty file); one-line :class:`ConfigError` otherwise.
+
+  Args:
+    path: the file.
+    what: what it is, for the messages (``config file``, ``plan file``).
+    example: a file of that kind, for the messages.
+  """
   path = pathlib.Path(path)
   if not path.is_file():
-    raise ConfigError(
-      f"config file {str(path)!r} does not exist; expected a YAML file such as configs/quickstart.yaml."
-    )
+    raise ConfigError(f"{what} {str(path)!r} does not exist; expected a YAML file such as {example}.")
   try:
     raw = load_yaml(path.read_text())
   except yaml.YAMLError as err:
-    raise ConfigError(f"config file {str(path)!r} is not valid YAML: {_one_line(err)}") from None
+    raise ConfigError(f"{what} {str(path)!r} is not valid YAML: {_one_line(err)}") from None
   if raw is not None and not isinstance(raw, dict):
-    raise ConfigError(
-      f"config file {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections."
-    )
-  return from_dict(apply_overrides(raw or {}, list(overrides)))
+    raise ConfigError(f"{what} {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections.")
+  return raw or {}
+
+
+def load(path: str | pathlib.Path, overrides: list[str] = ()) -> Config:
+  """Reads a YAML config, applies ``--set`` overrides, validates; raises :class:`ConfigError`."""
+  raw = read_file(path, "config file", "configs/quickstart.yaml")
+  return from_dict(apply_overrides(raw, list(overrides)))

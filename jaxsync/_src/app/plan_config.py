@@ -7,8 +7,6 @@ import json
 import pathlib
 from typing import Any
 
-import yaml
-
 from jaxsync._src.app.config import (
   ConfigError,
   _build,
@@ -16,7 +14,7 @@ from jaxsync._src.app.config import (
   _require,
   _require_choice,
   apply_overrides,
-  load_yaml,
+  read_file,
 )
 
 
@@ -232,17 +230,7 @@ class PlanConfig:
 
 def load_plan(path: str | pathlib.Path, overrides: list[str] = ()) -> PlanConfig:
   """Reads a plan config, applies ``--set`` overrides, validates; raises :class:`ConfigError`."""
-  path = pathlib.Path(path)
-  if not path.is_file():
-    raise ConfigError(
-      f"plan file {str(path)!r} does not exist; expected a YAML file such as configs/plan/four_datacenters.yaml."
-    )
-  try:
-    raw = load_yaml(path.read_text())
-  except yaml.YAMLError as err:
-    raise ConfigError(f"plan file {str(path)!r} is not valid YAML: {' '.join(str(err).split())}") from None
-  if not isinstance(raw, dict):
-    raise ConfigError(f"plan file {str(path)!r} holds {type(raw).__name__}; expected a mapping of sections.")
+  raw = read_file(path, "plan file", "configs/plan/four_datacenters.yaml")
   return _build(PlanConfig, apply_overrides(raw, list(overrides)))
 
 
