@@ -83,7 +83,7 @@ def test_the_all_reduce_round_takes_the_training_and_held_out_arrays_as_argument
   np.testing.assert_allclose(records.metrics["accuracy"][-1], expected["accuracy"], rtol=1e-6)
   data, held_out = runtime._inputs
   arrays = [*jax.tree.leaves(data), *held_out]
-  now = jnp.float32(0.0)
+  now = jnp.zeros([exp.strategy.num_workers], jnp.float32)  # each worker's process's clock
   _assert_arguments_not_constants(
     runtime._round.lower(runtime._global(state), now, data, held_out).as_text(), arrays
   )

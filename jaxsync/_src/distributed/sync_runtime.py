@@ -10,7 +10,10 @@ GPU/TPU host, one per accelerator). A round is one jitted ``shard_map``:
 
 where the sum is a ``psum`` across processes (gloo on CPU) and, for
 hierarchical all-reduce, two ``psum``s: inside each group of ``G`` workers,
-then across the groups' results. The server rule then runs on every process
+then across the groups' results. The round's whole exchange (the gradient's
+leaves, the loss and the clock) travels as few, large buffers
+(:mod:`jaxsync._src.distributed.bucketed_all_reduce`): one collective per
+bucket, not one per leaf, and no other collective in the round. The server rule then runs on every process
 on the same reduced gradient, so the parameters stay bit-identical on every
 process without a broadcast. Local SGD and DiLoCo keep each worker's model on
 its own device and average their pseudo-gradients every ``local_steps``: only
@@ -40,7 +43,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.distributed import quantized_all_reduce
+from jaxsync._src.distributed import bucketed_all_reduce, quantized_all_reduce
 from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.interface.history import RunTotals
 from jaxsync._src.interface.runtime import FaultAfterProgress, RuntimeBase
@@ -138,6 +141,8 @@ class SyncRuntime(RuntimeBase):
       whose workers' largest factor ``s`` exceeds 1 sleeps ``(s - 1)`` times its
       measured compute of a round before each round, as the simulator's slow
       workers are slower (``cluster.emulate_slow_workers``).
+    bucket_bytes: the largest buffer of a round's exchange (its leaves end to
+      end per dtype; one all-reduce per buffer).
 
   Example:
     ``jaxsync launch -n 2 configs/quickstart.yaml --set strategy.name=bsp --set cluster.num_workers=2``
@@ -155,8 +160,10 @@ class SyncRuntime(RuntimeBase):
     devices=None,
     liveness=None,
     slowdowns=None,
+    bucket_bytes: int = bucketed_all_reduce.DEFAULT_BUCKET_BYTES,
   ):
     devices = list(jax.devices() if devices is None else devices)
+    self._bucket_bytes = validation.check_int(_WHAT, "bucket_bytes", bucket_bytes, low=1)
     super().__init__(eval_fn, eval_every, eval_every_time)
     self.strategy = check_strategy(strategy, len(devices))
     self.loss_fn, self.data = loss_fn, data
@@ -179,15 +186,27 @@ class SyncRuntime(RuntimeBase):
     for factor in factors:
       validation.check_real(_WHAT, "slowdowns[i]", factor, low=1.0)
     self._slowdown, self._my_worker = max(factors), (mine or [0])[0]
+    self._local_workers = len(mine)
     self._delay: float | None = None
 
   # -- collectives ------------------------------------------------------------------------------
 
   def _sum(self, tree):
-    """``sum_k x_k`` over the workers: one all-reduce, or two levels (inside groups, then across)."""
+    """``sum_k x_k`` over the workers, one all-reduce per bucket of the tree's leaves (two levels for
+    hierarchical all-reduce: inside groups, then across)."""
     if self._hierarchical:
-      return jax.lax.psum(jax.lax.psum(tree, "members"), "groups")
-    return jax.lax.psum(tree, _AXES)
+      reduce = lambda x: jax.lax.psum(jax.lax.psum(x, "members"), "groups")  # noqa: E731
+    else:
+      reduce = lambda x: jax.lax.psum(x, _AXES)  # noqa: E731
+    return bucketed_all_reduce.bucketed_sum(tree, reduce, self._bucket_bytes)
+
+  def _clock_share(self, now):
+    """This worker's part of the round's clock: process 0's time from worker 0, zero from the others.
+
+    Summed with the round's exchange, every process gets process 0's time exactly (adding zeros), and
+    time-based evaluation decides the same everywhere without a collective of its own.
+    """
+    return jnp.where(self._worker_index() == 0, now[0], jnp.zeros_like(now[0]))
 
   def _worker_index(self):
     return jax.lax.axis_index("groups") * self.mesh.shape["members"] + jax.lax.axis_index("members")
@@ -256,70 +275,74 @@ class SyncRuntime(RuntimeBase):
       sum(b * n for b, n in zip(per_fragment, sync_round.rounds_per_fragment(rounds, len(per_fragment))))
     )
 
-  def _mean_of_fragment(self, contribution, fragment: int):
-    """``mean_k`` of the workers' pseudo-gradients: the fragment's leaves over the wire, zeros elsewhere."""
+  def _mean_of_fragment(self, contribution, fragment: int, extra):
+    """(``mean_k`` of the workers' pseudo-gradients: the fragment's leaves over the wire, zeros elsewhere;
+    ``sum_k`` of ``extra``, a few scalars that travel with them)."""
     exchange, num_workers = self.strategy.exchange, self.strategy.num_workers
     leaves, treedef = jax.tree.flatten(contribution)
     picked = self._fragment_leaves(contribution)[fragment]
     sent = [leaves[i] for i in picked]
     if exchange.quantize is None:
-      mean = [x / num_workers for x in self._sum(sent)]
-    else:  # a flat mesh: "groups" holds every worker ("members" is 1)
+      summed, extra = self._sum((sent, extra))
+      mean = [x / num_workers for x in summed]
+    else:  # a flat mesh: "groups" holds every worker ("members" is 1); the scalars cannot be quantized
       mean = quantized_all_reduce.quantized_mean(
         sent, exchange.quantize, exchange.quantize_block, "groups", num_workers
       )
+      extra = self._sum(extra)
     out = [jnp.zeros_like(x) for x in leaves]
     for i, m in zip(picked, mean):
       out[i] = m
-    return treedef.unflatten(out)
+    return treedef.unflatten(out), extra
 
   # -- one round, compiled ----------------------------------------------------------------------
 
-  def _gradient_round(self, s: SyncState, data: WorkerData):
+  def _gradient_round(self, s: SyncState, now, data: WorkerData):
     num_workers = self.strategy.num_workers
 
-    def per_worker(params, steps, data):
+    def per_worker(params, steps, now, data):
       worker = self._worker_index()
       batch = data.batch(worker, steps[worker])
       # Each worker's share of the round's mean loss (the simulator's w_k = 1/K).
       loss, grads = jax.value_and_grad(lambda p: self.loss_fn(p, batch) / num_workers)(params)
-      return self._sum(grads), self._sum(loss)
+      return self._sum((grads, loss, self._clock_share(now)))
 
-    grads, loss = jax.shard_map(
-      per_worker, mesh=self.mesh, in_specs=(P(), P(), P()), out_specs=(P(), P()), check_vma=False
-    )(s.params, s.steps, data)
+    grads, loss, clock = jax.shard_map(
+      per_worker, mesh=self.mesh, in_specs=(P(), P(), P(_AXES), P()), out_specs=P(), check_vma=False
+    )(s.params, s.steps, now, data)
     update = sync_round.apply_aggregate(
       self.strategy, s.params, s.rule_state, grads, version=s.version, num_workers=num_workers
     )
-    return update, loss, s._replace(steps=s.steps + 1)
+    return update, loss, clock, s._replace(steps=s.steps + 1)
 
-  def _local_round(self, s: SyncState, data: WorkerData, fragment: int):
+  def _local_round(self, s: SyncState, now, data: WorkerData, fragment: int):
     strategy = self.strategy
     num_workers = strategy.num_workers
 
-    def per_worker(params, xs, states, steps, data):
+    def per_worker(params, xs, states, steps, now, data):
       worker = self._worker_index()
       x, state = jax.tree.map(lambda a: a[0], (xs, states))
       work = sync_round.local_work(
         strategy, self.loss_fn, lambda t: data.batch(worker, t), params, x, state, steps[worker], fragment
       )
-      mean_delta = self._mean_of_fragment(work.contribution, fragment)
-      loss = self._sum(jnp.mean(work.losses) / num_workers)
-      return mean_delta, loss, jax.tree.map(lambda a: a[None], (work.model, work.worker_state))
+      extra = (jnp.mean(work.losses) / num_workers, self._clock_share(now))
+      mean_delta, (loss, clock) = self._mean_of_fragment(work.contribution, fragment, extra)
+      return mean_delta, loss, clock, jax.tree.map(lambda a: a[None], (work.model, work.worker_state))
 
     spec = P(_AXES)
-    mean_delta, loss, (models, worker_state) = jax.shard_map(
+    mean_delta, loss, clock, (models, worker_state) = jax.shard_map(
       per_worker,
       mesh=self.mesh,
-      in_specs=(P(), spec, spec, P(), P()),
-      out_specs=(P(), P(), spec),
+      in_specs=(P(), spec, spec, P(), spec, P()),
+      out_specs=(P(), P(), P(), spec),
       check_vma=False,
-    )(s.params, s.worker_params, s.worker_state, s.steps, data)
+    )(s.params, s.worker_params, s.worker_state, s.steps, now, data)
     update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
     worker_params = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(models)
     return (
       update,
       loss,
+      clock,
       s._replace(
         steps=s.steps + strategy.local_steps, worker_params=worker_params, worker_state=worker_state
       ),
@@ -327,11 +350,12 @@ class SyncRuntime(RuntimeBase):
 
   def _round_impl(self, s: SyncState, now, data: WorkerData, eval_arrays: list, *, fragment: int = 0):
     """One round (of ``fragment``, ``event mod P``); the training and held-out arrays are arguments, not
-    constants folded into the program."""
+    constants folded into the program. ``now`` is ``[K]``, each process's wall clock on its workers; the
+    round's exchange carries process 0's to every process."""
     if self.strategy.protocol == WorkerProtocol.LOCAL:
-      update, loss, s = self._local_round(s, data, fragment)
+      update, loss, now, s = self._local_round(s, now, data, fragment)
     else:
-      update, loss, s = self._gradient_round(s, data)
+      update, loss, now, s = self._gradient_round(s, now, data)
     version = s.version + update.finite.astype(jnp.int32)
     evaluated, metrics, next_eval = self.schedule.with_eval_arrays(eval_arrays).maybe_evaluate(
       s.next_eval, update.params, version, now, self.metric_names
@@ -409,24 +433,28 @@ class SyncRuntime(RuntimeBase):
       for i in range(num_events):
         if self._delay:
           time.sleep(self._delay)
-        # Process 0's clock for everyone: time-based evaluation must decide the same on every process.
-        now = multihost_utils.broadcast_one_to_all(
-          np.float32(self._clock_offset + time.perf_counter() - self._started)
+        # This process's clock on its workers; the round's own exchange carries process 0's to every
+        # process (time-based evaluation must decide the same everywhere): no collective of its own.
+        now = np.full(
+          [self._local_workers], self._clock_offset + time.perf_counter() - self._started, np.float32
         )
         after, row = self._round(
           s,
-          jax.make_array_from_process_local_data(self._replicated, np.float32(now), ()),
+          jax.make_array_from_process_local_data(self._per_worker, now, (self.strategy.num_workers,)),
           *self._inputs,
           fragment=(first + i) % fragments,
         )
-        # Reading the row waits for the round: a collective that failed raises here, and ``s`` stays
-        # the last round that completed.
-        rows.append(jax.tree.map(lambda x: np.asarray(x.addressable_data(0)), row))
+        # Waiting for one scalar waits for the round: a collective that failed raises here, ``s`` stays
+        # the last round that completed, and the next round's clock starts when this one ends. The
+        # records are read back once, at the chunk's end.
+        jax.block_until_ready(row.time)
+        rows.append(row)
         s = after
       local = self._local(s)
     except (jax.errors.JaxRuntimeError, ValueError) as err:
-      # A collective whose peer died raises JaxRuntimeError from a compiled round, but ValueError
-      # ("UNKNOWN: Gloo all-reduce failed ...") from the clock's broadcast: both mean a lost process.
+      # A collective whose peer died raises JaxRuntimeError from a compiled round; gloo's errors raised
+      # on the host (a process_allgather) are ValueError ("UNKNOWN: Gloo all-reduce failed ..."):
+      # both mean a lost process.
       if isinstance(err, ValueError) and not _collective_failed(err):
         raise
       lost = ProcessLostError(self._lost_message(err, int(state.event) + len(rows)))
@@ -450,7 +478,8 @@ class SyncRuntime(RuntimeBase):
 
   @staticmethod
   def _stack(rows: list):
-    return jax.tree.map(lambda *xs: np.stack(xs), *rows)
+    """The rounds' records (on the mesh; replicated) as this process's ``[rounds, ...]`` arrays."""
+    return jax.tree.map(lambda *xs: np.stack([np.asarray(x.addressable_data(0)) for x in xs]), *rows)
 
   def _completed(self, s: SyncState, rows: list):
     """This process's copy of the last completed round's state and the records, without a collective.
