@@ -241,6 +241,25 @@ def _parser() -> argparse.ArgumentParser:
     help="only answer another host's link measurement, until stopped",
   )
   calibrate.add_argument("--bind", default="0.0.0.0", help="the interface --serve-echo listens on")
+  calibrate.add_argument(
+    "--collective-processes",
+    type=int,
+    metavar="N",
+    help="also time all-reduces across N processes (jax.distributed) and keep what each takes beyond the ring "
+    "formula as cluster.collective_overhead (default: not measured)",
+  )
+  calibrate.add_argument(
+    "--collective-coordinator",
+    metavar="HOST:PORT",
+    help="run the collective probe across hosts: this process is its process 0, its coordinator at HOST:PORT "
+    "(default: all N processes on this machine)",
+  )
+  calibrate.add_argument(
+    "--collective-peer",
+    metavar="HOST:PORT",
+    help="only be process --process-id of another host's collective probe (with --collective-processes N)",
+  )
+  calibrate.add_argument("--process-id", type=int, help="this process's index in --collective-peer's probe")
   resume = sub.add_parser(
     "resume",
     help="continue a run (or a compare) from its latest checkpoint",
@@ -473,6 +492,15 @@ def _calibrate(args: argparse.Namespace) -> int:
     print(f"jaxsync calibrate: echoing at {echo.address} until stopped (Ctrl-C)", file=sys.stderr, flush=True)
     echo.serve_forever()
     return 0
+  if args.collective_peer is not None:
+    n, i = args.collective_processes, args.process_id
+    if n is None or n < 2 or i is None or not 1 <= i < n:
+      raise config_lib.ConfigError(
+        f"--collective-peer needs --collective-processes N >= 2 and --process-id between 1 and N - 1 "
+        f"(got --collective-processes={n}, --process-id={i}); process 0 is the calibrating host's."
+      )
+    calibrate.collective_member([args.collective_peer, str(n), str(i)])
+    return 0
   if args.config is None:
     raise config_lib.ConfigError(
       "calibrate needs a CONFIG (or --serve-echo PORT); e.g. configs/quickstart.yaml"
@@ -487,6 +515,8 @@ def _calibrate(args: argparse.Namespace) -> int:
     link_to=args.link_to,
     check_strategy=args.check,
     check_gradients=args.check_gradients,
+    collective_processes=args.collective_processes,
+    collective_coordinator=args.collective_coordinator,
     say=lambda line: print(f"jaxsync calibrate: {line}", file=sys.stderr, flush=True),
   )
   print(calibrate.dump({"cluster": cal.cluster_section()}), end="")

@@ -1,51 +1,63 @@
-"""The simulator against real processes: does a calibrated simulated run predict the real run of the same config?
+"""The simulator against real processes: does a calibrated simulated run predict the real runs of the same config?
 
 Every time jaxsync's Results and `jaxsync advise` report is a simulated time. This benchmark runs
 one config (``configs/sim_vs_real.yaml``: the digits CNN, 3 workers, one of them 3x slower) both
-ways, for seven strategies, on two networks:
+ways, for eleven strategies (asp, ormo, ssp, adaptive_k, allreduce, ea_wild, local_sgd, diloco,
+streaming_diloco, async_local_sgd, dc_asgd) on two networks, plus one cell with the slow worker 4x slower
+(allreduce at 1 Gbit/s, ``cluster.slowdown=4``); a cell is a strategy and such a variant (``CELLS``):
 
 1. **Hosts.** Every process runs in a network namespace of its own, a host with its own address and
    network card, shaped by ``tc`` to the network's rate in each direction (``benchmarks/netns.py``).
-2. **Calibration.** ``jaxsync calibrate`` runs in host 0 (where the server runs) with 3 compute probes
-   at once (the workers share this machine's cores as in the real run) and measures the link to an
-   echo in host 1 (``jaxsync calibrate --serve-echo``) through the shaped cards. Its config, the
-   measured cluster section in place, is what both runs use.
-3. **Real run**: ``jaxsync train`` as N processes on N hosts (a parameter server and 3 workers, or 3
-   all-reduce workers), the slow worker made slower by a real, measured delay
-   (``cluster.emulate_slow_workers``: it sleeps twice each step's measured compute).
-4. **Simulated runs** of the same config, seeds 0-4 (the real run is one draw of its data order and its
-   timing; the simulated runs' median is compared with it, their range shown); all read back from their
-   event records.
+2. **Calibration**, once per network, on 3 hosts. ``jaxsync calibrate`` runs in host 0 (where the server
+   runs) with 3 compute probes at once (the workers share this machine's cores as in the real run),
+   measures the link to an echo in host 1 (``jaxsync calibrate --serve-echo``) through the shaped cards,
+   and times all-reduces across the 3 hosts (``--collective-processes 3``: its collective probe, with
+   peers ``jaxsync calibrate --collective-peer`` in hosts 1 and 2), what each takes beyond the ring
+   formula being ``cluster.collective_overhead``. Its config, the measured cluster section in place, is
+   what both kinds of run use.
+3. **Real runs**, 3 per cell (``--set seed=0``, 1, 2: each its own draw of data order and timing):
+   ``jaxsync train`` as N processes on N hosts (a parameter server and 3 workers, or 3 all-reduce
+   workers), the slow worker made slower by a real, measured delay (``cluster.emulate_slow_workers``:
+   it sleeps ``slowdown - 1`` times each step's measured compute).
+4. **Simulated runs** of the same config, seeds 0-4; all read back from their event records. The real
+   runs' median is compared with the simulated runs' median, both with their range.
 
-Per strategy and network: gradients/s and updates/s (the second half of each run's events),
-the staleness distribution (means and total variation distance), the time to the target accuracy
-(a crossing that holds: the first evaluation after which accuracy stays above the target), the
-accuracy at equal time, and the real run's start-up (seconds until every worker has pushed once:
-processes starting and compiling, which the simulated clock does not model). Both clocks start when
-every worker runs (the event of the last worker's first arrival). The targets are the
-issue's: median error of time to target <= 10%, every strategy within 25%, the same ranking.
+Per cell and network: gradients/s and updates/s (the second half of each run's events), the staleness
+distribution (means and total variation distance), the time to the target accuracy (a crossing that
+holds: the first evaluation after which accuracy stays above the target), the accuracy at equal time,
+and the real runs' start-up (seconds until every worker has pushed once: processes starting and
+compiling, which the simulated clock does not model). Both clocks start when every worker runs (the
+event of the last worker's first arrival). The targets are the issue's: median |error| of time to
+target <= 10%, every cell within 25%, the same ranking (Kendall tau >= 0.9, strategies whose real runs'
+times overlap counting as tied); where a cell misses, the results file says why, from the measures.
 
-The store (``benchmarks/results/sim_vs_real_runs.jsonl``) keeps one line per calibration and per
-(network, strategy) pair; a rerun skips what it holds, ``--report-only`` rewrites
-``sim_vs_real.md`` from it alone.
+The store (``benchmarks/results/sim_vs_real_runs.jsonl``) keeps one line per calibration, per real run
+and per (network, cell) comparison, each with ``"protocol": 2`` (rows of older code, without it, are
+ignored); a rerun skips what it holds, ``--report-only`` rewrites ``sim_vs_real.md`` from it alone.
 
-    python -m benchmarks.calibration.sim_vs_real [--size tiny|default] [--rates 100,1000] [--strategies asp,ormo]
-                                     [--report-only]
+    python -m benchmarks.calibration.sim_vs_real [--size tiny|default] [--rates 100,1000]
+        [--strategies asp,ormo] [--phase real|simulated|both] [--report-only]
 
-Needs root (``ip netns``, ``tc``); sizes: tiny (1 Gbit/s, asp, 300 gradients; the suite's), default
-(100 Mbit/s and 1 Gbit/s, 7 strategies, 1,200 gradients: about 30 minutes on 2 cores).
+Needs root (``ip netns``, ``tc``); sizes: tiny (1 Gbit/s, asp, 1 real run, 300 gradients; the suite's),
+default (100 Mbit/s and 1 Gbit/s, 11 strategies and the 4x cell, 3 real runs each, 1,200 gradients: 69
+real runs, about 3 hours on 2 cores; resumable, a rerun goes on from the store).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
+from typing import NamedTuple
 
 import numpy as np
 import yaml
@@ -59,44 +71,159 @@ NAME = "sim_vs_real"
 CONFIG = harness.REPO / "configs" / "sim_vs_real.yaml"
 STRATEGIES = {
   "tiny": ["asp"],
-  "default": ["asp", "ormo", "ssp", "adaptive_k", "allreduce", "ea_wild", "local_sgd"],
+  "default": [
+    "asp",
+    "ormo",
+    "ssp",
+    "adaptive_k",
+    "allreduce",
+    "ea_wild",
+    "local_sgd",
+    "diloco",
+    "streaming_diloco",
+    "async_local_sgd",
+    "dc_asgd",
+  ],
 }
 RATES = {"tiny": [1000.0], "default": [100.0, 1000.0]}  # Mbit/s of each host's card, each direction
 OVERRIDES = {"tiny": ["run.gradients=300", "run.target_accuracy=0.6"], "default": []}
-SIM_SEEDS = {"tiny": 2, "default": 5}  # simulated runs per real run (seeds 0, 1, ...)
+REAL_RUNS = {"tiny": 1, "default": 3}  # real runs per cell, run i with --set seed=i
+SIM_SEEDS = {"tiny": 2, "default": 5}  # simulated runs per cell (seeds 0, 1, ...)
 PLAIN_SEEDS = {"tiny": 1, "default": 3}  # ... and without the evaluations' cost
-ECHO_PORT = 4399
-TIMEOUT = 900  # seconds a real run may take
+VARIANTS = {"slow worker 4x": ["cluster.slowdown=4"]}  # a cell's changes to the config (the config's is 3x)
+PROTOCOL = 2  # what this code's store rows carry; rows without it (older code's) are ignored
+ECHO_PORT = 4399  # the link probe's echo in host 1
+COLLECTIVE_PORT = 4398  # the collective probe's coordinator in host 0 (netns.PORT is a run's)
+TIMEOUT = 900  # seconds a real run (or a calibration) may take
+
+
+class Cell(NamedTuple):
+  """What one row of a table measures: a strategy of ``compare.options``, in the config or a variant of it."""
+
+  strategy: str
+  variant: str | None = None  # a key of VARIANTS
+
+  @property
+  def name(self) -> str:
+    return self.strategy if self.variant is None else f"{self.strategy} ({self.variant})"
+
+  @property
+  def overrides(self) -> list[str]:
+    return [] if self.variant is None else VARIANTS[self.variant]
+
+
+# The cells of a size beyond each of its strategies on each of its networks: (network Mbit/s, cell).
+EXTRA_CELLS = {"tiny": [], "default": [(1000.0, Cell("allreduce", "slow worker 4x"))]}
+
+
+def cells(size: str, rate: float, names: list[str]) -> list[Cell]:
+  """The cells measured on cards of ``rate`` Mbit/s: each of the strategies ``names`` in the config, then the
+  ``EXTRA_CELLS`` of that network whose strategy is among them (default size: 11 cells at 100 Mbit/s, 12 at
+  1 Gbit/s, allreduce with the slow worker 4x slower the 12th)."""
+  return [Cell(n) for n in names] + [c for r, c in EXTRA_CELLS[size] if r == rate and c.strategy in names]
 
 
 def _python_cli(*args: str) -> list[str]:
   return [sys.executable, "-m", "jaxsync.cli", *args]
 
 
+def _follow(stream, marker: str) -> tuple[list[str], threading.Event, threading.Thread]:
+  """Reads ``stream``'s lines into a list on a thread; the event is set at the first line holding ``marker``."""
+  said, seen = [], threading.Event()
+
+  def read() -> None:
+    for line in stream:
+      said.append(line)
+      if marker in line:
+        seen.set()
+
+  reader = threading.Thread(target=read, daemon=True)
+  reader.start()
+  return said, seen, reader
+
+
+def _stop(p: subprocess.Popen) -> None:
+  """Kills ``p``'s session (each process started here leads one) if it still runs."""
+  if p.poll() is None:
+    try:
+      os.killpg(p.pid, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    p.wait()
+
+
 def calibrate_on_hosts(rate: float, overrides: list[str], out: pathlib.Path) -> dict:
-  """``jaxsync calibrate`` in host 0 of two hosts with cards of ``rate`` Mbit/s, its link to an echo in host 1;
-  returns the written config as plain data."""
-  hosts = netns.Hosts(2, rate_mbit=rate)
+  """``jaxsync calibrate`` in host 0 of three hosts with cards of ``rate`` Mbit/s: its link to an echo in
+  host 1, its collective probe across the three (peers in hosts 1 and 2, process ids 1 and 2, started when
+  calibrate reaches the probe: a peer waits for the coordinator 120 s at most); returns the written config
+  as plain data."""
+  hosts = netns.Hosts(3, rate_mbit=rate)
   env = netns.run_env()
-  echo = None
+  started: list[subprocess.Popen] = []
+  peers: list[subprocess.Popen] = []
+  logs = [out.with_name(f"{out.stem}_peer{i}.log") for i in (1, 2)]
   try:
     hosts.create()
-    echo = subprocess.Popen(
-      hosts.exec(1, *_python_cli("calibrate", "--serve-echo", str(ECHO_PORT), "--bind", hosts.addresses[1])),
-      env=env,
-      stderr=subprocess.DEVNULL,
-      start_new_session=True,
+    started.append(
+      subprocess.Popen(
+        hosts.exec(
+          1, *_python_cli("calibrate", "--serve-echo", str(ECHO_PORT), "--bind", hosts.addresses[1])
+        ),
+        env=env,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+      )
     )
     time.sleep(5.0)  # the echo imports jaxsync and binds
+    coordinator = f"{hosts.addresses[0]}:{COLLECTIVE_PORT}"
     argv = _python_cli("calibrate", str(CONFIG), *[f"--set={o}" for o in overrides], "--processes", "3")
     argv += ["--link-to", f"tcp://{hosts.addresses[1]}:{ECHO_PORT}", "--out", str(out)]
-    done = subprocess.run(hosts.exec(0, *argv), env=env, capture_output=True, text=True, timeout=900)
-    if done.returncode != 0:
-      raise RuntimeError(f"calibrate failed (exit code {done.returncode}):\n{done.stderr[-3000:]}")
+    argv += ["--collective-processes", "3", "--collective-coordinator", coordinator]
+    main = subprocess.Popen(
+      hosts.exec(0, *argv),
+      env=env,
+      stdout=subprocess.DEVNULL,
+      stderr=subprocess.PIPE,
+      text=True,
+      start_new_session=True,
+    )
+    started.append(main)
+    said, probing, reader = _follow(main.stderr, "collectives:")
+    deadline = time.monotonic() + TIMEOUT
+    while main.poll() is None:
+      if probing.is_set() and not peers:
+        for i, log in zip((1, 2), logs):
+          peer = _python_cli("calibrate", "--collective-peer", coordinator, "--collective-processes", "3")
+          with log.open("w") as f:
+            peers.append(
+              subprocess.Popen(
+                hosts.exec(i, *peer, "--process-id", str(i)),
+                env=env,
+                stdout=f,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+              )
+            )
+        started += peers
+      if time.monotonic() > deadline:
+        raise RuntimeError(f"calibrate did not finish within {TIMEOUT} s:\n{''.join(said)[-3000:]}")
+      time.sleep(0.2)
+    reader.join(timeout=10.0)
+    for peer in peers:  # they leave after the probe's last barrier
+      try:
+        peer.wait(timeout=60.0)
+      except subprocess.TimeoutExpired:
+        _stop(peer)
+    if main.returncode != 0:
+      told = "".join(
+        f"\n--- collective peer {i}:\n{log.read_text()[-1500:]}"
+        for i, log in zip((1, 2), logs)
+        if log.is_file()
+      )
+      raise RuntimeError(f"calibrate failed (exit code {main.returncode}):\n{''.join(said)[-3000:]}{told}")
   finally:
-    if echo is not None and echo.poll() is None:
-      echo.kill()
-      echo.wait()
+    for p in started:
+      _stop(p)
     left = hosts.destroy()
   if left:
     raise RuntimeError(f"namespaces left behind: {left}")
@@ -126,19 +253,13 @@ def real_run(config: pathlib.Path, strategy_set: list[str], rate: float, out: pa
   compute = []
   for i in range(processes):
     text = (logs / f"p{i}.log").read_text()
-    compute += [float(x) for x in _re_compute(text)]
+    compute += [float(x) for x in re.findall(r"([\d.]+) ms of compute per step \(slowdown 1\)", text)]
   return {
     "measures": calibrate.real_measures(out, cfg),
     "processes": processes,
     "wall": wall,
     "worker_compute_ms": compute,
   }
-
-
-def _re_compute(text: str) -> list[str]:
-  import re
-
-  return re.findall(r"([\d.]+) ms of compute per step \(slowdown 1\)", text)
 
 
 def _summary(m: agreement.RunMeasures) -> dict:
@@ -155,23 +276,41 @@ def _summary(m: agreement.RunMeasures) -> dict:
 
 
 class Store:
-  """``sim_vs_real_runs.jsonl``: a line per calibration (``kind: calibration``) and per run pair (``kind: pair``)."""
+  """``sim_vs_real_runs.jsonl``: a line per calibration (``kind: calibration``), per real run (``kind: real``)
+  and per comparison of a cell's real runs with its simulated runs (``kind: pair``). Only rows of
+  ``PROTOCOL`` count; older ones stay in the file, unread."""
 
   def __init__(self, path: pathlib.Path):
     self.path = path
     self.rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
 
+  def all(self, kind: str, **keys) -> list[dict]:
+    return [
+      row
+      for row in self.rows
+      if row.get("protocol") == PROTOCOL
+      and row["kind"] == kind
+      and all(row.get(k) == v for k, v in keys.items())
+    ]
+
   def find(self, kind: str, **keys) -> dict | None:
-    for row in self.rows:
-      if row["kind"] == kind and all(row.get(k) == v for k, v in keys.items()):
-        return row
-    return None
+    found = self.all(kind, **keys)
+    return found[0] if found else None
 
   def add(self, row: dict) -> None:
+    row = {"kind": row["kind"], "protocol": PROTOCOL, **row}
     self.rows.append(row)
     self.path.parent.mkdir(parents=True, exist_ok=True)
     with self.path.open("a") as f:
       f.write(json.dumps(row) + "\n")
+
+
+def _real_rows(store: Store, rate: float, cell: Cell, size: str) -> dict[int, dict]:
+  """A cell's stored real runs by repeat (the first of each)."""
+  found: dict[int, dict] = {}
+  for row in store.all("real", rate_mbit=rate, cell=cell.name, size=size):
+    found.setdefault(row["repeat"], row)
+  return found
 
 
 def _pct(x: float | None) -> str:
@@ -182,7 +321,127 @@ def _num(x: float | None, digits: int = 2) -> str:
   return "-" if x is None else f"{x:.{digits}f}"
 
 
+def _spread(median: float | None, span: list[float] | None, digits: int = 2) -> str:
+  """``median (least-greatest)``; a range of one value is left out."""
+  if median is None:
+    return "-"
+  if not span or span[0] == span[1]:
+    return _num(median, digits)
+  return f"{_num(median, digits)} ({_num(span[0], digits)}-{_num(span[1], digits)})"
+
+
+HEADER = [
+  "cell",
+  "real runs",
+  "gradients/s real median (range)",
+  "gradients/s sim median (range)",
+  "error",
+  "updates/s real / sim",
+  "mean staleness real / sim",
+  "staleness TV",
+  "s to {target} real median (range)",
+  "s to {target} sim median (range)",
+  "error",
+  "errors without the evaluations' cost (gradients/s, time)",
+  "accuracy at equal time real / sim",
+  "real start-up s",
+  "real fast workers' compute ms/step",
+  "real run wall s",
+]
+
+
+def _row(cell: Cell, pair: dict) -> list[str]:
+  c, plain = pair["comparison"], pair["without_evaluation_cost"]
+  g, u, t, s = c["gradients_per_second"], c["updates_per_second"], c["time_to_target"], c["staleness"]
+  runs = f"{c['runs']}" + (
+    "" if t["real_reached"] == f"{c['runs']} of {c['runs']}" else f" ({t['real_reached']} reached)"
+  )
+  compute = pair.get("worker_compute_ms") or []
+  return [
+    cell.name,
+    runs,
+    _spread(g["real"], g["real_range"], 0),
+    _spread(g["simulated"], g["simulated_range"], 0),
+    _pct(g["error"]),
+    f"{_num(u['real'], 0)} / {_num(u['simulated'], 0)}",
+    f"{_num(s['real'])} / {_num(s['simulated'])}",
+    _num(s["total_variation"]),
+    _spread(t["real"], t["real_range"]),
+    _spread(t["simulated"], t["simulated_range"]),
+    _pct(t["error"]),
+    f"{_pct(plain['gradients_per_second']['error'])}, {_pct(plain['time_to_target']['error'])}",
+    f"{_num(c['accuracy_at_equal_time']['real'], 3)} / {_num(c['accuracy_at_equal_time']['simulated'], 3)}",
+    _spread(c["start"], c["start_range"], 1),
+    _num(float(np.mean(compute)), 2) if compute else "-",
+    f"{statistics.median(pair['real_wall']):.0f}",
+  ]
+
+
+def kendall_with_ties(
+  real: dict[str, float], real_range: dict[str, list[float]], simulated: dict[str, float]
+) -> tuple[float | None, int, int, int]:
+  """Kendall's tau of the simulated order against the real one, ties allowed: a pair whose real ranges
+  (least-greatest of the real runs) overlap is tied, neither concordant nor discordant; an equal simulated
+  time of an untied pair is discordant. Returns (tau = (C - D) / (C + D), None without an untied pair;
+  C; D; the tied pairs)."""
+  names = list(real)
+  concordant = discordant = tied = 0
+  for i, a in enumerate(names):
+    for b in names[i + 1 :]:
+      ra, rb = real_range[a], real_range[b]
+      if ra[0] <= rb[1] and rb[0] <= ra[1]:
+        tied += 1
+      elif (real[a] - real[b]) * (simulated[a] - simulated[b]) > 0:
+        concordant += 1
+      else:
+        discordant += 1
+  untied = concordant + discordant
+  return ((concordant - discordant) / untied if untied else None), concordant, discordant, tied
+
+
+def _why(rate: float, name: str, c: dict) -> str:
+  """Why a cell's time to target is outside 25%, from its measures: the clock's share (gradients/s) against
+  the accuracy curve's (gradients to the target), and the real runs' own spread."""
+  t, g = c["time_to_target"], c["gradients_per_second"]
+  head = f"- {name} at {rate:g} Mbit/s"
+  if t["error"] is None:
+    return (
+      f"{head}: no error to give: the real runs held {t['target']:g} in {t['real_reached']}, the simulated runs "
+      f"in {t['reached']} (a median needs more than half)."
+    )
+  said = f"{head} ({_pct(t['error'])}): "
+  if g["error"] is None or g["error"] <= -1:
+    said += f"gradients/s not comparable ({_num(g['real'], 0)} real, {_num(g['simulated'], 0)} simulated)"
+  else:
+    clock = 1 / (1 + g["error"]) - 1  # the time error a clock off by g alone makes
+    curve = (1 + t["error"]) * (1 + g["error"]) - 1  # gradients to the target (time x rate), sim against real
+    if abs(g["error"]) <= 0.10:
+      said += (
+        f"the throughput matched (gradients/s {_pct(g['error'])}) but the time to target did not: its accuracy "
+        f"curve, not its clock (the simulated runs reach the target after {_pct(curve)} of the real runs' "
+        "gradients)"
+      )
+    else:
+      said += (
+        f"the clock was off by {_pct(g['error'])} (gradients/s), which alone makes {_pct(clock)} of time to "
+        f"target; the gradients to the target (time x gradients/s) differ by {_pct(curve)}: mostly "
+        + ("its clock" if abs(clock) >= abs(curve) else "its accuracy curve")
+      )
+  rr, sr = t.get("real_range"), t.get("range")
+  if rr and t["real"]:
+    said += (
+      f". The real runs took {_num(rr[0])}-{_num(rr[1])} s (a spread of {100 * (rr[1] - rr[0]) / t['real']:.0f}% "
+      "of their median)"
+    )
+  if sr:
+    said += f", the simulated seeds {_num(sr[0])}-{_num(sr[1])} s"
+    if rr and sr[0] <= rr[1] and rr[0] <= sr[1]:
+      said += " (the ranges overlap)"
+  return said + "."
+
+
 def report(store: Store, size: str, rates: list[float], names: list[str], command: str) -> str:
+  runs, seeds = REAL_RUNS[size], SIM_SEEDS[size]
   lines = [
     "# The simulator against real processes: calibrated simulated runs and the real runs of the same config",
     "",
@@ -190,12 +449,14 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
     " machine idle during the real runs; `--report-only` rewrites this file from the store)",
     f"- Machine: {harness.machine()}",
     f"- Config: `configs/sim_vs_real.yaml` ({size} size{'; ' + ', '.join(OVERRIDES[size]) if OVERRIDES[size] else ''})",
-    "- One real run per cell, against the median of simulated runs over seeds (range in brackets); clocks from",
-    "  the moment every worker runs; time to target: the first evaluation after which accuracy stays at or above",
-    "  the target; rates over each run's second half of events.",
+    f"- {runs} real run{'s' if runs > 1 else ''} per cell (seed{'s' if runs > 1 else ''} 0"
+    f"{f'-{runs - 1}' if runs > 1 else ''}){', their median (least-greatest in brackets),' if runs > 1 else ''} against the median",
+    f"  (range) of {seeds} simulated runs (seeds 0-{seeds - 1}); an error is the simulated median's, relative to the",
+    "  real median. Clocks from the moment every worker runs; time to target: the first evaluation after which",
+    "  accuracy stays at or above the target; rates over each run's second half of events.",
     "",
   ]
-  errors, rankings = [], {}
+  errors, shown, rankings, overheads = [], [], {}, {}
   for rate in rates:
     cal = store.find("calibration", rate_mbit=rate, size=size)
     if cal is None:
@@ -203,6 +464,7 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       continue
     cluster = cal["config"]["cluster"]
     link = cluster["link"]
+    overheads[rate] = cluster.get("collective_overhead", 0.0)
     lines += [
       f"## Cards of {rate:g} Mbit/s",
       "",
@@ -214,84 +476,52 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
         if cluster.get("server_bandwidth")
         else ""
       )
+      + f", collective overhead {1e3 * overheads[rate]:.2f} ms per all-reduce (3 hosts)"
       + f", {1e3 * cluster.get('eval_time', 0.0):.1f} ms per evaluation.",
       "",
     ]
-    rows, real_times, sim_times = [], {}, {}
-    for name in names:
-      pair = store.find("pair", rate_mbit=rate, strategy=name, size=size)
+    header = [h.format(target=f"{cal['config']['run']['target_accuracy']:g}") for h in HEADER]
+    rows, real, real_range, sim, rounds = [], {}, {}, {}, []
+    for cell in cells(size, rate, names):
+      pair = store.find("pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=runs)
       if pair is None:
-        rows.append([name] + ["missing"] + ["-"] * 11)
+        have = len(_real_rows(store, rate, cell, size))
+        rows.append([cell.name, f"{have} of {runs}", "missing"] + ["-"] * (len(header) - 3))
         continue
+      shown.append((rate, cell, pair))
+      rows.append(_row(cell, pair))
       c = pair["comparison"]
-      t = c["time_to_target"]
-      plain = pair["without_evaluation_cost"]
+      t, u = c["time_to_target"], c["updates_per_second"]
       if t["error"] is not None:
-        errors.append((rate, name, t["error"]))
-      real_times[name], sim_times[name] = t["real"], t["simulated"]
-      compute = pair.get("worker_compute_ms") or []
-      rows.append(
-        [
-          name,
-          f"{_num(c['gradients_per_second']['real'], 0)} / {_num(c['gradients_per_second']['simulated'], 0)}",
-          _pct(c["gradients_per_second"]["error"]),
-          f"{_num(c['updates_per_second']['real'], 0)} / {_num(c['updates_per_second']['simulated'], 0)}",
-          f"{_num(c['staleness']['real'])} / {_num(c['staleness']['simulated'])}",
-          _num(c["staleness"]["total_variation"]),
-          f"{_num(t['real'])} / {_num(t['simulated'])}"
-          + (f" ({_num(t['range'][0])}-{_num(t['range'][1])})" if t.get("range") else ""),
-          _pct(t["error"]),
-          f"{_pct(plain['gradients_per_second']['error'])}, {_pct(plain['time_to_target']['error'])}",
-          f"{_num(c['accuracy_at_equal_time']['real'], 3)} / {_num(c['accuracy_at_equal_time']['simulated'], 3)}",
-          _num(c["start"], 1),
-          _num(float(np.mean(compute)), 2) if compute else "-",
-          f"{pair['real_wall']:.0f}",
-        ]
-      )
-    lines.append(
-      harness.table(
-        [
-          "strategy",
-          "gradients/s real / sim",
-          "error",
-          "updates/s real / sim",
-          "mean staleness real / sim",
-          "staleness TV",
-          f"s to {cal['config']['run']['target_accuracy']:g} real / sim median (range)",
-          "error",
-          "errors without the evaluations' cost (gradients/s, time)",
-          "accuracy at equal time real / sim",
-          "real start-up s",
-          "real fast workers' compute ms/step",
-          "real run wall s",
-        ],
-        rows,
-      )
-    )
-    rounds = []
-    for name in names:
-      pair = store.find("pair", rate_mbit=rate, strategy=name, size=size)
-      real_row = store.find("real", rate_mbit=rate, strategy=name, size=size)
-      if pair is None or real_row is None or real_row["real"]["staleness_counts"]:
-        continue  # an asynchronous run (its arrivals have staleness), or missing
-      u = pair["comparison"]["updates_per_second"]
-      real_ms, sim_ms = 1e3 / u["real"], 1e3 / u["simulated"]
-      rounds.append(f"{name} {real_ms:.0f} ms real, {sim_ms:.0f} ms simulated ({real_ms - sim_ms:+.0f} ms)")
+        errors.append((rate, cell.name, t["error"]))
+      if cell.variant is None and t["real"] is not None and t["simulated"] is not None:
+        real[cell.name], real_range[cell.name], sim[cell.name] = t["real"], t["real_range"], t["simulated"]
+      if c["staleness"]["real"] is None and u["real"] and u["simulated"]:  # a synchronous run: no arrivals
+        real_ms, sim_ms = 1e3 / u["real"], 1e3 / u["simulated"]
+        rounds.append(
+          f"{cell.name} {real_ms:.0f} ms real, {sim_ms:.0f} ms simulated ({real_ms - sim_ms:+.0f} ms)"
+        )
+    lines.append(harness.table(header, rows))
     if rounds:
-      lines += ["", "A synchronous round: " + "; ".join(rounds) + "."]
-    ranked = [n for n in names if real_times.get(n) is not None and sim_times.get(n) is not None]
-    if ranked:
-      by_real = sorted(ranked, key=lambda n: real_times[n])
-      by_sim = sorted(ranked, key=lambda n: sim_times[n])
-      rankings[rate] = (by_real, by_sim)
+      lines += ["", "A synchronous round (medians): " + "; ".join(rounds) + "."]
+    if len(real) > 1:
+      by_real = sorted(real, key=lambda n: real[n])
+      by_sim = sorted(real, key=lambda n: sim[n])
+      tau, concordant, discordant, tied = kendall_with_ties(real, real_range, sim)
+      rankings[rate] = (tau, tied, len(real) * (len(real) - 1) // 2)
       lines += [
         "",
-        f"Ranking by time to target, real: {' < '.join(by_real)}",
-        f"Ranking by time to target, simulated: {' < '.join(by_sim)}"
-        + (" (the same)" if by_real == by_sim else f" (Kendall tau {_kendall(by_real, by_sim):.2f})"),
+        f"Ranking by time to target, real (median): {' < '.join(by_real)}",
+        f"Ranking by time to target, simulated (median): {' < '.join(by_sim)}"
+        + (" (the same)" if by_real == by_sim else ""),
+        "Kendall tau, ties allowed (the config's strategies; a pair whose real runs' times overlap is tied, an equal "
+        "simulated time of an untied pair discordant): "
+        + ("-" if tau is None else f"{tau:.2f}")
+        + f" over {concordant + discordant} untied pairs ({concordant} concordant, {discordant} discordant); "
+        f"{tied} of {rankings[rate][2]} pairs tied.",
       ]
     lines.append("")
-  pairs = [p for p in store.rows if p["kind"] == "pair" and p["size"] == size and p["strategy"] in names]
+  pairs = [p for _, _, p in shown]
   if pairs:
     with_cost = [abs(p["comparison"]["gradients_per_second"]["error"]) for p in pairs]
     without = [abs(p["without_evaluation_cost"]["gradients_per_second"]["error"]) for p in pairs]
@@ -304,26 +534,28 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       f"{100 * statistics.median(with_cost):.0f}%; of time to target "
       f"{100 * statistics.median(_time_errors(pairs, 'without_evaluation_cost')):.0f}% without, "
       f"{100 * statistics.median(_time_errors(pairs, 'comparison')):.0f}% with.",
-      "- Synchronous rounds (the durations above): the multi-controller loop pays per round what the ring "
-      "all-reduce formula has no term for (the clock's broadcast, a collective; the round's record read back to "
-      "the host; gloo's own algorithm across hosts).",
+      "- Synchronous rounds (the durations above): a round of the multi-controller loop is one collective per "
+      "bucket (the loop no longer broadcasts a clock nor reads a record back each round); what an all-reduce "
+      "takes beyond the ring formula (gloo's own steps across hosts, dispatch), the calibration measures and the "
+      "clock charges: `cluster.collective_overhead`, "
+      + ", ".join(f"{1e3 * x:.2f} ms at {r:g} Mbit/s" for r, x in overheads.items())
+      + ".",
     ]
-    for p in pairs:
-      t, g = p["comparison"]["time_to_target"], p["comparison"]["gradients_per_second"]
-      if t["error"] is not None and abs(t["error"]) > 0.25 and abs(g["error"]) < 0.10:
-        lines.append(
-          f"- {p['strategy']} at {p['rate_mbit']:g} Mbit/s: the throughput matched ({_pct(g['error'])}) but the time "
-          f"to target did not ({_pct(t['error'])}; the simulated seeds ranged {_num(t['range'][0])}-"
-          f"{_num(t['range'][1])} s, the real run took {_num(t['real'])} s): its accuracy curve, not its clock."
-        )
     lines += [
-      "- Not modelled, reported apart: the real run's start-up (processes starting, compiling), left out of both "
+      _why(rate, cell.name, p["comparison"])
+      for rate, cell, p in shown
+      if p["comparison"]["time_to_target"]["error"] is None
+      or abs(p["comparison"]["time_to_target"]["error"]) > 0.25
+    ]
+    lines += [
+      "- Not modelled, reported apart: the real runs' start-up (processes starting, compiling), left out of both "
       "clocks.",
       "",
     ]
   if errors:
     absolute = [abs(e) for _, _, e in errors]
     worst = max(errors, key=lambda x: abs(x[2]))
+    without_error = len(shown) - len(errors)
     lines += [
       "## Against the targets",
       "",
@@ -331,8 +563,24 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       f"{100 * statistics.median(absolute):.0f}% (target <= 10%: "
       f"{'met' if statistics.median(absolute) <= 0.10 else 'missed'}).",
       f"- Within 25%: {sum(a <= 0.25 for a in absolute)} of {len(errors)} (the worst: {worst[1]} at "
-      f"{worst[0]:g} Mbit/s, {_pct(worst[2])}).",
-      f"- Same ranking: {', '.join(f'{r:g} Mbit/s: ' + ('yes' if a == b else 'no') for r, (a, b) in rankings.items())}.",
+      f"{worst[0]:g} Mbit/s, {_pct(worst[2])})"
+      + (
+        f"; {without_error} more cell{' has' if without_error == 1 else 's have'} no error (the target not held "
+        "by most runs of a side; see above)."
+        if without_error
+        else "."
+      ),
+      "- Same ranking (Kendall tau with ties within the real runs' range, target >= 0.9): "
+      + ", ".join(
+        f"{r:g} Mbit/s: "
+        + (
+          f"{tau:.2f}, {tied} of {n} pairs tied ({'met' if tau >= 0.9 else 'missed'})"
+          if tau is not None
+          else f"no untied pair ({tied} of {n} tied)"
+        )
+        for r, (tau, tied, n) in rankings.items()
+      )
+      + ".",
       "",
     ]
   return "\n".join(lines) + "\n"
@@ -342,15 +590,6 @@ def _time_errors(pairs: list[dict], key: str) -> list[float]:
   """|error| of time to target of each pair's ``key`` comparison that has one."""
   errors = [p[key]["time_to_target"]["error"] for p in pairs]
   return [abs(e) for e in errors if e is not None] or [float("nan")]
-
-
-def _kendall(a: list[str], b: list[str]) -> float:
-  pos = {n: i for i, n in enumerate(b)}
-  n, concordant = len(a), 0
-  for i in range(n):
-    for j in range(i + 1, n):
-      concordant += 1 if pos[a[i]] < pos[a[j]] else -1
-  return concordant / (n * (n - 1) / 2) if n > 1 else 1.0
 
 
 def _calibrated(store: Store, runs: pathlib.Path, rate: float, size: str) -> pathlib.Path:
@@ -388,11 +627,105 @@ def _measures(summary: dict) -> agreement.RunMeasures:
   )
 
 
+def _slug(name: str) -> str:
+  return re.sub(r"[^A-Za-z0-9_]+", "_", name).strip("_")
+
+
+def run_real(store: Store, runs: pathlib.Path, size: str, rates: list[float], names: list[str]) -> None:
+  """Calibrations and the real runs the store lacks: per network, each repeat of every cell in turn (a
+  partial store holds a run of each cell before a second of any)."""
+  for rate in rates:
+    calibrated = _calibrated(store, runs, rate, size)
+    cfg = config_lib.load(calibrated)
+    for repeat in range(REAL_RUNS[size]):
+      for cell in cells(size, rate, names):
+        if repeat in _real_rows(store, rate, cell, size):
+          continue
+        out = runs / f"{rate:g}mbit" / _slug(cell.name) / f"run{repeat}"
+        chosen = [*strategy_overrides(cfg, cell.strategy), *cell.overrides, f"seed={repeat}"]
+        what = f"[{NAME}] {rate:g} Mbit/s, {cell.name}, real run {repeat + 1} of {REAL_RUNS[size]}"
+        print(what, file=sys.stderr, flush=True)
+        try:
+          real = real_run(calibrated, chosen, rate, out)
+        except (RuntimeError, TimeoutError) as err:  # reported, and the next runs; a rerun retries it
+          print(f"{what} failed: {err}", file=sys.stderr, flush=True)
+          continue
+        store.add(
+          {
+            "kind": "real",
+            "rate_mbit": rate,
+            "cell": cell.name,
+            "strategy": cell.strategy,
+            "variant": cell.variant,
+            "repeat": repeat,
+            "size": size,
+            "code": harness.code_version(),
+            "overrides": chosen,
+            "real": _summary(real["measures"]),
+            "real_wall": real["wall"],
+            "worker_compute_ms": real["worker_compute_ms"],
+          }
+        )
+        shutil.rmtree(out, ignore_errors=True)  # the store holds what the report needs
+
+
+def run_simulated(store: Store, runs: pathlib.Path, size: str, rates: list[float], names: list[str]) -> None:
+  """The simulated runs of each cell whose real runs are all stored, and their comparison."""
+  n = REAL_RUNS[size]
+  for rate in rates:
+    if store.find("calibration", rate_mbit=rate, size=size) is None:
+      continue
+    calibrated = _calibrated(store, runs, rate, size)
+    cfg = config_lib.load(calibrated)
+    target = cfg.run.target_accuracy
+    for cell in cells(size, rate, names):
+      reals = _real_rows(store, rate, cell, size)
+      if any(i not in reals for i in range(n)):
+        continue
+      if store.find("pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=n) is not None:
+        continue
+      print(f"[{NAME}] {rate:g} Mbit/s, {cell.name}: simulated runs", file=sys.stderr, flush=True)
+      chosen = [*strategy_overrides(cfg, cell.strategy), *cell.overrides]
+      sims = calibrate.simulated_measures(config_lib.load(calibrated, chosen), SIM_SEEDS[size])
+      # The same calibration without the evaluations' cost: what the time model did before it had one.
+      plain = calibrate.simulated_measures(
+        config_lib.load(calibrated, [*chosen, "cluster.eval_time=0"]), PLAIN_SEEDS[size]
+      )
+      measured = [_measures(reals[i]["real"]) for i in range(n)]
+      comparison = agreement.compare_runs(measured, sims, target=target)
+      store.add(
+        {
+          "kind": "pair",
+          "rate_mbit": rate,
+          "cell": cell.name,
+          "strategy": cell.strategy,
+          "variant": cell.variant,
+          "size": size,
+          "real_runs": n,
+          "code": harness.code_version(),
+          "simulated": [_summary(m) for m in sims],
+          "comparison": comparison,
+          "without_evaluation_cost": agreement.compare_runs(measured, plain, target=target),
+          "real_wall": [reals[i]["real_wall"] for i in range(n)],
+          "worker_compute_ms": [x for i in range(n) for x in reals[i]["worker_compute_ms"]],
+        }
+      )
+      t = comparison["time_to_target"]
+      print(
+        f"[{NAME}] {rate:g} Mbit/s, {cell.name}: time to target real {t['real']} (median of {n}), simulated "
+        f"{t['simulated']} ({_pct(t['error'])})",
+        file=sys.stderr,
+        flush=True,
+      )
+
+
 def main(argv: list[str]) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--size", choices=("tiny", "default"), default="default")
   parser.add_argument("--rates", help="comma-separated Mbit/s (default: the size's)")
-  parser.add_argument("--strategies", help="comma-separated (default: the size's)")
+  parser.add_argument(
+    "--strategies", help="comma-separated (default: the size's; an extra cell comes with its strategy)"
+  )
   parser.add_argument("--results-dir", type=pathlib.Path, default=None)
   parser.add_argument("--runs-dir", type=pathlib.Path, default=None)
   parser.add_argument("--report-only", action="store_true", help="rewrite the results file from the store")
@@ -417,73 +750,9 @@ def main(argv: list[str]) -> int:
     "" if args.size == "default" else f" --size {args.size}"
   )
   if not args.report_only and args.phase in ("real", "both"):
-    for rate in rates:
-      calibrated = _calibrated(store, runs, rate, args.size)
-      cfg = config_lib.load(calibrated)
-      for name in names:
-        if store.find("real", rate_mbit=rate, strategy=name, size=args.size) is not None:
-          continue
-        out = runs / f"{rate:g}mbit" / name
-        print(f"[{NAME}] {rate:g} Mbit/s, {name}: real run", file=sys.stderr, flush=True)
-        try:
-          real = real_run(calibrated, strategy_overrides(cfg, name), rate, out)
-        except (RuntimeError, TimeoutError) as err:  # reported, and the next pair runs; a rerun retries it
-          print(f"[{NAME}] {rate:g} Mbit/s, {name}: the real run failed: {err}", file=sys.stderr, flush=True)
-          continue
-        store.add(
-          {
-            "kind": "real",
-            "rate_mbit": rate,
-            "strategy": name,
-            "size": args.size,
-            "code": harness.code_version(),
-            "real": _summary(real["measures"]),
-            "real_wall": real["wall"],
-            "worker_compute_ms": real["worker_compute_ms"],
-          }
-        )
-        shutil.rmtree(out, ignore_errors=True)  # the store holds what the report needs
+    run_real(store, runs, args.size, rates, names)
   if not args.report_only and args.phase in ("simulated", "both"):
-    for rate in rates:
-      if store.find("calibration", rate_mbit=rate, size=args.size) is None:
-        continue
-      calibrated = _calibrated(store, runs, rate, args.size)
-      cfg = config_lib.load(calibrated)
-      for name in names:
-        real = store.find("real", rate_mbit=rate, strategy=name, size=args.size)
-        if real is None or store.find("pair", rate_mbit=rate, strategy=name, size=args.size) is not None:
-          continue
-        print(f"[{NAME}] {rate:g} Mbit/s, {name}: simulated runs", file=sys.stderr, flush=True)
-        chosen = strategy_overrides(cfg, name)
-        sims = calibrate.simulated_measures(config_lib.load(calibrated, chosen), SIM_SEEDS[args.size])
-        # The same calibration without the evaluations' cost: what the time model did before it had one.
-        plain = calibrate.simulated_measures(
-          config_lib.load(calibrated, [*chosen, "cluster.eval_time=0"]), PLAIN_SEEDS[args.size]
-        )
-        measured = _measures(real["real"])
-        target = cfg.run.target_accuracy
-        comparison = agreement.compare(measured, sims, target=target)
-        store.add(
-          {
-            "kind": "pair",
-            "rate_mbit": rate,
-            "strategy": name,
-            "size": args.size,
-            "code": harness.code_version(),
-            "simulated": [_summary(m) for m in sims],
-            "comparison": comparison,
-            "without_evaluation_cost": agreement.compare(measured, plain, target=target),
-            "real_wall": real["real_wall"],
-            "worker_compute_ms": real["worker_compute_ms"],
-          }
-        )
-        t = comparison["time_to_target"]
-        print(
-          f"[{NAME}] {rate:g} Mbit/s, {name}: time to target real {t['real']}, simulated {t['simulated']} "
-          f"({_pct(t['error'])})",
-          file=sys.stderr,
-          flush=True,
-        )
+    run_simulated(store, runs, args.size, rates, names)
   text = report(store, args.size, rates, names, command)
   results.mkdir(parents=True, exist_ok=True)
   (results / f"{NAME}.md").write_text(text)

@@ -80,6 +80,17 @@ def _run(capsys, *argv):
     (["calibrate", QUICKSTART, "--steps", "3"], ["--steps=3", "integer >= 10"]),
     (["calibrate", QUICKSTART, "--out", QUICKSTART], ["is the config itself"]),
     (["calibrate", QUICKSTART, "--set", "cluster.link=5gbps"], ["cluster.link='5gbps'"]),
+    (["calibrate", QUICKSTART, "--collective-processes", "1"], ["--collective-processes=1", "integer >= 2"]),
+    (["calibrate", QUICKSTART, "--collective-coordinator", "h:1"], ["needs --collective-processes N"]),
+    (["calibrate", "--collective-peer", "h:1", "--collective-processes", "3"], ["--process-id=None"]),
+    (
+      ["calibrate", "--collective-peer", "h:1", "--collective-processes", "3", "--process-id", "0"],
+      ["--process-id between 1 and N - 1"],
+    ),
+    (
+      ["calibrate", QUICKSTART, "--set", "cluster.collective_overhead=-1"],
+      ["cluster.collective_overhead=-1"],
+    ),
   ],
 )
 def test_calibrate_refuses_bad_command_lines_in_one_line(capsys, argv, words):
@@ -87,3 +98,22 @@ def test_calibrate_refuses_bad_command_lines_in_one_line(capsys, argv, words):
   assert code == 2 and err.startswith("jaxsync: error: ") and err.count("\n") == 1, err
   for word in words:
     assert word in err
+
+
+@pytest.mark.heavy
+def test_the_collective_probe_times_all_reduces_across_processes_and_a_run_charges_its_overhead():
+  from jaxsync._src.calibration import calibration, fit
+
+  times = calibrate.collective_probe(40_000, 2, rounds=5)
+  assert sorted(times) == [4096, 10_000, 40_000, 160_000]
+  assert all(t.shape == (5,) and (t > 0).all() and (t < 5.0).all() for t in times.values())
+  # The fit against a link: each size's excess over the ring formula, the overhead their median.
+  link = calibration.measure_link(40_000, rounds=5)[0]
+  medians = {n: float(np.median(t)) for n, t in times.items()}
+  overhead, excess = fit.collective_overhead(medians, 2, link)
+  assert overhead == pytest.approx(max(float(np.median(list(excess.values()))), 0.0))
+  # What calibrate writes, the time model charges: an all-reduce round ends later by it.
+  raw = config_lib.apply_overrides(config_lib.load_yaml(QUICKSTART.read_text()), [])
+  raw["cluster"] = {**raw["cluster"], "collective_overhead": 0.25}
+  exp = experiment.build(config_lib.from_dict(raw))
+  assert exp.time_model.collective_overhead == 0.25

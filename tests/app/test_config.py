@@ -125,7 +125,9 @@ CONFIGS = pathlib.Path(__file__).parents[2] / "configs"
 
 
 # configs/plan/ holds plans (jaxsync plan), tested in tests/plan.
-@pytest.mark.parametrize("path", sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "plan"), ids=str)
+@pytest.mark.parametrize(
+  "path", sorted(p for p in CONFIGS.rglob("*.yaml") if p.parent.name != "plan"), ids=str
+)
 def test_every_shipped_config_loads_and_builds(path):
   from jaxsync._src.app import experiment
 

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from jaxsync._src.calibration import fit
+from jaxsync._src.sim.time_model import Link
 
 
 def test_gamma_shape_recovers_the_shape_of_gamma_step_times():
@@ -52,3 +53,22 @@ def test_server_costs_that_do_not_grow_with_size_are_all_a_fixed_cost():
 def test_server_costs_need_two_sizes():
   with pytest.raises(ValueError, match="per_arrival=.*two or more sizes"):
     fit.server_costs({600_000: 1e-3}, arrays=3)
+
+
+def test_collective_overhead_is_the_median_excess_over_the_ring_formula():
+  link = Link(latency=1e-4, bandwidth=1e8)
+  ring = lambda n: 2 * 2 * (1e-4 + n / 3 / 1e8)  # noqa: E731 - three processes
+  measured = {4096: ring(4096) + 0.002, 600_000: ring(600_000) + 0.003, 2_400_000: ring(2_400_000) + 0.010}
+  overhead, excess = fit.collective_overhead(measured, 3, link)
+  assert overhead == pytest.approx(0.003)
+  assert excess[2_400_000] == pytest.approx(0.010)
+  # A formula that overestimates charges nothing more.
+  assert fit.collective_overhead({4096: 0.5 * ring(4096)}, 3, link)[0] == 0.0
+
+
+@pytest.mark.parametrize(
+  ("sizes", "processes", "match"), [({}, 3, "per_size"), ({4096: 0.01}, 1, "processes=1")]
+)
+def test_collective_overhead_needs_sizes_and_two_processes(sizes, processes, match):
+  with pytest.raises(ValueError, match=match):
+    fit.collective_overhead(sizes, processes, Link(latency=0.0, bandwidth=1e9))

@@ -178,7 +178,9 @@ def test_jaxsync_plan_prints_the_table_and_writes_the_plot(tmp_path, capsys):
   assert main(["plan", str(EXAMPLE), "--out", str(out), "--set", "stragglers.jitter_shape=null"]) == 0
   printed = capsys.readouterr().out
   assert "| data-parallel | layers |" in printed and "predicts no accuracy or loss" in printed
-  assert "Fastest on this link: Streaming DiLoCo + overlap, int4 (" in printed  # int4 Streaming DiLoCo, at 1 Gbit/s
+  assert (
+    "Fastest on this link: Streaming DiLoCo + overlap, int4 (" in printed
+  )  # int4 Streaming DiLoCo, at 1 Gbit/s
   assert (out / "utilization.png").stat().st_size > 10_000
   saved = json.loads((out / "plan.json").read_text())
   assert [s["name"] for s in saved["strategies"]][:2] == ["data-parallel", "DiLoCo H=100"]

@@ -89,6 +89,31 @@ def test_sync_round_time_is_the_slowest_worker_plus_the_exchange_formula(name, o
     np.testing.assert_allclose(cost(time, k), 2 * 7 * (50e-6 + 10e6 / 8 / 125e6), rtol=1e-9)
 
 
+@pytest.mark.parametrize(
+  ("name", "options", "collectives"),
+  [
+    ("allreduce", {}, 1),
+    ("hierarchical_allreduce", {"group_size": 2}, 2),
+    ("local_sgd", {"period": 3}, 1),
+    ("bsp", {}, 0),
+  ],
+)
+def test_each_all_reduce_of_a_round_costs_the_measured_collective_overhead(name, options, collectives):
+  base = jaxsync.sim.TimeModel(num_workers=4, jitter_shape=None, link="1gbps", message_bytes=1_000_000)
+  slower = jaxsync.sim.TimeModel(
+    num_workers=4, jitter_shape=None, link="1gbps", message_bytes=1_000_000, collective_overhead=0.004
+  )
+  _, plain, _ = simulate(name, 4, events=4, options=options, time=base)
+  _, charged, _ = simulate(name, 4, events=4, options=options, time=slower)
+  # Rounds end 4 ms later per all-reduce (two levels: two); a parameter server's round pays none.
+  np.testing.assert_allclose(np.diff(charged.time) - np.diff(plain.time), 0.004 * collectives, atol=1e-6)
+
+
+def test_a_negative_collective_overhead_is_refused_with_its_value():
+  with pytest.raises(ValueError, match="collective_overhead=-0.001"):
+    jaxsync.sim.TimeModel(num_workers=2, collective_overhead=-0.001)
+
+
 def test_parameter_server_interface_is_the_asp_bottleneck():
   k = 16
   fast_net = jaxsync.sim.TimeModel(num_workers=k, link="100gbps", message_bytes=40_000_000)

@@ -50,6 +50,87 @@ def _probe_main(argv: list[str]) -> None:
   print(json.dumps(_step_seconds(exp, steps, start_at).tolist()))
 
 
+_COLLECTIVE = (
+  "import sys; from jaxsync._src.app.calibrate import collective_member; collective_member(sys.argv[1:])"
+)
+_SIZES_KEY = "jaxsync/calibrate/collective_sizes"
+
+
+def collective_member(argv: list[str]) -> None:
+  """One process of the collective probe: ``COORDINATOR PROCESSES INDEX [SIZES_JSON ROUNDS]``.
+
+  Process 0 (given the sizes and rounds) publishes them through the coordination service; the others
+  (``jaxsync calibrate --collective-peer``) read them there, so a peer needs no config. Process 0 prints
+  ``{bytes: [seconds]}`` as JSON.
+  """
+  import jax
+
+  from jaxsync._src.calibration import probes
+  from jaxsync._src.distributed import cluster
+
+  coordinator, processes, index = argv[0], int(argv[1]), int(argv[2])
+  cluster.initialize(coordinator=coordinator, num_processes=processes, process_id=index, log=lambda _: None)
+  client = cluster.coordination_client()
+  if index == 0:
+    client.key_value_set(_SIZES_KEY, json.dumps({"sizes": json.loads(argv[3]), "rounds": int(argv[4])}))
+  plan = json.loads(client.blocking_key_value_get(_SIZES_KEY, 300_000))
+  times = probes.collective_times(plan["sizes"], rounds=plan["rounds"])
+  if index == 0:
+    print(json.dumps({str(n): t.tolist() for n, t in times.items()}), flush=True)
+  client.wait_at_barrier("jaxsync/calibrate/collective_done", 300_000)
+  if index == 0:
+    time.sleep(1.0)  # the others leave first: process 0 hosts the coordination service
+  else:
+    jax.distributed.shutdown()
+
+
+def collective_probe(
+  message_bytes: int, processes: int, *, coordinator: str | None = None, rounds: int = 20
+) -> dict[int, np.ndarray]:
+  """All-reduces of 4 KB, a quarter of the message, the message and 4 messages across ``processes`` processes.
+
+  Without ``coordinator`` every process runs on this machine (a free loopback port); with one, only
+  process 0 runs here, its coordinator bound at ``coordinator`` (``HOST:PORT``), and the others are
+  ``jaxsync calibrate --collective-peer HOST:PORT --collective-processes N --process-id I`` on their hosts.
+  """
+  import socket
+
+  sizes = sorted({4096, max(4, message_bytes // 4), message_bytes, 4 * message_bytes})
+  if coordinator is None:
+    with socket.socket() as s:
+      s.bind(("127.0.0.1", 0))
+      coordinator = f"127.0.0.1:{s.getsockname()[1]}"
+    members = range(processes)
+  else:
+    members = range(1)
+  env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
+  started = [
+    subprocess.Popen(
+      [sys.executable, "-c", _COLLECTIVE, coordinator, str(processes), str(i)]
+      + ([json.dumps(sizes), str(rounds)] if i == 0 else []),
+      stdout=subprocess.PIPE,
+      stderr=subprocess.PIPE,
+      text=True,
+      env=env,
+    )
+    for i in members
+  ]
+  outputs = []
+  try:
+    for p in started:
+      outputs.append(p.communicate(timeout=900))
+  finally:
+    for p in started:
+      if p.poll() is None:
+        p.kill()
+  for p, (_, err) in zip(started, outputs):
+    if p.returncode != 0:
+      raise RuntimeError(
+        f"calibrate: a collective probe process failed (exit code {p.returncode}): {err.strip()[-800:]}"
+      )
+  return {int(n): np.asarray(t) for n, t in json.loads(outputs[0][0].splitlines()[-1]).items()}
+
+
 def calibrate(
   config_path: pathlib.Path,
   overrides: list[str],
@@ -60,10 +141,17 @@ def calibrate(
   check_strategy: str | None = None,
   check_gradients: int = 400,
   workdir: pathlib.Path | None = None,
+  collective_processes: int | None = None,
+  collective_coordinator: str | None = None,
   say=lambda line: None,
 ) -> tuple[calibration.Calibration, dict[str, Any]]:
   """Measures the config's model on this machine; returns the calibration and the whole config with its
   ``cluster:`` section replaced by the measured one (as plain data, validated).
+
+  With ``collective_processes`` ``P``, all-reduces across ``P`` processes
+  (:func:`collective_probe`: on this machine, or with ``collective_coordinator``
+  across hosts) give ``collective_overhead``, what each takes beyond the ring
+  formula on the measured link (:func:`fit.collective_overhead`).
 
   With ``check_strategy``, a short real run of the calibrated config on this
   machine (``check_gradients`` gradients) is compared with its simulated runs
@@ -86,6 +174,20 @@ def calibrate(
     raise config_lib.ConfigError(f"--processes={processes!r} is invalid; expected an integer >= 1.")
   if not isinstance(steps, int) or steps < 10:
     raise config_lib.ConfigError(f"--steps={steps!r} is invalid; expected an integer >= 10.")
+  if collective_processes is not None and (
+    not isinstance(collective_processes, int)
+    or isinstance(collective_processes, bool)
+    or collective_processes < 2
+  ):
+    raise config_lib.ConfigError(
+      f"--collective-processes={collective_processes!r} is invalid; expected an integer >= 2 (an all-reduce "
+      "needs two processes)."
+    )
+  if collective_coordinator is not None and collective_processes is None:
+    raise config_lib.ConfigError(
+      f"--collective-coordinator={collective_coordinator!r} needs --collective-processes N (the processes of "
+      "the probe, this one included)."
+    )
   exp = experiment.build(cfg)
   say(
     f"compute: {steps} steps of {cfg.model.name} on batches of {cfg.data.batch_size}, {processes} process(es)"
@@ -125,6 +227,9 @@ def calibrate(
     link_to=link_to,
     eval_fn=exp.eval_fn,
   )
+  if collective_processes is not None:
+    say(f"collectives: all-reduces across {collective_processes} processes")
+    cal = with_collective_overhead(cal, exp.model.params, collective_processes, collective_coordinator)
   raw = config_lib.apply_overrides(
     config_lib.load_yaml(pathlib.Path(config_path).read_text()) or {}, overrides
   )
@@ -143,6 +248,33 @@ def calibrate(
     cluster["calibration"]["check"] = sentence
     cal = dataclasses.replace(cal, sources={**cal.sources, "check": sentence})
   return cal, raw
+
+
+def with_collective_overhead(
+  cal: calibration.Calibration, params, processes: int, coordinator: str | None
+) -> calibration.Calibration:
+  """``cal`` with ``collective_overhead`` measured by :func:`collective_probe` and its source."""
+  import jax
+
+  from jaxsync._src.calibration import fit
+
+  message = int(sum(np.dtype(x.dtype).itemsize * np.size(x) for x in jax.tree.leaves(params)))
+  times = collective_probe(message, processes, coordinator=coordinator)
+  medians = {n: float(np.median(t)) for n, t in times.items()}
+  overhead, excess = fit.collective_overhead(medians, processes, cal.link)
+  where = f"across hosts from {coordinator}" if coordinator else "on this machine (loopback)"
+  sizes = "; ".join(
+    f"{n:,} bytes: {medians[n] * 1e3:.2f} ms, {excess[n] * 1e3:+.2f} ms over the formula"
+    for n in sorted(medians)
+  )
+  source = (
+    f"measured: jitted all-reduces (psum) of one buffer across {processes} jax.distributed processes {where}, "
+    f"the median of {len(next(iter(times.values())))} each ({sizes}); the median excess over the ring formula "
+    f"on the measured link, floored at 0; on {calibration.machine()}"
+  )
+  return dataclasses.replace(
+    cal, collective_overhead=overhead, sources={**cal.sources, "collective_overhead": source}
+  )
 
 
 def simulated_measures(config: config_lib.Config, seeds: int) -> list[agreement.RunMeasures]:

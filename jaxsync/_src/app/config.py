@@ -262,6 +262,11 @@ class ClusterConfig:
     meaning="seconds one evaluation takes: the server (or every all-reduce worker) stops for it, as a real run "
     "does (jaxsync calibrate measures it); 0: evaluations cost no time",
   )
+  collective_overhead: float = _key(
+    0.0,
+    meaning="seconds each all-reduce of a synchronous round takes beyond the ring formula (gloo's own steps, "
+    "dispatch; jaxsync calibrate --collective-processes measures it); 0: the formula alone",
+  )
   emulate_slow_workers: bool = _key(
     False,
     meaning="on real processes (jaxsync launch), the slow workers sleep (slowdown - 1) x each step's measured "
@@ -291,6 +296,9 @@ class ClusterConfig:
     _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
     _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
     _require(self.eval_time >= 0, "cluster.eval_time", self.eval_time, "seconds >= 0")
+    _require(
+      self.collective_overhead >= 0, "cluster.collective_overhead", self.collective_overhead, "seconds >= 0"
+    )
     if self.message_bytes is not None:
       _require(
         self.message_bytes > 0, "cluster.message_bytes", self.message_bytes, "a byte count > 0 or null"
@@ -342,6 +350,7 @@ class ClusterConfig:
       message_bytes=self.message_bytes,
       server_bandwidth=self.server_bandwidth,
       eval_time=self.eval_time,
+      collective_overhead=self.collective_overhead,
     )
 
 

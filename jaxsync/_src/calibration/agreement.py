@@ -182,3 +182,75 @@ def compare(real: RunMeasures, simulated: list[RunMeasures], *, target: float) -
   }
   out["start"] = real.start
   return out
+
+
+def compare_runs(
+  real: list[RunMeasures], simulated: list[RunMeasures], *, target: float
+) -> dict[str, dict | float | int]:
+  """Real runs of a config against its simulated runs: each side's median, with its range.
+
+  :func:`compare` takes one real run. With several (each its own draw of
+  data order and timing: seeds 0, 1, ...), the median of the real runs is
+  what the simulated median is held against, and the real runs' least and
+  greatest value say how far one real run is from another.
+
+  Returns:
+    The keys of :func:`compare`, their ``"real"`` and ``"simulated"`` now
+    medians over runs (a time to target only where more than half of the runs
+    reached it) and ``"error"`` the simulated median relative to the real one.
+    ``gradients_per_second``, ``updates_per_second`` and ``time_to_target``
+    also hold ``"real_range"`` and ``"simulated_range"`` (least, greatest;
+    ``time_to_target["range"]`` is the simulated one, as in :func:`compare`),
+    ``time_to_target`` also ``"real_times"`` (each real run's, None where it
+    missed) and ``"real_reached"``; ``staleness`` pools each side's arrivals;
+    ``start`` is the real runs' median, ``start_range`` their range; ``runs``
+    the number of real runs.
+  """
+  if not real:
+    raise validation.invalid(_WHAT, "real", real, "one or more real runs")
+  if not simulated:
+    raise validation.invalid(_WHAT, "simulated", simulated, "one or more simulated runs")
+  out: dict = {"runs": len(real)}
+  for key in ("gradients_per_second", "updates_per_second"):
+    r, s = [getattr(m, key) for m in real], [getattr(m, key) for m in simulated]
+    out[key] = {
+      "real": _median(r),
+      "simulated": _median(s),
+      "error": relative_error(_median(s), _median(r)),
+      "real_range": [min(r), max(r)],
+      "simulated_range": [min(s), max(s)],
+    }
+  real_times = [time_to_hold(m.eval_time, m.accuracy, target) for m in real]
+  sim_times = [time_to_hold(m.eval_time, m.accuracy, target) for m in simulated]
+  real_reached = [t for t in real_times if t is not None]
+  sim_reached = [t for t in sim_times if t is not None]
+  sim_range = [min(sim_reached), max(sim_reached)] if sim_reached else None
+  out["time_to_target"] = {
+    "real": _median(real_times),
+    "simulated": _median(sim_times),
+    "error": relative_error(_median(sim_times), _median(real_times)),
+    "target": target,
+    "range": sim_range,
+    "real_range": [min(real_reached), max(real_reached)] if real_reached else None,
+    "simulated_range": sim_range,
+    "real_times": real_times,
+    "reached": f"{len(sim_reached)} of {len(sim_times)}",
+    "real_reached": f"{len(real_reached)} of {len(real_times)}",
+  }
+  real_pooled = np.concatenate([m.staleness for m in real])
+  sim_pooled = np.concatenate([m.staleness for m in simulated])
+  out["staleness"] = {
+    "real": float(real_pooled.mean()) if real_pooled.size else None,
+    "simulated": float(sim_pooled.mean()) if sim_pooled.size else None,
+    "total_variation": total_variation(real_pooled, sim_pooled),
+  }
+  horizon = min(m.duration for m in [*real, *simulated])
+  out["accuracy_at_equal_time"] = {
+    "seconds": horizon,
+    "real": _median([accuracy_at(m.eval_time, m.accuracy, horizon) for m in real]),
+    "simulated": _median([accuracy_at(m.eval_time, m.accuracy, horizon) for m in simulated]),
+  }
+  starts = [m.start for m in real]
+  out["start"] = _median(starts)
+  out["start_range"] = [min(starts), max(starts)]
+  return out

@@ -34,6 +34,7 @@ class Calibration:
       with the message size, all of it is ``apply_time``).
     sources: for each of them, how it was measured (what ``cluster.calibration`` holds).
     eval_time: seconds of one evaluation on the held-out data (0: not measured).
+    collective_overhead: seconds an all-reduce takes beyond the ring formula on ``link`` (0: not measured).
   """
 
   compute_time: float
@@ -43,6 +44,7 @@ class Calibration:
   server_bandwidth: float | None
   sources: dict[str, str]
   eval_time: float = 0.0
+  collective_overhead: float = 0.0
 
   def cluster_section(self) -> dict[str, Any]:
     """The ``cluster:`` keys of a config (``train``, ``compare`` and ``advise`` take them as they are)."""
@@ -53,6 +55,7 @@ class Calibration:
       "apply_time": _round(self.apply_time),
       "server_bandwidth": None if self.server_bandwidth is None else _round(self.server_bandwidth),
       "eval_time": _round(self.eval_time),
+      "collective_overhead": _round(self.collective_overhead),
       "calibration": dict(self.sources),
     }
 

@@ -71,3 +71,33 @@ def server_costs(per_arrival: Mapping[int, float], arrays: float) -> tuple[float
       return float(seconds.mean()), None
     return 0.0, float(arrays * sizes[0] / seconds[0])
   return float(intercept), float(arrays / slope)
+
+
+def collective_overhead(
+  per_size: Mapping[int, float], processes: int, link: Link
+) -> tuple[float, dict[int, float]]:
+  r"""``(c, excess by size)``: what an all-reduce takes beyond the ring formula, from measured all-reduces.
+
+  The time model charges an all-reduce of ``n`` bytes over ``P`` processes
+  ``T_ring = 2 (P-1) (l + n / (P B)) + c`` (the class docstring of
+  ``TimeModel``). With the link ``(l, B)`` measured apart, each size's
+  excess ``t(n) - 2 (P-1) (l + n / (P B))`` is what the formula misses (gloo's
+  own steps, dispatch, waiting for the result); ``c`` is their median, floored
+  at 0 (a formula that overestimates charges nothing more).
+
+  Args:
+    per_size: ``{bytes: median seconds of one all-reduce}``, one or more sizes.
+    processes: ``P >= 2``, the processes the all-reduce spanned.
+    link: the measured link between them.
+
+  Raises:
+    ValueError: no sizes, or fewer than two processes.
+  """
+  if not per_size:
+    raise validation.invalid(_WHAT, "per_size", dict(per_size), "seconds at one or more sizes")
+  processes = validation.check_int(_WHAT, "processes", processes, low=2)
+  excess = {
+    int(n): float(t) - 2 * (processes - 1) * (link.latency + link.transfer(float(n)) / processes)
+    for n, t in sorted(per_size.items())
+  }
+  return max(float(np.median(list(excess.values()))), 0.0), excess

@@ -289,3 +289,42 @@ def server_times(parameters: int, *, strategy: str = "asp", rounds: int = 30) ->
   echo = echo_of_pushes(parameters, rounds + 5)[5:]
   server = _server_pushes(strategy, parameters, rounds + 5)[5:]
   return {"server": server, "echo": echo}
+
+
+def collective_times(sizes: Sequence[int], *, rounds: int = 20) -> dict[int, np.ndarray]:
+  """Seconds of one all-reduce of ``size`` bytes across every process of this ``jax.distributed`` group.
+
+  A jitted ``psum`` of one float32 buffer over all the group's devices (gloo
+  on CPU), each call waited for, after one that compiles and connects: what a
+  synchronous round's exchange pays. Every process of the group calls it with
+  the same arguments, at the same time.
+
+  Args:
+    sizes: bytes per all-reduce (rounded down to whole float32 values, at least one).
+    rounds: timed all-reduces per size.
+
+  Returns:
+    ``{size: [rounds] seconds}``.
+  """
+  import jax
+  from jax.sharding import Mesh, NamedSharding
+  from jax.sharding import PartitionSpec as P
+
+  mesh = Mesh(np.asarray(jax.devices()), ("workers",))
+  summed = jax.jit(
+    jax.shard_map(
+      lambda x: jax.lax.psum(x, "workers"), mesh=mesh, in_specs=P(), out_specs=P(), check_vma=False
+    )
+  )
+  out = {}
+  for size in sizes:
+    local = np.ones([max(1, int(size) // 4)], np.float32)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P()), local, local.shape)
+    jax.block_until_ready(summed(x))
+    times = []
+    for _ in range(rounds):
+      began = time.perf_counter()
+      jax.block_until_ready(summed(x))
+      times.append(time.perf_counter() - began)
+    out[int(size)] = np.asarray(times)
+  return out

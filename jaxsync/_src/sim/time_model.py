@@ -195,6 +195,9 @@ class TimeModel:
 
   where ``T_ps`` is a synchronous round through a parameter server: ``k``
   pushes (``P``, or fastest-k's ``k``) and ``P`` replies through its interface.
+  Each all-reduce also costs ``collective_overhead`` ``c``, what a real
+  collective takes beyond the ring's formula (gloo's own steps, dispatch):
+  ``T_ring + c`` per round, ``T_hier + 2c`` (two levels).
   An EA-wild group of ``G`` steps as fast as its slowest member plus
   ``T_ring(G)`` over ``intra_link``.
 
@@ -228,6 +231,9 @@ class TimeModel:
       (its replies and its next receive wait), a synchronous round's workers
       inside the round (the next round waits). ``0`` (default): evaluations
       cost no time, as if a separate process took them.
+    collective_overhead: seconds each all-reduce takes beyond the ring
+      formula, ``>= 0`` (``jaxsync calibrate --collective-processes`` measures
+      it); ``0`` (default): the formula alone.
   """
 
   num_workers: int
@@ -242,6 +248,7 @@ class TimeModel:
   compute_times: Sequence[float] | None = None
   server_bandwidth: float | str | None = None
   eval_time: float = 0.0
+  collective_overhead: float = 0.0
 
   def __post_init__(self):
     validation.check_int(_WHAT, "num_workers", self.num_workers)
@@ -261,6 +268,7 @@ class TimeModel:
       validation.check_int(_WHAT, "message_bytes", self.message_bytes, low=0)
     validation.check_real(_WHAT, "apply_time", self.apply_time, low=0.0)
     validation.check_real(_WHAT, "eval_time", self.eval_time, low=0.0)
+    validation.check_real(_WHAT, "collective_overhead", self.collective_overhead, low=0.0)
     object.__setattr__(self, "server_bandwidth", server_bandwidth(self.server_bandwidth))
     if self.compute_times is not None:
       times = tuple(self.compute_times)
@@ -382,14 +390,17 @@ class TimeModel:
 
     Through a parameter server: ``T_ps`` plus the server's summing of the
     ``pushes`` (``a`` each) and its update (``r``); after an all-reduce
-    (``T_ring`` or ``T_hier``) every worker applies the update (``r``), in parallel.
+    (``T_ring`` or ``T_hier``, and the collectives' own overhead) every worker
+    applies the update (``r``), in parallel.
     """
     traffic = strategy.server_traffic
     update = self.memory_time(traffic.release)
     if strategy.communication == Communication.RING:
-      return self.ring_allreduce_time(strategy.num_workers) + update
+      overhead = self.collective_overhead if strategy.num_workers > 1 else 0.0
+      return self.ring_allreduce_time(strategy.num_workers) + overhead + update
     if strategy.communication == Communication.HIERARCHICAL:
-      return self.hierarchical_allreduce_time(strategy.num_workers, strategy.group_size) + update
+      overhead = 2 * self.collective_overhead
+      return self.hierarchical_allreduce_time(strategy.num_workers, strategy.group_size) + overhead + update
     summing = self.memory_time(pushes * traffic.arrival)
     return self.parameter_server_round_time(strategy.num_workers, pushes) + summing + update
 
