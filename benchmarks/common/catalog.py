@@ -28,6 +28,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "conv_in_loop",
     "suite_tiers",
     "plan_sweep",
+    "sync_overhead",
   ),
   "faults": ("fault_campaign",),
   "calibration": ("sim_vs_real", "plan_vs_published"),

@@ -61,20 +61,25 @@ def count_if(counter: jax.Array, flag: jax.Array | bool) -> jax.Array:
 
 
 def tree_all_finite(tree: Any) -> jax.Array:
-  """True when no leaf of ``tree`` holds a NaN or an Inf.
+  """True when no leaf of ``tree`` holds a NaN or an Inf (and no leaf's sum overflows float32).
 
-  ``sum(x * 0)`` is 0 iff every element is finite (``NaN * 0`` and ``Inf * 0``
-  are NaN, and NaN survives any sum): one fused reduction per leaf, as cheap
-  on CPU as ``max |x|`` (2.1 ms against 2.0 for 10M float32, ``all(isfinite)``
-  2.7) and, unlike ``max``, exact when the leaf is sliced over devices: an
-  all-reduce of partial maxima loses a NaN (XLA's CPU collectives), one of
-  partial sums keeps it (the sharded parameter server). ``optax.tree_utils``
-  has no such check.
+  ``isfinite(sum(x))``: a NaN survives any sum and an Inf makes it Inf or NaN,
+  so the check is one reduction per leaf, one read of it, exact when the leaf
+  is sliced over devices (an all-reduce of partial maxima loses a NaN on XLA's
+  CPU collectives, one of partial sums keeps it: the sharded parameter server).
+  Inside an update it costs one pass over the gradient: ``sum(x * 0)`` made XLA
+  materialize a parameter-sized array of zeros and read it beside the leaf (the
+  OrMo update went from 8 to 9.1 parameter-sized arrays of memory traffic,
+  ``benchmarks/results/transform_overhead.md``). The one finite input it
+  rejects is a leaf whose float32 sum overflows (every value near 1e38 / n),
+  which no update survives either. ``optax.tree_utils`` has no such check.
   """
   leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.size(leaf)]
   if not leaves:
     return jnp.asarray(True)
-  return jnp.all(jnp.stack([jnp.isfinite(jnp.sum(leaf * 0)) for leaf in leaves]))
+  return jnp.all(
+    jnp.stack([jnp.isfinite(jnp.sum(leaf, dtype=statistics_dtype(leaf.dtype))) for leaf in leaves])
+  )
 
 
 def tree_scaled(tree: Any, scale: jax.Array) -> Any:
