@@ -10,8 +10,8 @@
 # --small: the sizes the test suite runs on a CPU (tests/test_gpu_check.py), seconds instead of minutes.
 # On a lent device machine: bash benchmarks/gpu_check.sh "$OUT" (what it writes under $OUT comes back).
 set -uo pipefail
-cd "$(dirname "$0")/.."
-results="benchmarks/results"
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+results="$repo/benchmarks/results"
 small=0
 for arg in "$@"; do
   case "$arg" in
@@ -20,7 +20,8 @@ for arg in "$@"; do
     *) results="$arg" ;;
   esac
 done
-mkdir -p "$results"
+mkdir -p "$results" && results="$(cd "$results" && pwd)"  # where the caller meant, before moving to the repo
+cd "$repo"
 python=${PYTHON:-python}
 
 if [ "$small" = 1 ]; then

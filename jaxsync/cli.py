@@ -204,7 +204,8 @@ def _parser() -> argparse.ArgumentParser:
     help="measure this machine for the simulator: compute time and jitter, link, server cost per arrival",
     description="Measures what the simulator's time model needs on this machine: the config model's compute "
     "time per step and its spread, a link's latency and bandwidth (ZeroMQ round trips, over loopback or to "
-    "`jaxsync calibrate --serve-echo PORT` on another host), and the parameter server's time per arrival. "
+    "`jaxsync calibrate --serve-echo PORT` on another host), the parameter server's time per arrival, and with "
+    "--collective-processes what an all-reduce across processes takes beyond the ring formula. "
     "Prints the measured cluster: section; --out writes the whole config with it, which train, compare, "
     "advise and launch take as it is.",
   )
@@ -499,8 +500,17 @@ def _calibrate(args: argparse.Namespace) -> int:
         f"--collective-peer needs --collective-processes N >= 2 and --process-id between 1 and N - 1 "
         f"(got --collective-processes={n}, --process-id={i}); process 0 is the calibrating host's."
       )
+    if args.config is not None:
+      raise config_lib.ConfigError(
+        f"--collective-peer takes no CONFIG (got {str(args.config)!r}): process 0 sends the sizes to time."
+      )
+    calibrate.check_address("--collective-peer", args.collective_peer)
     calibrate.collective_member([args.collective_peer, str(n), str(i)])
     return 0
+  if args.process_id is not None:
+    raise config_lib.ConfigError(
+      f"--process-id={args.process_id} is only for --collective-peer HOST:PORT (another host's collective probe)."
+    )
   if args.config is None:
     raise config_lib.ConfigError(
       "calibrate needs a CONFIG (or --serve-echo PORT); e.g. configs/quickstart.yaml"

@@ -91,6 +91,24 @@ def _run(capsys, *argv):
       ["calibrate", QUICKSTART, "--set", "cluster.collective_overhead=-1"],
       ["cluster.collective_overhead=-1"],
     ),
+    (["calibrate", QUICKSTART, "--process-id", "1"], ["--process-id=1 is only for --collective-peer"]),
+    (
+      ["calibrate", QUICKSTART, "--collective-processes", "3", "--collective-coordinator", "hostA"],
+      ["--collective-coordinator='hostA'", "HOST:PORT"],
+    ),
+    (
+      [
+        "calibrate",
+        QUICKSTART,
+        "--collective-peer",
+        "h:1",
+        "--collective-processes",
+        "3",
+        "--process-id",
+        "1",
+      ],
+      ["takes no CONFIG"],
+    ),
   ],
 )
 def test_calibrate_refuses_bad_command_lines_in_one_line(capsys, argv, words):
@@ -101,19 +119,43 @@ def test_calibrate_refuses_bad_command_lines_in_one_line(capsys, argv, words):
 
 
 @pytest.mark.heavy
-def test_the_collective_probe_times_all_reduces_across_processes_and_a_run_charges_its_overhead():
-  from jaxsync._src.calibration import calibration, fit
+def test_the_collective_probe_times_all_reduces_across_processes_and_calibrate_writes_what_a_run_charges():
+  from jaxsync._src.calibration import calibration
+  from jaxsync._src.sim.time_model import Link
 
-  times = calibrate.collective_probe(40_000, 2, rounds=5)
-  assert sorted(times) == [4096, 10_000, 40_000, 160_000]
+  times, devices = calibrate.collective_probe(40_000, 2, rounds=5)
+  assert devices == 2 and sorted(times) == [4096, 10_000, 40_000, 160_000]
   assert all(t.shape == (5,) and (t > 0).all() and (t < 5.0).all() for t in times.values())
-  # The fit against a link: each size's excess over the ring formula, the overhead their median.
-  link = calibration.measure_link(40_000, rounds=5)[0]
-  medians = {n: float(np.median(t)) for n, t in times.items()}
-  overhead, excess = fit.collective_overhead(medians, 2, link)
-  assert overhead == pytest.approx(max(float(np.median(list(excess.values()))), 0.0))
-  # What calibrate writes, the time model charges: an all-reduce round ends later by it.
-  raw = config_lib.apply_overrides(config_lib.load_yaml(QUICKSTART.read_text()), [])
-  raw["cluster"] = {**raw["cluster"], "collective_overhead": 0.25}
-  exp = experiment.build(config_lib.from_dict(raw))
-  assert exp.time_model.collective_overhead == 0.25
+  # Kept with its source in the cluster section a config takes, and charged per all-reduce round.
+  two = ["strategy.name=allreduce", "cluster.num_workers=2"]
+  exp = experiment.build(config_lib.load(QUICKSTART, two))
+  cal = calibration.Calibration(
+    compute_time=0.01,
+    jitter_shape=50.0,
+    link=Link(1e-4, 1e8),
+    apply_time=0.0,
+    server_bandwidth=None,
+    sources={},
+  )
+  measured = calibrate.with_collective_overhead(cal, exp.model.params, 2, None)
+  section = measured.cluster_section()
+  assert section["collective_overhead"] == pytest.approx(measured.collective_overhead, rel=1e-3, abs=1e-9)
+  assert 0.0 <= measured.collective_overhead < 1.0
+  source = section["calibration"]["collective_overhead"]
+  assert "across 2 jax.distributed processes (2 devices) on this machine" in source
+  charged = experiment.build(config_lib.load(QUICKSTART, [*two, "cluster.collective_overhead=0.25"]))
+  extra = charged.time_model.round_time(charged.strategy, 2) - exp.time_model.round_time(exp.strategy, 2)
+  assert extra == pytest.approx(0.25)
+
+
+@pytest.mark.parametrize(
+  ("kwargs", "match"),
+  [
+    ({"processes": 1}, "processes=1"),
+    ({"processes": 2, "rounds": 0}, "rounds=0"),
+    ({"processes": 2, "coordinator": "nohost"}, "expected HOST:PORT"),
+  ],
+)
+def test_the_collective_probe_refuses_bad_arguments_before_starting_anything(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    calibrate.collective_probe(4096, **kwargs)

@@ -102,3 +102,34 @@ def test_compare_has_no_simulated_time_when_most_seeds_miss_the_target():
   sims = [_run(90.0, [0, 1, 2], [0.1, 0.2, 0.3]), _run(90.0, [0, 1, 2], [0.1, 0.96, 0.97])]
   t = agreement.compare(real, sims, target=0.95)["time_to_target"]
   assert t["simulated"] is None and t["error"] is None and t["reached"] == "1 of 2"
+
+
+def test_compare_runs_holds_the_real_median_against_the_simulated_one_with_both_ranges():
+  reals = [
+    _run(100.0, [0, 1, 2, 3, 4], [0.1, 0.5, 0.96, 0.97, 0.98]),  # holds from 2 s
+    _run(80.0, [0, 1, 2, 3, 4], [0.1, 0.5, 0.5, 0.96, 0.97]),  # 3 s
+    _run(120.0, [0, 1, 2, 3, 4], [0.1, 0.5, 0.5, 0.5, 0.5]),  # never
+  ]
+  sims = [_run(90.0, [0, 1, 2, 3], [0.1, 0.96, 0.97, 0.98]), _run(110.0, [0, 1, 2, 3], [0.1, 0.5, 0.5, 0.96])]
+  c = agreement.compare_runs(reals, sims, target=0.95)
+  g = c["gradients_per_second"]
+  assert (g["real"], g["simulated"], g["real_range"], g["simulated_range"]) == (
+    100.0,
+    100.0,
+    [80.0, 120.0],
+    [90.0, 110.0],
+  )
+  t = c["time_to_target"]
+  # Two of three real runs held it (2 s and 3 s): more than half, so the median of those that did.
+  assert (
+    t["real_times"] == [2.0, 3.0, None] and t["real_reached"] == "2 of 3" and t["real_range"] == [2.0, 3.0]
+  )
+  assert t["real"] == 2.5 and t["simulated"] == 2.0 and t["error"] == pytest.approx(-0.2)
+  assert t["range"] == [1.0, 3.0] and c["runs"] == 3
+  # One real run: the same numbers as compare, which keeps its own keys.
+  one = agreement.compare(reals[0], sims, target=0.95)
+  assert (
+    one["time_to_target"]["real"]
+    == agreement.compare_runs(reals[:1], sims, target=0.95)["time_to_target"]["real"]
+  )
+  assert set(one["gradients_per_second"]) == {"real", "simulated", "error"} and "runs" not in one

@@ -94,18 +94,20 @@ def test_sync_round_time_is_the_slowest_worker_plus_the_exchange_formula(name, o
   [
     ("allreduce", {}, 1),
     ("hierarchical_allreduce", {"group_size": 2}, 2),
+    ("hierarchical_allreduce", {"group_size": 4}, 1),  # one group: the leaders' ring joins one
     ("local_sgd", {"period": 3}, 1),
+    ("diloco", {"period": 3, "quantize": "int8"}, 3),  # all-to-all, all-gather, the loss's all-reduce
     ("bsp", {}, 0),
   ],
 )
-def test_each_all_reduce_of_a_round_costs_the_measured_collective_overhead(name, options, collectives):
+def test_each_collective_of_a_round_costs_the_measured_collective_overhead(name, options, collectives):
   base = jaxsync.sim.TimeModel(num_workers=4, jitter_shape=None, link="1gbps", message_bytes=1_000_000)
   slower = jaxsync.sim.TimeModel(
     num_workers=4, jitter_shape=None, link="1gbps", message_bytes=1_000_000, collective_overhead=0.004
   )
   _, plain, _ = simulate(name, 4, events=4, options=options, time=base)
   _, charged, _ = simulate(name, 4, events=4, options=options, time=slower)
-  # Rounds end 4 ms later per all-reduce (two levels: two); a parameter server's round pays none.
+  # Rounds end 4 ms later per collective that joins several workers; a parameter server's round pays none.
   np.testing.assert_allclose(np.diff(charged.time) - np.diff(plain.time), 0.004 * collectives, atol=1e-6)
 
 

@@ -22,6 +22,7 @@ import yaml
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
 from jaxsync._src.calibration import agreement, calibration
+from jaxsync._src.core import validation
 from jaxsync._src.strategies import registry as strategies
 
 
@@ -60,9 +61,11 @@ def collective_member(argv: list[str]) -> None:
   """One process of the collective probe: ``COORDINATOR PROCESSES INDEX [SIZES_JSON ROUNDS]``.
 
   Process 0 (given the sizes and rounds) publishes them through the coordination service; the others
-  (``jaxsync calibrate --collective-peer``) read them there, so a peer needs no config. Process 0 prints
-  ``{bytes: [seconds]}`` as JSON.
+  (``jaxsync calibrate --collective-peer``) read them there, so a peer needs no config. Every member
+  runs on the CPU backend (gloo), as process 0 does. Process 0 prints ``{"devices": D, "times": {bytes:
+  [seconds]}}`` as JSON.
   """
+  os.environ.setdefault("JAX_PLATFORMS", "cpu")
   import jax
 
   from jaxsync._src.calibration import probes
@@ -76,7 +79,8 @@ def collective_member(argv: list[str]) -> None:
   plan = json.loads(client.blocking_key_value_get(_SIZES_KEY, 300_000))
   times = probes.collective_times(plan["sizes"], rounds=plan["rounds"])
   if index == 0:
-    print(json.dumps({str(n): t.tolist() for n, t in times.items()}), flush=True)
+    out = {"devices": jax.device_count(), "times": {str(n): t.tolist() for n, t in times.items()}}
+    print(json.dumps(out), flush=True)
   client.wait_at_barrier("jaxsync/calibrate/collective_done", 300_000)
   if index == 0:
     time.sleep(1.0)  # the others leave first: process 0 hosts the coordination service
@@ -84,17 +88,41 @@ def collective_member(argv: list[str]) -> None:
     jax.distributed.shutdown()
 
 
+def check_address(name: str, value: str) -> str:
+  """``value`` if it is ``HOST:PORT`` (a port in 1..65535); a ConfigError naming ``name`` otherwise."""
+  host, _, port = str(value).rpartition(":")
+  if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    raise config_lib.ConfigError(f"{name}={value!r} is invalid; expected HOST:PORT, e.g. 10.0.0.1:4398.")
+  return value
+
+
 def collective_probe(
-  message_bytes: int, processes: int, *, coordinator: str | None = None, rounds: int = 20
-) -> dict[int, np.ndarray]:
+  message_bytes: int,
+  processes: int,
+  *,
+  coordinator: str | None = None,
+  rounds: int = 20,
+  timeout: float = 900.0,
+) -> tuple[dict[int, np.ndarray], int]:
   """All-reduces of 4 KB, a quarter of the message, the message and 4 messages across ``processes`` processes.
 
   Without ``coordinator`` every process runs on this machine (a free loopback port); with one, only
   process 0 runs here, its coordinator bound at ``coordinator`` (``HOST:PORT``), and the others are
   ``jaxsync calibrate --collective-peer HOST:PORT --collective-processes N --process-id I`` on their hosts.
+
+  Returns:
+    ``({bytes: [rounds] seconds}, the devices the all-reduces spanned)``.
+
+  Raises:
+    ValueError: ``processes < 2``, ``rounds < 1`` or a bad ``coordinator``.
+    RuntimeError: a probe process failed (its error output in the message; the others are stopped) or
+      the probe outlasted ``timeout`` seconds.
   """
   import socket
+  import tempfile
 
+  processes = validation.check_int("collective_probe", "processes", processes, low=2)
+  rounds = validation.check_int("collective_probe", "rounds", rounds, low=1)
   sizes = sorted({4096, max(4, message_bytes // 4), message_bytes, 4 * message_bytes})
   if coordinator is None:
     with socket.socket() as s:
@@ -103,32 +131,42 @@ def collective_probe(
     members = range(processes)
   else:
     members = range(1)
+    check_address("collective_coordinator", coordinator)
   env = {**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")}
-  started = [
-    subprocess.Popen(
-      [sys.executable, "-c", _COLLECTIVE, coordinator, str(processes), str(i)]
-      + ([json.dumps(sizes), str(rounds)] if i == 0 else []),
-      stdout=subprocess.PIPE,
-      stderr=subprocess.PIPE,
-      text=True,
-      env=env,
+  with tempfile.TemporaryDirectory(prefix="jaxsync-collective-") as tmp:
+    logs = [pathlib.Path(tmp) / f"p{i}.log" for i in members]
+    started = []
+    for i, log in zip(members, logs):
+      with log.open("w") as sink:  # files, not pipes: a chatty process never blocks inside a collective
+        argv = [sys.executable, "-c", _COLLECTIVE, coordinator, str(processes), str(i)]
+        argv += [json.dumps(sizes), str(rounds)] if i == 0 else []
+        started.append(subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, text=True, env=env))
+    deadline, stopped = time.monotonic() + timeout, set()
+    try:
+      while any(p.poll() is None for p in started):
+        if any(p.poll() not in (None, 0) for p in started) or time.monotonic() > deadline:
+          break
+        time.sleep(0.1)
+    finally:
+      for p in started:
+        if p.poll() is None:
+          stopped.add(id(p))
+          p.kill()
+          p.wait()
+    # The process that failed on its own first, not one stopped here because of it.
+    failed = sorted(
+      ((i, p, log) for i, p, log in zip(members, started, logs) if p.returncode != 0),
+      key=lambda f: id(f[1]) in stopped,
     )
-    for i in members
-  ]
-  outputs = []
-  try:
-    for p in started:
-      outputs.append(p.communicate(timeout=900))
-  finally:
-    for p in started:
-      if p.poll() is None:
-        p.kill()
-  for p, (_, err) in zip(started, outputs):
-    if p.returncode != 0:
-      raise RuntimeError(
-        f"calibrate: a collective probe process failed (exit code {p.returncode}): {err.strip()[-800:]}"
+    if failed:
+      i, p, log = failed[0]
+      tail = " | ".join(log.read_text().strip().splitlines()[-3:])
+      why = (
+        f"did not finish within {timeout:g} s" if id(p) in stopped else f"failed (exit code {p.returncode})"
       )
-  return {int(n): np.asarray(t) for n, t in json.loads(outputs[0][0].splitlines()[-1]).items()}
+      raise RuntimeError(f"calibrate: collective probe process {i} {why}: {tail[-600:]}")
+    out = json.loads(logs[0].read_text().strip().splitlines()[-1])
+  return {int(n): np.asarray(t) for n, t in out["times"].items()}, int(out["devices"])
 
 
 def calibrate(
@@ -183,6 +221,8 @@ def calibrate(
       f"--collective-processes={collective_processes!r} is invalid; expected an integer >= 2 (an all-reduce "
       "needs two processes)."
     )
+  if collective_coordinator is not None:
+    check_address("--collective-coordinator", collective_coordinator)
   if collective_coordinator is not None and collective_processes is None:
     raise config_lib.ConfigError(
       f"--collective-coordinator={collective_coordinator!r} needs --collective-processes N (the processes of "
@@ -259,16 +299,17 @@ def with_collective_overhead(
   from jaxsync._src.calibration import fit
 
   message = int(sum(np.dtype(x.dtype).itemsize * np.size(x) for x in jax.tree.leaves(params)))
-  times = collective_probe(message, processes, coordinator=coordinator)
+  times, devices = collective_probe(message, processes, coordinator=coordinator)
   medians = {n: float(np.median(t)) for n, t in times.items()}
-  overhead, excess = fit.collective_overhead(medians, processes, cal.link)
+  overhead, excess = fit.collective_overhead(medians, devices, cal.link)
   where = f"across hosts from {coordinator}" if coordinator else "on this machine (loopback)"
   sizes = "; ".join(
     f"{n:,} bytes: {medians[n] * 1e3:.2f} ms, {excess[n] * 1e3:+.2f} ms over the formula"
     for n in sorted(medians)
   )
   source = (
-    f"measured: jitted all-reduces (psum) of one buffer across {processes} jax.distributed processes {where}, "
+    f"measured: jitted all-reduces (psum) of one buffer across {processes} jax.distributed processes "
+    f"({devices} devices) {where}, "
     f"the median of {len(next(iter(times.values())))} each ({sizes}); the median excess over the ring formula "
     f"on the measured link, floored at 0; on {calibration.machine()}"
   )

@@ -150,37 +150,15 @@ def compare(real: RunMeasures, simulated: list[RunMeasures], *, target: float) -
     simulated median); and ``start`` (the real run's seconds before every
     worker ran, which no simulated clock has).
   """
-  if not simulated:
-    raise validation.invalid(_WHAT, "simulated", simulated, "one or more simulated runs")
-  out: dict = {}
+  out = compare_runs([real], simulated, target=target)
   for key in ("gradients_per_second", "updates_per_second"):
-    r, s = getattr(real, key), _median([getattr(m, key) for m in simulated])
-    out[key] = {"real": r, "simulated": s, "error": relative_error(s, r)}
-  r = time_to_hold(real.eval_time, real.accuracy, target)
-  times = [time_to_hold(m.eval_time, m.accuracy, target) for m in simulated]
-  s = _median(times)
-  reached = [t for t in times if t is not None]
+    out[key] = {k: out[key][k] for k in ("real", "simulated", "error")}
   out["time_to_target"] = {
-    "real": r,
-    "simulated": s,
-    "error": relative_error(s, r),
-    "target": target,
-    "range": [min(reached), max(reached)] if reached else None,
-    "reached": f"{len(reached)} of {len(times)}",
+    k: v
+    for k, v in out["time_to_target"].items()
+    if k not in ("real_range", "simulated_range", "real_times", "real_reached")
   }
-  pooled = np.concatenate([m.staleness for m in simulated])
-  out["staleness"] = {
-    "real": float(real.staleness.mean()) if real.staleness.size else None,
-    "simulated": float(pooled.mean()) if pooled.size else None,
-    "total_variation": total_variation(real.staleness, pooled),
-  }
-  horizon = min(real.duration, *[m.duration for m in simulated])
-  out["accuracy_at_equal_time"] = {
-    "seconds": horizon,
-    "real": accuracy_at(real.eval_time, real.accuracy, horizon),
-    "simulated": _median([accuracy_at(m.eval_time, m.accuracy, horizon) for m in simulated]),
-  }
-  out["start"] = real.start
+  del out["runs"], out["start_range"]
   return out
 
 

@@ -310,6 +310,7 @@ def collective_times(sizes: Sequence[int], *, rounds: int = 20) -> dict[int, np.
   from jax.sharding import Mesh, NamedSharding
   from jax.sharding import PartitionSpec as P
 
+  rounds = validation.check_int("collective_times", "rounds", rounds, low=1)
   mesh = Mesh(np.asarray(jax.devices()), ("workers",))
   summed = jax.jit(
     jax.shard_map(

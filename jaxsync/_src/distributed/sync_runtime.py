@@ -13,7 +13,8 @@ hierarchical all-reduce, two ``psum``s: inside each group of ``G`` workers,
 then across the groups' results. The round's whole exchange (the gradient's
 leaves, the loss and the clock) travels as few, large buffers
 (:mod:`jaxsync._src.distributed.bucketed_all_reduce`): one collective per
-bucket, not one per leaf, and no other collective in the round. The server rule then runs on every process
+bucket, not one per leaf, and no clock broadcast (a quantized exchange adds
+one small all-reduce of the loss and the clock). The server rule then runs on every process
 on the same reduced gradient, so the parameters stay bit-identical on every
 process without a broadcast. Local SGD and DiLoCo keep each worker's model on
 its own device and average their pseudo-gradients every ``local_steps``: only
@@ -201,7 +202,8 @@ class SyncRuntime(RuntimeBase):
     return bucketed_all_reduce.bucketed_sum(tree, reduce, self._bucket_bytes)
 
   def _clock_share(self, now):
-    """This worker's part of the round's clock: process 0's time from worker 0, zero from the others.
+    """This worker's part of the round's clock: its process's time from worker 0, zero from the others
+    (worker 0 is process 0's first device with the default device order).
 
     Summed with the round's exchange, every process gets process 0's time exactly (adding zeros), and
     time-based evaluation decides the same everywhere without a collective of its own.

@@ -61,7 +61,7 @@ def count_if(counter: jax.Array, flag: jax.Array | bool) -> jax.Array:
 
 
 def tree_all_finite(tree: Any) -> jax.Array:
-  """True when no leaf of ``tree`` holds a NaN or an Inf (and no leaf's sum overflows float32).
+  """True when no leaf of ``tree`` holds a NaN or an Inf (and no leaf's sum overflows its accumulator).
 
   ``isfinite(sum(x))``: a NaN survives any sum and an Inf makes it Inf or NaN,
   so the check is one reduction per leaf, one read of it, exact when the leaf
@@ -70,9 +70,12 @@ def tree_all_finite(tree: Any) -> jax.Array:
   Inside an update it costs one pass over the gradient: ``sum(x * 0)`` made XLA
   materialize a parameter-sized array of zeros and read it beside the leaf (the
   OrMo update went from 8 to 9.1 parameter-sized arrays of memory traffic,
-  ``benchmarks/results/transform_overhead.md``). The one finite input it
-  rejects is a leaf whose float32 sum overflows (every value near 1e38 / n),
-  which no update survives either. ``optax.tree_utils`` has no such check.
+  ``benchmarks/results/performance.md``). Leaves are summed in at least
+  float32 (a float16 leaf of 70,000 ones is finite). The one finite input it
+  rejects is a leaf whose sum overflows that accumulator (values near
+  1e38 / n in float32), which no update survives either; the rules count it
+  with the NaN and Inf arrivals (``nonfinite_count``). ``optax.tree_utils``
+  has no such check.
   """
   leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.size(leaf)]
   if not leaves:

@@ -195,9 +195,13 @@ class TimeModel:
 
   where ``T_ps`` is a synchronous round through a parameter server: ``k``
   pushes (``P``, or fastest-k's ``k``) and ``P`` replies through its interface.
-  Each all-reduce also costs ``collective_overhead`` ``c``, what a real
-  collective takes beyond the ring's formula (gloo's own steps, dispatch):
-  ``T_ring + c`` per round, ``T_hier + 2c`` (two levels).
+  Each collective of a round also costs ``collective_overhead`` ``c``, what a
+  real collective takes beyond the ring's formula (gloo's own steps,
+  dispatch): ``T_ring + c`` per round, ``T_hier + 2c`` (two levels; one with
+  groups of one or a single group), and ``3c`` for a quantized exchange (an
+  all-to-all, an all-gather, and the loss's all-reduce). The real runtime
+  sends a round's exchange as one buffer up to 64 MiB per dtype; a larger
+  model's round has more buffers, which ``c`` per round does not count.
   An EA-wild group of ``G`` steps as fast as its slowest member plus
   ``T_ring(G)`` over ``intra_link``.
 
@@ -396,13 +400,25 @@ class TimeModel:
     traffic = strategy.server_traffic
     update = self.memory_time(traffic.release)
     if strategy.communication == Communication.RING:
-      overhead = self.collective_overhead if strategy.num_workers > 1 else 0.0
-      return self.ring_allreduce_time(strategy.num_workers) + overhead + update
+      return self.ring_allreduce_time(strategy.num_workers) + self.collectives_time(strategy) + update
     if strategy.communication == Communication.HIERARCHICAL:
-      overhead = 2 * self.collective_overhead
-      return self.hierarchical_allreduce_time(strategy.num_workers, strategy.group_size) + overhead + update
+      exchange = self.hierarchical_allreduce_time(strategy.num_workers, strategy.group_size)
+      return exchange + self.collectives_time(strategy) + update
     summing = self.memory_time(pushes * traffic.arrival)
     return self.parameter_server_round_time(strategy.num_workers, pushes) + summing + update
+
+  def collectives_time(self, strategy: Strategy) -> float:
+    """``c`` times the collectives of one synchronous round that span more than one worker: one all-reduce
+    (two levels for hierarchical all-reduce, each only if it joins several), three for a quantized
+    exchange; none through a parameter server."""
+    if not self.collective_overhead or strategy.communication == Communication.PARAMETER_SERVER:
+      return 0.0
+    k = strategy.num_workers
+    if strategy.communication == Communication.HIERARCHICAL:
+      g = strategy.group_size
+      return self.collective_overhead * (int(g > 1) + int(k // g > 1))
+    quantized = strategy.protocol == WorkerProtocol.LOCAL and strategy.exchange.quantize is not None
+    return self.collective_overhead * (3 if quantized else 1) * int(k > 1)
 
   def gradient_round_compute(self, durations: jax.Array, keep: int) -> jax.Array:
     """Seconds until a gradient round's ``keep`` gradients are in: the slowest of ``K`` workers, or fastest-k's ``k``-th.
