@@ -870,6 +870,12 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
   rows = [json.loads(line) for line in (results / "sim_vs_real_runs.jsonl").read_text().splitlines()]
   assert [r["kind"] for r in rows] == ["calibration", "real", "pair"]
   cluster = rows[0]["config"]["cluster"]
+  # The compute probe stood for the run's 3 workers, the third emulated 3x slower as in the run.
+  assert rows[0]["calibration"] == rows[2]["calibration"] == module.CALIBRATION
+  assert (
+    "(1 of them an emulated slow worker, sleeping 2x each step as in a run)"
+    in cluster["calibration"]["compute_time"]
+  )
   # The link measured through the 1 Gbit/s cards (a sustained stream: the burst allowance does not count).
   # (An unshaped veth moves 10-20 Gbit/s here; a busy machine's shaped one may fall below the rate.)
   assert 0.3e9 / 8 < cluster["link"]["bandwidth"] < 1.05e9 / 8
@@ -886,6 +892,30 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
   assert tables((results / "sim_vs_real.md").read_text()) == found
   assert module.main(argv) == 0
   assert len((results / "sim_vs_real_runs.jsonl").read_text().splitlines()) == 3
+
+
+def test_sim_vs_real_store_reads_rows_from_before_calibrations_were_numbered_as_the_first(tmp_path):
+  module = importlib.import_module("benchmarks.calibration.sim_vs_real")
+  path = tmp_path / "runs.jsonl"
+  old = {
+    "kind": "calibration",
+    "protocol": module.PROTOCOL,
+    "rate_mbit": 100.0,
+    "size": "default",
+    "config": {},
+  }
+  real = {"kind": "real", "protocol": module.PROTOCOL, "rate_mbit": 100.0, "cell": "asp", "size": "default"}
+  path.write_text(json.dumps(old) + "\n" + json.dumps(real) + "\n")
+  store = module.Store(path)
+  assert store.find("calibration", rate_mbit=100.0, calibration=1) is not None
+  assert store.find("calibration", rate_mbit=100.0, calibration=module.CALIBRATION) is None
+  assert "calibration" not in store.find("real", cell="asp")  # real runs belong to no calibration
+  store.add({"kind": "calibration", "calibration": module.CALIBRATION, "rate_mbit": 100.0, "size": "default"})
+  again = module.Store(path)
+  assert (
+    again.find("calibration", rate_mbit=100.0, calibration=module.CALIBRATION)["protocol"] == module.PROTOCOL
+  )
+  assert len(again.all("calibration", rate_mbit=100.0)) == 2
 
 
 def test_adaptive_k_claims_count_only_what_survives_holm():

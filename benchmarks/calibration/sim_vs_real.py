@@ -92,6 +92,11 @@ SIM_SEEDS = {"tiny": 2, "default": 5}  # simulated runs per cell (seeds 0, 1, ..
 PLAIN_SEEDS = {"tiny": 1, "default": 3}  # ... and without the evaluations' cost
 VARIANTS = {"slow worker 4x": ["cluster.slowdown=4"]}  # a cell's changes to the config (the config's is 3x)
 PROTOCOL = 2  # what this code's store rows carry; rows without it (older code's) are ignored
+# The calibration the simulated side uses, and the pairs compared under it: 2, the compute probe's process
+# standing for the run's slow worker sleeps between its steps as that worker does (the cores shared as in
+# the runs); 1 (stored before 2 existed), every probe process computing without a pause. The real runs do not
+# depend on it (a slow worker's factor is the config's), so a new calibration reuses them.
+CALIBRATION = 2
 ECHO_PORT = 4399  # the link probe's echo in host 1
 COLLECTIVE_PORT = 4398  # the collective probe's coordinator in host 0 (netns.PORT is a run's)
 TIMEOUT = 900  # seconds a real run (or a calibration) may take
@@ -283,6 +288,9 @@ class Store:
   def __init__(self, path: pathlib.Path):
     self.path = path
     self.rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+    for row in self.rows:
+      if row["kind"] in ("calibration", "pair"):
+        row.setdefault("calibration", 1)
 
   def all(self, kind: str, **keys) -> list[dict]:
     return [
@@ -440,6 +448,53 @@ def _why(rate: float, name: str, c: dict) -> str:
   return said + "."
 
 
+def _ranked(cell: Cell, pair: dict) -> tuple[float, list[float], float] | None:
+  """A cell's place in the ranking: (real median, real range, simulated median) of time to target; None for a
+  variant or a side without a median. A real run that never held the target could have taken any time after
+  the others: its cell's range reaches to the end (it ties with every slower strategy)."""
+  t = pair["comparison"]["time_to_target"]
+  if cell.variant is not None or t["real"] is None or t["simulated"] is None:
+    return None
+  low, high = t["real_range"]
+  missed = t["real_reached"].split(" of ")[0] != t["real_reached"].split(" of ")[1]
+  return t["real"], [low, float("inf") if missed else high], t["simulated"]
+
+
+def _earlier_calibration(
+  store: Store, size: str, rates: list[float], names: list[str], version: int
+) -> list[str]:
+  """The targets' lines for the pairs of an earlier calibration, when every cell has one."""
+  found = {
+    (rate, cell): store.find(
+      "pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=REAL_RUNS[size], calibration=version
+    )
+    for rate in rates
+    for cell in cells(size, rate, names)
+  }
+  if not found or any(p is None for p in found.values()):
+    return []
+  errors = [p["comparison"]["time_to_target"]["error"] for p in found.values()]
+  absolute = [abs(e) for e in errors if e is not None]
+  taus = []
+  for rate in rates:
+    ranked = {c.name: _ranked(c, p) for (r, c), p in found.items() if r == rate and _ranked(c, p)}
+    tau, *_ = kendall_with_ties(
+      {n: x[0] for n, x in ranked.items()},
+      {n: x[1] for n, x in ranked.items()},
+      {n: x[2] for n, x in ranked.items()},
+    )
+    taus.append(f"{rate:g} Mbit/s {'-' if tau is None else f'{tau:.2f}'}")
+  cal = store.find("calibration", rate_mbit=rates[0], size=size, calibration=version)
+  slowdown = float(cal["config"]["cluster"]["slowdown"]) if cal else 1.0
+  return [
+    f"- With the first calibration ({cal['date'] if cal else 'stored'}: every compute probe computing without a "
+    "pause, so every process shared the cores all the time, where a run's emulated slow worker sleeps "
+    f"{100 * (1 - 1 / slowdown):.0f}% of the time), on the same real runs: median |error| of time to target "
+    f"{100 * statistics.median(absolute):.0f}%, within 25%: {sum(a <= 0.25 for a in absolute)} of "
+    f"{len(absolute)}, Kendall tau {', '.join(taus)}.",
+  ]
+
+
 def report(store: Store, size: str, rates: list[float], names: list[str], command: str) -> str:
   runs, seeds = REAL_RUNS[size], SIM_SEEDS[size]
   lines = [
@@ -458,7 +513,7 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
   ]
   errors, shown, rankings, overheads = [], [], {}, {}
   for rate in rates:
-    cal = store.find("calibration", rate_mbit=rate, size=size)
+    cal = store.find("calibration", rate_mbit=rate, size=size, calibration=CALIBRATION)
     if cal is None:
       lines += [f"## {rate:g} Mbit/s: not measured yet", ""]
       continue
@@ -483,7 +538,9 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
     header = [h.format(target=f"{cal['config']['run']['target_accuracy']:g}") for h in HEADER]
     rows, real, real_range, sim, rounds = [], {}, {}, {}, []
     for cell in cells(size, rate, names):
-      pair = store.find("pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=runs)
+      pair = store.find(
+        "pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=runs, calibration=CALIBRATION
+      )
       if pair is None:
         have = len(_real_rows(store, rate, cell, size))
         rows.append([cell.name, f"{have} of {runs}", "missing"] + ["-"] * (len(header) - 3))
@@ -494,13 +551,9 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       t, u = c["time_to_target"], c["updates_per_second"]
       if t["error"] is not None:
         errors.append((rate, cell.name, t["error"]))
-      if cell.variant is None and t["real"] is not None and t["simulated"] is not None:
-        # A real run that never held the target could have taken any time after the others: its cell's
-        # range reaches to the end (it ties with every slower strategy).
-        low, high = t["real_range"]
-        missed = t["real_reached"].split(" of ")[0] != t["real_reached"].split(" of ")[1]
-        real_range[cell.name] = [low, float("inf") if missed else high]
-        real[cell.name], sim[cell.name] = t["real"], t["simulated"]
+      ranked = _ranked(cell, pair)
+      if ranked is not None:
+        real[cell.name], real_range[cell.name], sim[cell.name] = ranked
       if c["staleness"]["real"] is None and u["real"] and u["simulated"]:  # a synchronous run: no arrivals
         real_ms, sim_ms = 1e3 / u["real"], 1e3 / u["simulated"]
         rounds.append(
@@ -586,8 +639,11 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
         for r, (tau, tied, n) in rankings.items()
       )
       + ".",
-      "",
     ]
+    lines += [
+      line for v in range(1, CALIBRATION) for line in _earlier_calibration(store, size, rates, names, v)
+    ]
+    lines.append("")
   return "\n".join(lines) + "\n"
 
 
@@ -599,7 +655,7 @@ def _time_errors(pairs: list[dict], key: str) -> list[float]:
 
 def _calibrated(store: Store, runs: pathlib.Path, rate: float, size: str) -> pathlib.Path:
   """The calibrated config of cards of ``rate`` Mbit/s: the store's, else measured now and stored."""
-  cal = store.find("calibration", rate_mbit=rate, size=size)
+  cal = store.find("calibration", rate_mbit=rate, size=size, calibration=CALIBRATION)
   path = runs / f"calibrated_{rate:g}mbit.yaml"
   runs.mkdir(parents=True, exist_ok=True)
   if cal is None:
@@ -607,6 +663,7 @@ def _calibrated(store: Store, runs: pathlib.Path, rate: float, size: str) -> pat
     raw = calibrate_on_hosts(rate, OVERRIDES[size], path)
     cal = {
       "kind": "calibration",
+      "calibration": CALIBRATION,
       "rate_mbit": rate,
       "size": size,
       "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
@@ -678,7 +735,7 @@ def run_simulated(store: Store, runs: pathlib.Path, size: str, rates: list[float
   """The simulated runs of each cell whose real runs are all stored, and their comparison."""
   n = REAL_RUNS[size]
   for rate in rates:
-    if store.find("calibration", rate_mbit=rate, size=size) is None:
+    if store.find("calibration", rate_mbit=rate, size=size, calibration=CALIBRATION) is None:
       continue
     calibrated = _calibrated(store, runs, rate, size)
     cfg = config_lib.load(calibrated)
@@ -687,7 +744,7 @@ def run_simulated(store: Store, runs: pathlib.Path, size: str, rates: list[float
       reals = _real_rows(store, rate, cell, size)
       if any(i not in reals for i in range(n)):
         continue
-      if store.find("pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=n) is not None:
+      if store.find("pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=n, calibration=CALIBRATION):
         continue
       print(f"[{NAME}] {rate:g} Mbit/s, {cell.name}: simulated runs", file=sys.stderr, flush=True)
       chosen = [*strategy_overrides(cfg, cell.strategy), *cell.overrides]
@@ -701,6 +758,7 @@ def run_simulated(store: Store, runs: pathlib.Path, size: str, rates: list[float
       store.add(
         {
           "kind": "pair",
+          "calibration": CALIBRATION,
           "rate_mbit": rate,
           "cell": cell.name,
           "strategy": cell.strategy,

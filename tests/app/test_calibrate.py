@@ -160,3 +160,40 @@ def test_the_collective_probe_times_all_reduces_across_processes_and_calibrate_w
 def test_the_collective_probe_refuses_bad_arguments_before_starting_anything(kwargs, match):
   with pytest.raises(ValueError, match=match):
     calibrate.collective_probe(4096, **kwargs)
+
+
+def test_a_compute_probe_standing_for_a_slow_worker_sleeps_between_its_steps_as_the_run_does():
+  import time
+
+  import jax.numpy as jnp
+
+  from jaxsync._src.calibration import calibration, probes
+
+  params = jnp.ones(4096)
+
+  def loss(p, batch):
+    return jnp.sum((p * batch) ** 2)
+
+  began = time.perf_counter()
+  times = probes.step_times(loss, params, lambda i: jnp.full(4096, float(i)), steps=5, slowdown=4.0)
+  wall = time.perf_counter() - began
+  assert times.shape == (5,) and np.all(times > 0)
+  # Each step is followed by 3x its own time asleep: the probe spends at least 4x its steps' time.
+  assert wall >= 4.0 * times.sum()
+  with pytest.raises(ValueError, match="slowdown=0.5"):
+    probes.step_times(loss, params, lambda i: params, steps=2, slowdown=0.5)
+  _, _, source = calibration.compute_from(times, processes=3, batch_size=8, probe_slowdowns=(1.0, 1.0, 4.0))
+  assert (
+    "3 process(es) at once (1 of them an emulated slow worker, sleeping 3x each step as in a run)" in source
+  )
+  _, _, plain = calibration.compute_from(times, processes=3, batch_size=8)
+  assert "3 process(es) at once on " in plain
+
+
+def test_compute_probe_i_stands_for_the_runs_unit_i_slow_where_the_run_emulates_it():
+  emulated = experiment.build(config_lib.load(QUICKSTART, TWO))
+  assert calibrate.probe_slowdowns(emulated, 2) == (1.0, 3.0)
+  assert calibrate.probe_slowdowns(emulated, 3) == (1.0, 3.0, 1.0)  # more probes than workers: fast
+  assert calibrate.probe_slowdowns(emulated, 1) == (1.0,)
+  plain = experiment.build(config_lib.load(QUICKSTART, [*TWO, "cluster.emulate_slow_workers=false"]))
+  assert calibrate.probe_slowdowns(plain, 2) == (1.0, 1.0)

@@ -2,7 +2,9 @@
 
 The compute probe runs in ``processes`` processes at once when asked, as a
 run's workers share a machine's cores; each process builds the config's model
-and data, warms up, and times the same seconds (a common start time).
+and data, warms up, and times the same seconds (a common start time). A
+process that stands for one of the run's emulated slow workers sleeps between
+its steps as that worker does, so the probes load the cores as the run will.
 """
 
 from __future__ import annotations
@@ -35,20 +37,34 @@ def _start_slack(processes: int) -> float:
 _PROBE = "import sys; from jaxsync._src.app.calibrate import _probe_main; _probe_main(sys.argv[1:])"
 
 
-def _step_seconds(exp: experiment.Experiment, steps: int, start_at: float | None):
+def _step_seconds(exp: experiment.Experiment, steps: int, start_at: float | None, slowdown: float = 1.0):
   """Worker 0's step times of ``exp``'s model on its own batches (:func:`probes.step_times`)."""
   from jaxsync._src.calibration import probes
 
   return probes.step_times(
-    exp.loss_fn, exp.model.params, lambda i: exp.data.batch(0, i), steps=steps, start_at=start_at
+    exp.loss_fn,
+    exp.model.params,
+    lambda i: exp.data.batch(0, i),
+    steps=steps,
+    start_at=start_at,
+    slowdown=slowdown,
   )
 
 
 def _probe_main(argv: list[str]) -> None:
   """One extra compute probe (a subprocess): prints its step times as JSON."""
   config_path, overrides, steps, start_at = argv[0], json.loads(argv[1]), int(argv[2]), float(argv[3])
+  slowdown = float(argv[4])
   exp = experiment.build(config_lib.load(pathlib.Path(config_path), overrides))
-  print(json.dumps(_step_seconds(exp, steps, start_at).tolist()))
+  print(json.dumps(_step_seconds(exp, steps, start_at, slowdown).tolist()))
+
+
+def probe_slowdowns(exp: experiment.Experiment, processes: int) -> tuple[float, ...]:
+  """Each compute probe's emulated slowdown: probe ``i`` stands for the run's unit ``i``, slow as the run
+  emulates it (``cluster.emulate_slow_workers``; 1 otherwise), so the probes share the cores as the run's
+  processes do: a slow one sleeps through part of each step's time, as it does in the run."""
+  units = exp.slowdowns() or ()
+  return tuple(float(units[i]) if i < len(units) else 1.0 for i in range(processes))
 
 
 _COLLECTIVE = (
@@ -229,8 +245,11 @@ def calibrate(
       "the probe, this one included)."
     )
   exp = experiment.build(cfg)
+  slowdowns = probe_slowdowns(exp, processes)
+  slow = sum(f > 1.0 for f in slowdowns)
   say(
     f"compute: {steps} steps of {cfg.model.name} on batches of {cfg.data.batch_size}, {processes} process(es)"
+    + (f", {slow} of them an emulated slow worker" if slow else "")
   )
   start_at = time.time() + _start_slack(processes) if processes > 1 else None
   extra = [
@@ -243,14 +262,15 @@ def calibrate(
         json.dumps(list(overrides)),
         str(steps),
         str(start_at),
+        str(slowdowns[i]),
       ],
       stdout=subprocess.PIPE,
       text=True,
       env={**os.environ, "JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS", "cpu")},
     )
-    for _ in range(processes - 1)
+    for i in range(1, processes)
   ]
-  pooled = [_step_seconds(exp, steps, start_at)]
+  pooled = [_step_seconds(exp, steps, start_at, slowdowns[0])]
   for p in extra:
     out, _ = p.communicate(timeout=600)
     if p.returncode != 0:
@@ -264,6 +284,7 @@ def calibrate(
     batch_size=cfg.data.batch_size,
     step_seconds=np.concatenate(pooled),
     processes=processes,
+    probe_slowdowns=slowdowns,
     link_to=link_to,
     eval_fn=exp.eval_fn,
   )

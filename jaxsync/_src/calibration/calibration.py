@@ -7,7 +7,7 @@ import datetime
 import os
 import platform
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -73,14 +73,23 @@ def machine() -> str:
   )
 
 
-def compute_from(times: np.ndarray, *, processes: int, batch_size: int) -> tuple[float, float, str]:
+def compute_from(
+  times: np.ndarray, *, processes: int, batch_size: int, probe_slowdowns: Sequence[float] = ()
+) -> tuple[float, float, str]:
   """``(compute_time, jitter_shape, source)`` of measured step times (:func:`probes.step_times`, pooled
-  over ``processes`` processes that measured at once)."""
+  over ``processes`` processes that measured at once, those with a ``probe_slowdowns`` factor above 1
+  emulating a slow worker)."""
   times = np.asarray(times, np.float64)
   mean, shape = float(times.mean()), fit.gamma_shape(times)
+  slow = [f for f in probe_slowdowns if f > 1.0]
+  emulated = (
+    f" ({len(slow)} of them an emulated slow worker, sleeping {max(slow) - 1:g}x each step as in a run)"
+    if slow
+    else ""
+  )
   source = (
     f"measured: {times.size} steps of the model's gradient on batches of {batch_size}, "
-    f"{processes} process(es) at once on {machine()}; mean {mean * 1e3:.3f} ms, "
+    f"{processes} process(es) at once{emulated} on {machine()}; mean {mean * 1e3:.3f} ms, "
     f"coefficient of variation {1 / np.sqrt(shape):.3f}"
   )
   return mean, shape, source
@@ -145,6 +154,7 @@ def calibrate(
   steps: int = 100,
   step_seconds: np.ndarray | None = None,
   processes: int = 1,
+  probe_slowdowns: Sequence[float] = (),
   link_to: str | None = None,
   rounds: int = 20,
   eval_fn: Callable[[Any], Any] | None = None,
@@ -165,6 +175,8 @@ def calibrate(
     steps: steps timed when ``step_seconds`` is not given.
     step_seconds: step times measured elsewhere.
     processes: how many processes measured ``step_seconds`` at once.
+    probe_slowdowns: those processes' emulated slowdowns (above 1: a slow
+      worker's probe that slept between its steps), for the record.
     link_to: a remote echo's ``tcp://host:port``; default loopback.
     rounds: round trips per message size.
     eval_fn: ``params -> metrics`` on the held-out data; its jitted time is
@@ -180,7 +192,7 @@ def calibrate(
   if step_seconds is None:
     step_seconds = probes.step_times(loss_fn, params, batch_of, steps=steps)
   compute_time, jitter, compute_source = compute_from(
-    step_seconds, processes=processes, batch_size=batch_size
+    step_seconds, processes=processes, batch_size=batch_size, probe_slowdowns=probe_slowdowns
   )
   message_bytes = int(sum(np.dtype(x.dtype).itemsize * np.size(x) for x in jax.tree.leaves(params)))
   link, link_source = measure_link(message_bytes, link_to=link_to, rounds=rounds)

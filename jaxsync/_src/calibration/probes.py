@@ -40,9 +40,15 @@ def step_times(
   steps: int = 100,
   warmup: int = 3,
   start_at: float | None = None,
+  slowdown: float = 1.0,
 ) -> np.ndarray:
   """Seconds of each of ``steps`` worker-steps: the jitted loss and gradient of ``loss_fn`` at ``params``
   on batch ``batch_of(i)``, waited for, after ``warmup`` steps (the first compiles).
+
+  With ``slowdown`` above 1 the probe stands for an emulated slow worker: after
+  each step it sleeps ``slowdown - 1`` times that step, as a run's emulated slow
+  worker does (``cluster.emulate_slow_workers``), so that probes sharing the
+  cores share them as the run's workers do. Only the steps are returned.
 
   Args:
     loss_fn: ``(params, batch) -> scalar``.
@@ -53,12 +59,14 @@ def step_times(
     start_at: optional ``time.time()`` to wait for after the warm-up, so that
       several processes measure over the same seconds (sharing the cores as
       a run's workers do).
+    slowdown: ``>= 1``, the emulated slow worker's factor (1: a fast worker).
 
   Returns:
     ``float64[steps]``.
   """
   steps = validation.check_int(_WHAT, "steps", steps, low=2)
   warmup = validation.check_int(_WHAT, "warmup", warmup, low=1)
+  slowdown = validation.check_real(_WHAT, "slowdown", slowdown, low=1.0)
   step = jax.jit(jax.value_and_grad(loss_fn))
   batches = [batch_of(i) for i in range(warmup + steps)]
   for i in range(warmup):
@@ -70,6 +78,8 @@ def step_times(
     began = time.perf_counter()
     jax.block_until_ready(step(params, batches[warmup + i]))
     times[i] = time.perf_counter() - began
+    if slowdown > 1.0:
+      time.sleep((slowdown - 1.0) * times[i])
   return times
 
 
