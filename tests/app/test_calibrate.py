@@ -197,3 +197,23 @@ def test_compute_probe_i_stands_for_the_runs_unit_i_slow_where_the_run_emulates_
   assert calibrate.probe_slowdowns(emulated, 1) == (1.0,)
   plain = experiment.build(config_lib.load(QUICKSTART, [*TWO, "cluster.emulate_slow_workers=false"]))
   assert calibrate.probe_slowdowns(plain, 2) == (1.0, 1.0)
+
+
+def test_round_trips_after_an_idle_pause_wait_it_out_before_each_and_time_only_the_trip():
+  import time
+
+  from jaxsync._src.calibration import probes
+
+  echo = probes.EchoServer().start()
+  try:
+    address = echo.address
+    began = time.perf_counter()
+    trips = probes.round_trips(address, [4096], rounds=3, warmup=1, pause=0.05)[4096]
+    wall = time.perf_counter() - began
+    assert trips.shape == (3,) and np.all(trips > 0)
+    assert wall >= 4 * 0.05  # the pause before each of the 4 trips (1 warm-up), not inside the times
+    assert trips.max() < 0.05
+    with pytest.raises(ValueError, match="pause=-1"):
+      probes.round_trips(address, [4096], pause=-1.0)
+  finally:
+    echo.stop()
