@@ -377,6 +377,7 @@ start_cluster() {
   if ((NETNS)); then
     for ((i = 0; i < N; i++)); do
       ns=$(ns_name "$i")
+      mkdir -p "$DIR/spool/node$i" # slurmd makes it, but only after it has looked for its socket there
       # nsenter --net, not `ip netns exec`: that one mounts a fresh /sys, which hides /sys/fs/cgroup,
       # without which slurmd 22.05 does not start (it initializes its cgroup plugin whatever the
       # ProctrackType). The mount namespace gets the nodes' /etc/hosts; the UTS namespace the node's name.
@@ -385,6 +386,7 @@ start_cluster() {
         >>"$LOGS/slurmd-node$i.out" 2>&1 || fail "slurmd on node$i failed to start"
     done
   else
+    mkdir -p "$DIR/spool/$CTL_HOST"
     slurmd -f "$CONF" >>"$LOGS/slurmd-$CTL_HOST.out" 2>&1 || fail "slurmd failed to start"
   fi
   echo "$want" >"$DIR/cluster.env"
