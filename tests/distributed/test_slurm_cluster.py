@@ -9,6 +9,7 @@ missing the test skips, naming the command that installs them.
 
 from __future__ import annotations
 
+import json
 import os
 import pathlib
 import re
@@ -16,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 
@@ -132,3 +134,83 @@ def test_slurm_cluster_runs_jobs_across_three_nodes(slurm):
     assert p["COUNT"] == "3" and p["HOW"] == "SlurmCluster" and p["PSUM"] == "6.0", p
     assert re.fullmatch(r"node0:\d+", p["COORDINATOR"]), p
   assert sorted(p["ADVERTISE"] for p in processes) == [f"10.99.0.{i + 1}" for i in range(NODES)]
+
+
+EXAMPLES = ROOT / "examples" / "slurm"
+# A short MLP run: 1000 rounds of 3 workers, checkpoints only at the chunk a SIGTERM stops.
+SHORT = [
+  "--set=model.name=mlp",
+  "--set=run.eval_every=50",
+  "--set=run.target_accuracy=0.9",
+  "--set=run.checkpoint_every=null",
+  "--set=run.chunk=50",
+]
+
+
+def _job_env(env: dict[str, str]) -> dict[str, str]:
+  """The cluster's client environment with this Python's `jaxsync` first on PATH (a job inherits it)."""
+  return dict(env, PATH=os.pathsep.join([str(pathlib.Path(sys.executable).parent), env.get("PATH", "")]))
+
+
+def _submit(env, script: str, run: pathlib.Path, out: pathlib.Path, *sets: str, wait: bool = False) -> str:
+  """``sbatch`` of an example from the repository's root (as its usage says); returns the job id."""
+  argv = ["sbatch", "--parsable", *(["--wait"] if wait else []), "-o", str(out), str(EXAMPLES / script)]
+  done = subprocess.run(
+    [*argv, str(run), *sets], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600 if wait else 60
+  )
+  assert done.returncode == 0, f"{done.stdout}{done.stderr}\n{out.read_text() if out.exists() else ''}"
+  return done.stdout.strip().split(";")[0]
+
+
+def _fingerprints(text: str) -> dict[str, str]:
+  return dict(re.findall(r"process (\d): final parameters sha256 (\w+)", text))
+
+
+def _job(env, job: str) -> dict[str, str]:
+  shown = subprocess.run(["scontrol", "show", "job", job], env=env, capture_output=True, text=True).stdout
+  return dict(re.findall(r"(\w+)=(\S*)", shown))
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("script", ["asp.sbatch", "diloco.sbatch"])
+def test_the_slurm_examples_run_an_asynchronous_and_a_diloco_job_to_the_end(slurm, tmp_path, script):
+  env, folder = slurm
+  run, out = tmp_path / "run", tmp_path / "job.out"
+  _submit(_job_env(env), script, run, out, *SHORT, "--set=run.gradients=300", wait=True)
+  text = out.read_text()
+  assert "jaxsync on SLURM: job" in text and "3 tasks" in text, text[-3000:]
+  summary = json.loads((run / "summary.json").read_text())
+  assert summary["gradients"] >= 300, summary
+
+
+@pytest.mark.heavy
+def test_a_slurm_job_preempted_by_its_notice_requeues_itself_and_ends_as_an_uninterrupted_one(
+  slurm, tmp_path
+):
+  """The all-reduce example twice: once to the end, once sent SLURM's notice (SIGTERM to the batch shell)
+  mid-run. The notice reaches every process, which checkpoint and exit 75; the job requeues itself,
+  resumes from its run directory, and ends with the same final parameters, bit for bit."""
+  env, _ = slurm
+  env = _job_env(env)
+  sets = [*SHORT, "--set=run.gradients=3000"]
+  _submit(env, "allreduce.sbatch", tmp_path / "whole", tmp_path / "whole.out", *sets, wait=True)
+  reference = _fingerprints((tmp_path / "whole.out").read_text())
+  assert set(reference) == {"0", "1", "2"} and len(set(reference.values())) == 1, reference
+
+  run, out = tmp_path / "preempted", tmp_path / "preempted.out"
+  job = _submit(env, "allreduce.sbatch", run, out, *sets)
+  deadline = time.monotonic() + 240
+  while not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text().count('"train"') < 3:
+    assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else "no output"
+    time.sleep(0.5)
+  subprocess.run(["scancel", "--signal=TERM", "--batch", job], env=env, check=True, timeout=30)
+  deadline = time.monotonic() + 420
+  while (state := _job(env, job)).get("JobState") != "COMPLETED":
+    assert state.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), (state, out.read_text()[-3000:])
+    assert time.monotonic() < deadline, (state, out.read_text()[-3000:])
+    time.sleep(1.0)
+  text = out.read_text()
+  assert state["Restarts"] == "1", state
+  assert "requeueing job" in text and "preempted (SIGTERM)" in text, text[-3000:]
+  assert _fingerprints(text) == reference, text[-3000:]
+  assert json.loads((run / "summary.json").read_text())["updates"] == 1000
