@@ -4,6 +4,8 @@
 #      or with password-less sudo: Fashion-MNIST (dataset-fashion-mnist puts the four IDX files under
 #      /usr/share/datasets/fashion-mnist/) and the Jargon File (jargon-text puts jargon.txt.gz under
 #      /usr/share/doc/jargon-text/), each where jaxsync looks by default;
+#      for the heavy tier, SLURM (slurm-wlm and munge: the tests that run jobs on a real SLURM cluster of
+#      network-namespace hosts, scripts/slurm_cluster.sh), where it can, or those tests skip saying so;
 #   2. jaxsync and its test extras, into the active Python environment;
 #   3. pytest on two processes, one tier:
 #        scripts/test.sh            the fast tier, what a developer runs after every change (the tests not
@@ -49,6 +51,20 @@ if [ ${#packages[@]} -gt 0 ]; then
       echo "test.sh: not root and no password-less sudo; install the test data with:" \
         "sudo apt-get install ${packages[*]}" >&2
     fi
+  fi
+fi
+
+heavy=0
+for arg in "$@"; do
+  case "$arg" in --heavy | --all) heavy=1 ;; esac
+done
+if [ "$heavy" = 1 ] && ! command -v slurmctld >/dev/null && command -v apt-get >/dev/null; then
+  sudo=()
+  if [ "$(id -u)" != 0 ]; then sudo=(sudo -n); fi
+  slurm=(apt-get install -y -q --no-install-recommends slurm-wlm munge)
+  if ! ${sudo[@]+"${sudo[@]}"} "${slurm[@]}"; then
+    ${sudo[@]+"${sudo[@]}"} apt-get update -q && ${sudo[@]+"${sudo[@]}"} "${slurm[@]}" \
+      || echo "test.sh: SLURM (slurm-wlm, munge) could not be installed; the slurm tests will skip" >&2
   fi
 fi
 
