@@ -33,7 +33,8 @@ PORT = 4321  # the coordinator's port in host 0, where nothing else listens
 # A shaped card's burst, in seconds at its rate: what a token bucket lets through at once after an idle
 # spell. A real card has none; 10 ms keeps a busy machine's streams at the rate, 1 ms (125 KB at 1 Gbit/s)
 # still does here (a stream of 605 KB messages echoed: 116 MB/s at 1 Gbit/s, 11.3 MB/s at 100 Mbit/s, against
-# 118 and 11.1 with 10 ms) while a message after an idle spell rides far less of it.
+# 118 and 11.1 with 10 ms; measured once, 2026-11-27, on a 2-core VM) while a message after an idle spell
+# rides far less of it.
 BURST_SECONDS = 0.01
 _count = itertools.count()
 
@@ -118,8 +119,8 @@ class Hosts:
 
 def _token_bucket(device: str, rate_mbit: float, burst_seconds: float = BURST_SECONDS) -> list[str]:
   """``tc qdisc`` arguments shaping ``device``'s egress to ``rate_mbit``: a token bucket with a burst
-  of ``burst_seconds`` at the rate (at least 32 KB: a 64 KB burst at 1 Gbit/s held a stream to 87 MB/s
-  here, 125 KB let it reach the rate) and 100 ms of queue."""
+  of ``burst_seconds`` at the rate (at least 32 KB: a 64 KB burst at 1 Gbit/s held a stream to 87 MB/s,
+  125 KB let it reach the rate, measured once on a 2-core VM) and 100 ms of queue."""
   burst = max(32 * 1024, int(rate_mbit * 1e6 / 8 * burst_seconds))
   return [
     "qdisc",

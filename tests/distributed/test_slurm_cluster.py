@@ -214,3 +214,16 @@ def test_a_slurm_job_preempted_by_its_notice_requeues_itself_and_ends_as_an_unin
   assert "requeueing job" in text and "preempted (SIGTERM)" in text, text[-3000:]
   assert _fingerprints(text) == reference, text[-3000:]
   assert json.loads((run / "summary.json").read_text())["updates"] == 1000
+
+
+def test_a_slurm_example_outside_a_slurm_job_stops_at_once_saying_how_to_submit_it(tmp_path):
+  """The examples' step without SLURM's environment: one clear line, nothing started, no run directory."""
+  env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+  run = tmp_path / "run"
+  done = subprocess.run(
+    ["bash", "-c", f"source {EXAMPLES / 'jaxsync_step.sh'}; run_jaxsync {run} configs/quickstart.yaml"],
+    cwd=ROOT, env=env, capture_output=True, text=True, timeout=30,
+  )  # fmt: skip
+  assert done.returncode != 0
+  assert "SLURM_JOB_ID: not a SLURM job: submit this script with sbatch" in done.stderr, done.stderr
+  assert not run.exists()
