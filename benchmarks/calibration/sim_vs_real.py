@@ -578,41 +578,6 @@ def _ranked(cell: Cell, pair: dict) -> tuple[float, list[float], float] | None:
   return t["real"], [low, float("inf") if missed else high], t["simulated"]
 
 
-def _earlier_calibration(
-  store: Store, size: str, rates: list[float], names: list[str], version: int
-) -> list[str]:
-  """The targets' lines for the pairs of an earlier calibration, when every cell has one."""
-  found = {
-    (rate, cell): store.find(
-      "pair", rate_mbit=rate, cell=cell.name, size=size, real_runs=REAL_RUNS[size], calibration=version
-    )
-    for rate in rates
-    for cell in cells(size, rate, names)
-  }
-  if not found or any(p is None for p in found.values()):
-    return []
-  errors = [p["comparison"]["time_to_target"]["error"] for p in found.values()]
-  absolute = [abs(e) for e in errors if e is not None]
-  taus = []
-  for rate in rates:
-    ranked = {c.name: _ranked(c, p) for (r, c), p in found.items() if r == rate and _ranked(c, p)}
-    tau, *_ = kendall_with_ties(
-      {n: x[0] for n, x in ranked.items()},
-      {n: x[1] for n, x in ranked.items()},
-      {n: x[2] for n, x in ranked.items()},
-    )
-    taus.append(f"{rate:g} Mbit/s {'-' if tau is None else f'{tau:.2f}'}")
-  cal = store.find("calibration", rate_mbit=rates[0], size=size, calibration=version)
-  slowdown = float(cal["config"]["cluster"]["slowdown"]) if cal else 1.0
-  return [
-    f"- With the first calibration ({cal['date'] if cal else 'stored'}: every compute probe computing without a "
-    "pause, so every process shared the cores all the time, where a run's emulated slow worker sleeps "
-    f"{100 * (1 - 1 / slowdown):.0f}% of the time), on the same real runs: median |error| of time to target "
-    f"{100 * statistics.median(absolute):.0f}%, within 25%: {sum(a <= 0.25 for a in absolute)} of "
-    f"{len(absolute)}, Kendall tau {', '.join(taus)}.",
-  ]
-
-
 def report(store: Store, size: str, rates: list[float], names: list[str], command: str) -> str:
   runs, seeds = REAL_RUNS[size], SIM_SEEDS[size]
   lines = [
@@ -763,9 +728,6 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
         for r, (tau, tied, n) in rankings.items()
       )
       + ".",
-    ]
-    lines += [
-      line for v in range(1, CALIBRATION) for line in _earlier_calibration(store, size, rates, names, v)
     ]
     lines += [SUMMARY[1], ""]
   return "\n".join(lines) + "\n"
