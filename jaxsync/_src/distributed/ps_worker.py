@@ -45,8 +45,8 @@ from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.distributed import local_devices, wire
 from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.distributed.server import server_step, shards
-from jaxsync._src.rules import contracts
-from jaxsync._src.steps import arrival
+from jaxsync._src.rules import contracts, guard
+from jaxsync._src.steps import arrival, sync_round
 from jaxsync._src.strategies.strategy import Strategy, WorkerProtocol
 
 log = logging.getLogger("jaxsync.worker")
@@ -146,6 +146,8 @@ def run_worker(
   link.slowdown = slowdown
   link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
   loop = _elastic_loop if server_step.mode(strategy) == "elastic" else _gradient_loop
+  if strategy.elastic_membership:
+    loop = _local_rounds_loop
   start = time.perf_counter()
   try:
     pushes, compute_times = loop(strategy, loss_fn, gradient, data, params_like, unravel, link)
@@ -306,6 +308,66 @@ def _gradient_loop(
       )
       link.send(push, flat)
       pushes += 1
+  except _Stop:
+    return pushes, compute_times
+
+
+def _local_rounds_loop(
+  strategy: Strategy, loss_fn, gradient, data: WorkerData, params_like, unravel, link: _Link
+):
+  """Elastic DiLoCo's worker: each round's local steps from the global parameters, its pseudo-gradient pushed.
+
+  The reply names the round (its number is the version on the wire) and carries the global parameters
+  ``theta`` after the previous round; the worker mixes them into its model (:func:`sync_round.mixed_model`,
+  ``x = theta`` for DiLoCo), takes the round's ``H - tau`` local steps, pushes the pseudo-gradient of the
+  round's fragment, and takes the ``tau`` overlapped steps while the server collects the round. A worker
+  that (re)joins starts from ``theta`` with a fresh inner optimizer. A round that closed without this
+  worker's push drops it (the server counts it); the worker goes on from the newest parameters.
+  """
+  del gradient  # the local steps take their own gradients (one device)
+  worker = link.worker
+  batch_fn = lambda data, t: data.batch(worker, t)  # noqa: E731
+
+  @jax.jit
+  def before(theta_flat, x, state, step, fragment, data):
+    theta = unravel(theta_flat)
+    work = sync_round.work_before_exchange(
+      strategy, loss_fn, lambda t: batch_fn(data, t), theta, x, state, step, fragment
+    )
+    message = ravel_pytree(work.contribution)[0]
+    return work, message, jnp.mean(work.losses), guard.tree_all_finite(work.contribution)
+
+  @jax.jit
+  def during(work, step, data):
+    return sync_round.work_during_exchange(strategy, loss_fn, lambda t: batch_fn(data, t), work, step)
+
+  @jax.jit
+  def mixed(theta_flat, x, fragment):
+    return sync_round.mixed_model(strategy, unravel(theta_flat), x, fragment)
+
+  held = None  # (model, fragment) of the last round this worker pushed
+  state = strategy.worker_rule.init(params_like)
+  pushes, compute_times = 0, []
+  try:
+    while True:
+      reply, payload = link.reply(newest=True)
+      began = time.perf_counter()
+      theta = wire.to_device(payload)
+      x = unravel(theta) if held is None else mixed(theta, *held)
+      fragment = sync_round.round_fragment(strategy, reply.version)
+      step = jnp.int32(reply.step)
+      work, flat, loss, finite = before(theta, x, state, step, fragment, data)
+      flat = np.asarray(flat)  # waits for the result: the compute before the exchange ends here
+      compute_times.append(time.perf_counter() - began)
+      link.pace(compute_times)
+      push = link.header(
+        wire.Kind.PUSH, version=reply.version, step=reply.step, loss=float(loss), finite=bool(finite),
+        count=link.count,
+      )  # fmt: skip
+      link.send(push, flat)
+      pushes += 1
+      work = during(work, step, data)
+      held, state = (work.model, fragment), work.worker_state
   except _Stop:
     return pushes, compute_times
 

@@ -195,7 +195,11 @@ class RoundEngine:
 
     With an overlap ``tau`` (Streaming DiLoCo) the fragment's exchange runs
     during the round's last ``tau`` steps: the round ends when both the
-    slowest worker's steps and the exchange are done.
+    slowest worker's steps and the exchange are done. With elastic membership
+    and a deadline, the mean is over the workers whose pseudo-gradients came
+    by it (:meth:`TimeModel.delivered_by_deadline`) and the round waits only
+    for them; the others' models go on from the new parameters, as a real
+    worker whose push came late does.
     """
     strategy, time_model = self.strategy, self.time_model
     num_workers = strategy.num_workers
@@ -208,11 +212,18 @@ class RoundEngine:
       )
 
     work = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, s.steps)
-    mean_delta = jax.tree.map(lambda d: jnp.mean(d, axis=0), work.contribution)
-    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
     offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
     step_times = jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets)
-    before, during = time_model.local_round_compute(step_times, strategy.exchange.overlap)
+    kept = time_model.delivered_by_deadline(strategy, step_times)
+    weights = kept.astype(jnp.float32) / jnp.sum(kept).astype(jnp.float32)
+    mean_delta = jax.tree.map(
+      lambda d: (
+        jnp.tensordot(weights.astype(d.dtype), d, axes=1) if strategy.deadline else jnp.mean(d, axis=0)
+      ),
+      work.contribution,
+    )
+    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
+    before, during = time_model.local_round_compute(step_times, strategy.exchange.overlap, kept)
     exchange = jnp.asarray(self._exchange_times(s.params), jnp.float32)[fragment]  # Python floats: not x64
     end = s.clock + before + jnp.maximum(exchange, during)
     models = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(work.model)
@@ -224,9 +235,9 @@ class RoundEngine:
       end=end,
       busy=jnp.sum(step_times, axis=0),
       started=strategy.local_steps,
-      kept=jnp.full([num_workers], update.finite),
+      kept=kept & update.finite,
       loss=jnp.mean(jnp.mean(work.losses, axis=0)),  # over the workers, then over the local steps
-      keep=num_workers,
+      keep=jnp.sum(kept).astype(jnp.int32),
       worker_params=models,
       worker_state=work.worker_state,
     )

@@ -431,7 +431,33 @@ class TimeModel:
       return jnp.sort(durations, axis=-1)[..., keep - 1]
     return jnp.max(durations, axis=-1)
 
-  def local_round_compute(self, step_times: jax.Array, overlap: int) -> tuple[jax.Array, jax.Array]:
+  def delivered_by_deadline(self, strategy: Strategy, step_times: jax.Array) -> jax.Array:
+    r"""Which workers' pseudo-gradients a local round averages: every worker's, or with elastic membership and a
+    deadline ``d``, those that came by the round's close.
+
+    With ``b_k`` worker ``k``'s compute before its exchange (the round's first ``H - tau`` steps) and
+    ``b_{(q)}`` the ``q``-th smallest (``q``: the quorum), the round closes at
+    ``max(min_k b_k + d, b_{(q)})``: ``d`` after the first pushed pseudo-gradient, later if the quorum was
+    not in by then. The pushes' transfer is the same for every worker, so it shifts every arrival alike.
+
+    Args:
+      strategy: a synchronous local strategy.
+      step_times: ``[H, K]`` each worker's step times of the round.
+
+    Returns:
+      ``bool[K]``.
+    """
+    num_workers = step_times.shape[1]
+    if not strategy.elastic_membership or strategy.deadline is None:
+      return jnp.ones([num_workers], jnp.bool_)
+    local_steps = step_times.shape[0]
+    before = jnp.sum(step_times[: local_steps - strategy.exchange.overlap], axis=0)
+    close = jnp.maximum(jnp.min(before) + strategy.deadline, jnp.sort(before)[strategy.quorum - 1])
+    return before <= close
+
+  def local_round_compute(
+    self, step_times: jax.Array, overlap: int, kept: jax.Array | None = None
+  ) -> tuple[jax.Array, jax.Array]:
     r"""A local round's compute, split at its exchange: ``(before, during)``.
 
     Every worker takes its ``H`` local steps on its own; the pseudo-gradient
@@ -446,16 +472,18 @@ class TimeModel:
     Args:
       step_times: ``[H, K]`` each worker's step times of the round.
       overlap: ``tau``, the steps the exchange overlaps.
+      kept: ``bool[K]``, the workers the round waits for (:meth:`delivered_by_deadline`); default all.
 
     Returns:
-      ``before`` (the slowest worker's steps up to the exchange) and
-      ``during`` (the slowest worker's overlapped steps).
+      ``before`` (the slowest kept worker's steps up to the exchange) and
+      ``during`` (the slowest kept worker's overlapped steps).
     """
     local_steps = step_times.shape[0]
     offsets = jnp.arange(local_steps, dtype=jnp.int32)
     overlapped = offsets[:, None] >= local_steps - overlap
-    before = jnp.max(jnp.sum(jnp.where(overlapped, 0.0, step_times), axis=0))
-    during = jnp.max(jnp.sum(jnp.where(overlapped, step_times, 0.0), axis=0))
+    waited = jnp.ones(step_times.shape[1:], jnp.bool_) if kept is None else kept
+    before = jnp.max(jnp.where(waited, jnp.sum(jnp.where(overlapped, 0.0, step_times), axis=0), 0.0))
+    during = jnp.max(jnp.where(waited, jnp.sum(jnp.where(overlapped, step_times, 0.0), axis=0), 0.0))
     return before, during
 
   def local_exchange_time(self, strategy: Strategy, wire_bytes: float, held_bytes: float) -> float:

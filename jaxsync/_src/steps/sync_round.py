@@ -99,19 +99,41 @@ def local_work(
   The pseudo-gradient (DiLoCo's sign) is quantized to the exchange's wire
   format (:func:`jaxsync._src.rules.quantize.quantized`); with an overlap
   ``tau > 0`` (Streaming DiLoCo) it is taken ``tau`` steps before the round
-  ends, and the exchange runs while the worker takes them.
+  ends, and the exchange runs while the worker takes them. The two halves are
+  :func:`work_before_exchange` and :func:`work_during_exchange` (a worker of a
+  parameter server sends its pseudo-gradient between them).
   """
+  work = work_before_exchange(strategy, loss_fn, batch_fn, params, x, worker_state, step, fragment)
+  return work_during_exchange(strategy, loss_fn, batch_fn, work, step)
+
+
+def work_before_exchange(
+  strategy: Strategy, loss_fn, batch_fn: Callable[[jax.Array], Any], params, x, worker_state, step, fragment
+) -> LocalWork:
+  """The round's first ``H - tau`` local steps and the pseudo-gradient of ``fragment`` they end in (quantized)."""
   exchange = strategy.exchange
   first = strategy.local_steps - exchange.overlap
   x, worker_state, losses = local_steps(strategy, loss_fn, batch_fn, x, worker_state, step, first)
   delta = diloco.fragment_pseudo_gradient(params, x, fragment, exchange.fragments)
   delta = quantize.quantized(delta, exchange.quantize, exchange.quantize_block)
-  if exchange.overlap:
-    x, worker_state, more = local_steps(
-      strategy, loss_fn, batch_fn, x, worker_state, step + first, exchange.overlap
-    )
-    losses = jnp.concatenate([losses, more])
   return LocalWork(x, worker_state, losses, delta)
+
+
+def work_during_exchange(
+  strategy: Strategy, loss_fn, batch_fn: Callable[[jax.Array], Any], work: LocalWork, step
+) -> LocalWork:
+  """The round's last ``tau`` local steps, taken while its exchange runs (``work`` itself when ``tau = 0``).
+
+  ``step`` is the round's first data step, as for :func:`work_before_exchange`.
+  """
+  exchange = strategy.exchange
+  if not exchange.overlap:
+    return work
+  first = strategy.local_steps - exchange.overlap
+  x, worker_state, more = local_steps(
+    strategy, loss_fn, batch_fn, work.model, work.worker_state, step + first, exchange.overlap
+  )
+  return LocalWork(x, worker_state, jnp.concatenate([work.losses, more]), work.contribution)
 
 
 def outer_step(strategy: Strategy, params, rule_state, pseudo_grads, fragment) -> RoundUpdate:
@@ -145,10 +167,16 @@ def mixed_model(strategy: Strategy, params, x, fragment):
 
 
 def fragment_bytes(strategy: Strategy, params, *, on_wire: bool = True) -> tuple[int, ...]:
-  """Bytes of each fragment: on the wire (the exchange's format), or as the parameters hold it."""
+  """Bytes of each fragment: on the wire (the exchange's format), or as the parameters hold it.
+
+  With elastic membership a parameter server carries every round's message as the whole raveled
+  vector (zeros outside the fragment), so each fragment's wire bytes are the parameters'.
+  """
   exchange = strategy.exchange
-  owner = diloco.fragment_of_leaves(params, exchange.fragments) if exchange.fragments > 1 else None
   leaves = jax.tree.leaves(params)
+  if on_wire and strategy.elastic_membership:
+    return (quantize.wire_bytes(leaves, None, exchange.quantize_block),) * exchange.fragments
+  owner = diloco.fragment_of_leaves(params, exchange.fragments) if exchange.fragments > 1 else None
   return tuple(
     quantize.wire_bytes(
       [leaf for i, leaf in enumerate(leaves) if owner is None or owner[i] == p],

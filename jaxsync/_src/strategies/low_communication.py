@@ -44,7 +44,19 @@ _EXCHANGE_MEANINGS = {
   "quantize": "the pseudo-gradients' wire format: null (full precision), bfloat16, int8 or int4 (per-block scales)",
   "quantize_block": "values per float32 scale of the int8 and int4 wire formats",
 }
+_MEMBERSHIP_MEANINGS = {
+  "membership": (
+    "fixed (every round waits for all K workers, exchanged by all-reduce) or elastic (through a parameter"
+    " server; workers may leave and join, a round averages the pseudo-gradients of those that delivered)"
+  ),
+  "quorum": "elastic: the fewest pseudo-gradients an outer step averages (default 1); a round waits for them",
+  "deadline": (
+    "elastic: seconds a round waits after its first pseudo-gradient for the other live workers' (null: for"
+    " all of them)"
+  ),
+}
 _DILOCO_MEANINGS = {
+  **_MEMBERSHIP_MEANINGS,
   **_EXCHANGE_MEANINGS,
   **_INNER_MEANINGS,
   "period": "inner AdamW steps per worker between two outer steps (DiLoCo's H)",
@@ -53,6 +65,7 @@ _DILOCO_MEANINGS = {
   "weight_decay": "the inner optimizer's weight decay (AdamW's is decoupled); 0 for one that takes none",
 }
 _STREAMING_DILOCO_MEANINGS = {
+  **_MEMBERSHIP_MEANINGS,
   **_EXCHANGE_MEANINGS,
   **_INNER_MEANINGS,
   "period": "inner AdamW steps between two syncs of one fragment (H)",
@@ -73,30 +86,79 @@ _ASYNC_LOCAL_SGD_MEANINGS = {
 }
 
 
+MEMBERSHIPS = ("fixed", "elastic")
+
+
+def _membership(
+  name: str, num_workers: int, membership: str, quorum, deadline, exchange: PseudoGradientExchange
+) -> tuple[Communication, int | None, float | None]:
+  """The checked membership options: how rounds exchange (all-reduce or a parameter server), quorum, deadline.
+
+  Fixed membership all-reduces among all ``K`` workers every round. Elastic
+  membership runs the rounds through a parameter server, which can lose and
+  gain workers: a round closes when every live worker delivered, or
+  ``deadline`` seconds after its first pseudo-gradient, with at least
+  ``quorum`` of them.
+  """
+  membership = validation.check_choice(name, "membership", membership, MEMBERSHIPS)
+  if membership == "fixed":
+    for option, value in (("quorum", quorum), ("deadline", deadline)):
+      if value is not None:
+        raise validation.invalid(
+          name, option, value, "null unless membership='elastic' (it sets elastic rounds)"
+        )
+    return Communication.RING, None, None
+  quorum = 1 if quorum is None else quorum
+  if not isinstance(quorum, int) or isinstance(quorum, bool) or not 1 <= quorum <= num_workers:
+    raise validation.invalid(name, "quorum", quorum, f"an integer in [1, num_workers={num_workers}]")
+  if deadline is not None:
+    deadline = validation.check_real(name, "deadline", deadline, low=0.0, low_open=True)
+  if exchange.quantize is not None:
+    raise validation.invalid(
+      name,
+      "quantize",
+      exchange.quantize,
+      "null with membership='elastic' (the parameter server carries pseudo-gradients in the parameters' dtype)",
+    )
+  return Communication.PARAMETER_SERVER, quorum, deadline
+
+
 def _local_rounds(
-  name, num_workers, period, outer_learning_rate, outer_momentum, inner, exchange=None
+  name,
+  num_workers,
+  period,
+  outer_learning_rate,
+  outer_momentum,
+  inner,
+  exchange=None,
+  membership=("fixed", None, None),
 ) -> Recipe:
   """Rounds of ``period`` local steps of ``inner(lr)`` per worker, then the outer Nesterov step on the averaged models.
 
   With ``exchange.fragments = P > 1`` a round is ``period / P`` steps and synchronizes one fragment,
-  each fragment with its own outer optimizer.
+  each fragment with its own outer optimizer. ``membership`` is ``(membership, quorum, deadline)``, the
+  options of :func:`_membership`.
   """
   period = validation.check_int(name, "period", period)
   outer_lr = validation.check_real(name, "outer_learning_rate", outer_learning_rate, low=0.0, low_open=True)
   outer_m = validation.check_real(name, "outer_momentum", outer_momentum, low=0.0, high=1.0, high_open=True)
   exchange = PseudoGradientExchange() if exchange is None else exchange
+  communication, quorum, deadline = _membership(name, num_workers, *membership, exchange)
   round_steps = period // exchange.fragments
   blueprint = Blueprint(
     name=name,
     num_workers=num_workers,
     engine=Engine.SYNC,
     protocol=WorkerProtocol.LOCAL,
-    communication=Communication.RING,
+    communication=communication,
+    quorum=quorum,
+    deadline=deadline,
     local_steps=round_steps,
     exchange=exchange,
     rate_clock=RateClock.WORKER_STEPS,
     gradients_per_update=float(num_workers * round_steps),
-    server_traffic=ServerTraffic(0.0, pieces.sgd_traffic(outer_m)),
+    # A server sums each pushed pseudo-gradient into the round's (reads 2 arrays, writes 1).
+    server_traffic=ServerTraffic(3.0 if quorum else 0.0, pieces.sgd_traffic(outer_m)),
   )
 
   def rules(lr):
@@ -114,7 +176,7 @@ def _exchange(name, *, period, fragments=1, overlap=0, mixing=0.0, quantize=None
   return PseudoGradientExchange(fragments, overlap, mixing, quantize, quantize_block)
 
 
-@register("local_sgd", learning_rate=0.01)
+@register("local_sgd", learning_rate=0.01, meanings=_MEMBERSHIP_MEANINGS)
 def _local_sgd(
   num_workers,
   *,
@@ -123,6 +185,9 @@ def _local_sgd(
   outer_learning_rate=1.0,
   outer_momentum=0.0,
   weight_decay=0.0,
+  membership="fixed",
+  quorum=None,
+  deadline=None,
 ) -> Recipe:
   """Local SGD: ``period`` local steps per worker, then the models are averaged (DiLoCo's outer step).
 
@@ -141,6 +206,7 @@ def _local_sgd(
     outer_learning_rate,
     outer_momentum,
     lambda lr: pieces.decayed(pieces.sgd(lr, momentum), decay),
+    membership=(membership, quorum, deadline),
   )
 
 
@@ -201,6 +267,9 @@ def _diloco(
   quantize_block=64,
   inner_optimizer="adamw",
   inner_options=None,
+  membership="fixed",
+  quorum=None,
+  deadline=None,
 ) -> Recipe:
   """DiLoCo: ``period`` AdamW steps per worker, then Nesterov on the averaged pseudo-gradient (Douillard et al., 2023).
 
@@ -209,7 +278,11 @@ def _diloco(
   Nesterov SGD (lr 0.7, momentum 0.9) on ``theta - mean_k x_k``. The paper
   syncs every 500 inner steps on C4; the default here, 50, suits runs of a
   few thousand steps. ``quantize`` sends the pseudo-gradients as bfloat16,
-  int8 or int4 (per-block scales).
+  int8 or int4 (per-block scales). With ``membership="elastic"`` the rounds
+  run through a parameter server and workers may leave and join: each outer
+  step averages the pseudo-gradients delivered by the round's close (every
+  live worker's, or those in ``deadline`` seconds after the first, at least
+  ``quorum``).
   """
   name = "diloco"
   exchange = _exchange(name, period=period, quantize=quantize, quantize_block=quantize_block)
@@ -221,6 +294,7 @@ def _diloco(
     outer_momentum,
     _inner(name, inner_optimizer, inner_options, weight_decay),
     exchange,
+    (membership, quorum, deadline),
   )
 
 
@@ -239,6 +313,9 @@ def _streaming_diloco(
   weight_decay=0.1,
   inner_optimizer="adamw",
   inner_options=None,
+  membership="fixed",
+  quorum=None,
+  deadline=None,
 ) -> Recipe:
   """Streaming DiLoCo: DiLoCo one fragment at a time, the exchange overlapped and mixed in, 4-bit on the wire (Douillard et al., 2025).
 
@@ -267,6 +344,7 @@ def _streaming_diloco(
     outer_momentum,
     _inner(name, inner_optimizer, inner_options, weight_decay),
     exchange,
+    (membership, quorum, deadline),
   )
 
 

@@ -148,6 +148,12 @@ class Blueprint:
     unit_local_steps: an asynchronous ``"local"`` strategy's local steps per
       unit, or ``None`` for ``local_steps`` each (set by
       :func:`with_worker_speeds` when the strategy uses Dynamic Local Updates).
+    quorum: a synchronous local strategy with elastic membership (on a
+      parameter server, :attr:`elastic_membership`): the fewest
+      pseudo-gradients an outer step averages; ``None``: fixed membership.
+    deadline: elastic membership: seconds a round waits, after its first
+      pseudo-gradient, for the other live workers' (then it closes with
+      those in, at least ``quorum``); ``None``: it waits for every live worker.
     group_size: workers per synchronous group: the lower level of a
       hierarchical all-reduce, or an EA-wild group that all-reduces its
       gradient and exchanges as one (the engine schedules it as one worker).
@@ -176,6 +182,8 @@ class Blueprint:
   local_steps: int = 1
   unit_local_steps: tuple[int, ...] | None = None
   exchange: PseudoGradientExchange = PseudoGradientExchange()
+  quorum: int | None = None
+  deadline: float | None = None
   group_size: int = 1
   node_size: int = 1
   lock_free: bool = False
@@ -203,6 +211,16 @@ class Blueprint:
     worker, one worker process each), else ``K``.
     """
     return self.num_workers // self.workers_per_unit
+
+  @property
+  def elastic_membership(self) -> bool:
+    """Whether rounds average the pseudo-gradients of whichever workers delivered (DiLoCo on a parameter server).
+
+    Workers may leave and join between rounds; a round closes when every
+    live worker delivered, or ``deadline`` seconds after its first delivery,
+    with at least ``quorum`` pseudo-gradients.
+    """
+    return self.quorum is not None
 
   @property
   def workers_per_unit(self) -> int:

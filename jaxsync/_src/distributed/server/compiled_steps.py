@@ -10,6 +10,8 @@ check a message or to write a reply's header.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,7 +22,7 @@ from jaxsync._src.distributed.server import counters, server_step, shards
 from jaxsync._src.distributed.server.counters import HostCounters
 from jaxsync._src.distributed.server.server_step import ServerState, ServerStep
 from jaxsync._src.steps.records import EvalSchedule, EventRecord
-from jaxsync._src.strategies.strategy import Strategy
+from jaxsync._src.strategies.strategy import Strategy, WorkerProtocol
 
 
 class CompiledSteps:
@@ -54,6 +56,8 @@ class CompiledSteps:
     shard: int,
   ):
     self._strategy, self._mode, self._schedule, self._metric_names = strategy, mode, schedule, metric_names
+    # Data steps a worker takes in one round: a local round's H, else one gradient's batch.
+    self.round_steps = strategy.local_steps if strategy.protocol == WorkerProtocol.LOCAL else 1
     self._unravel, self._count, self._mesh, self._shard = unravel, count, mesh, shard
     self.counters: HostCounters | None = None
     lo, hi = (0, count) if mesh is None else mesh.layout.bounds(shard)
@@ -132,7 +136,7 @@ class CompiledSteps:
     self._release = jit(
       _release_waiting, None if mesh is None else (state_out, mesh.replicated, mesh.replicated)
     )
-    self._late = jit(server_step.late)
+    self._late = jit(functools.partial(server_step.late, self._strategy))
     self._revive = jit(server_step.revive)
     self._reply_payload = jit(server_step.reply_payload, None if mesh is None else mesh.sliced)
 
@@ -197,9 +201,9 @@ class CompiledSteps:
     return state, row, self.counters.take(packed), reply
 
   def late(self, state, worker: int) -> ServerState:
-    """A message of ``worker`` that is never applied: counted, its data step spent."""
+    """A message of ``worker`` that is never applied: counted, its data steps spent."""
     state = self._late(state, self._scalar(worker, np.int32))
-    self.counters.late(worker)
+    self.counters.late(worker, int(server_step.data_steps(self._strategy, worker)))
     return state
 
   # -- values in and out ----------------------------------------------------------------------------

@@ -108,8 +108,8 @@ class HostCounters:
     self.live &= ~gone
     self.waiting &= ~gone
 
-  def late(self, worker: int) -> None:
-    self.steps[worker] += 1
+  def late(self, worker: int, data_steps: int) -> None:
+    self.steps[worker] += data_steps
 
   def current(self, *, rounds: bool) -> int:
     """The newest version a worker's message may name: the open round's number, or the server's version."""

@@ -78,10 +78,12 @@ def serves(strategy: Strategy) -> bool:
   """Whether a multi-process run of ``strategy`` runs on this server (else on the multi-controller loop).
 
   Asynchronous strategies do; so do synchronous rounds that drop gradients
-  (``fastest_k``), which a collective cannot cancel. Every other synchronous
-  strategy all-reduces (``dist.SyncRuntime``).
+  (``fastest_k``), which a collective cannot cancel, and local rounds with
+  elastic membership (DiLoCo whose workers may leave and join: a collective's
+  members are fixed). Every other synchronous strategy all-reduces
+  (``dist.SyncRuntime``).
   """
-  if strategy.engine == Engine.ASYNC:
+  if strategy.engine == Engine.ASYNC or strategy.elastic_membership:
     return True
   return server_step.mode(strategy) == "rounds" and strategy.gradients_per_round < strategy.num_workers
 
@@ -94,8 +96,8 @@ def _check_protocol(strategy: Strategy) -> Strategy:
       f"{strategy.name} (engine={strategy.engine!r}, protocol={strategy.protocol!r}, "
       f"communication={strategy.communication!r}, group_size={strategy.group_size})",
       "an asynchronous strategy (gradient or elastic: one worker, or one EA-wild group, per process), "
-      "or a synchronous one whose workers talk to a parameter server, such as fastest_k (all-reduce "
-      "and local SGD run on the multi-controller loop)",
+      "or a synchronous one whose workers talk to a parameter server, such as fastest_k or DiLoCo with "
+      "membership='elastic' (all-reduce and fixed-membership local SGD run on the multi-controller loop)",
     )
   return strategy
 
@@ -210,6 +212,8 @@ class ParameterServer(RuntimeBase):
     self._leader: shards.Leader | None = None  # a sharded server's leading shard's command stream
     self._follower: shards.Follower | None = None  # or another shard's
     self._nodes: NodePulls | None = None
+    self._deadline = strategy.elastic_membership and strategy.deadline is not None
+    self._round_opened: tuple[int, float] | None = None  # (round, when its first pseudo-gradient came)
     if node_aggregator.aggregates(strategy):
       self._nodes = NodePulls(strategy, self._transport, self._liveness.live_workers, self.idle_timeout)
       if self.num_shards > 1:
@@ -387,10 +391,12 @@ class ParameterServer(RuntimeBase):
       if max_time is not None and self._now() >= max_time:
         break
       state = self._check_liveness(state, rows)
+      if self._deadline:
+        state = self._close_at_deadline(state, rows)
       self._state = state  # with the rows so far (a round closed for its lost workers adds one)
       if self._transport.deferred:  # messages that came during an InHAD pull
         frames = self._transport.deferred.popleft()
-      elif self._transport.poll(100):
+      elif self._transport.poll(self._deadline_poll_ms() if self._deadline else 100):
         quiet_since = time.perf_counter()
         frames = self._transport.receive()
       else:
@@ -431,7 +437,11 @@ class ParameterServer(RuntimeBase):
       checks.check_sender(header, worker)
       if header.kind == wire.Kind.BYE:
         log.info("worker %d left", worker)
-        return self._changes.drop(state, np.arange(self.num_workers) == worker), None
+        state = self._changes.drop(state, np.arange(self.num_workers) == worker)
+        closed: list = []
+        if self.mode == "rounds":  # the open round may have waited only for it
+          state = self._close_if_complete(state, closed)
+        return state, (closed[0] if closed else None)
       elastic_step = header.kind == wire.Kind.STEP and self.mode == "elastic"
       if not elastic_step:
         pushed = wire.Kind.PUSH if self._nodes is None else wire.Kind.REPORT
@@ -548,10 +558,11 @@ class ParameterServer(RuntimeBase):
     return state
 
   def _close_if_complete(self, state: ServerState, rows: list) -> ServerState:
-    """Closes the open round when the live workers it still waited for are lost (it has min(k, live))."""
+    """Closes the open round when the live workers it still waited for are lost (it has min(k, live); with
+    elastic membership, every live worker's and at least the quorum)."""
     counters = self._steps.counters
-    count, live = int(host_value(state.exchange.count)), int(counters.live.sum())
-    if count == 0 or count < min(self.strategy.gradients_per_round, live):
+    count = int(host_value(state.exchange.count))
+    if count == 0 or not server_step.round_complete(self.strategy, count, counters.live, counters.waiting):
       return state
     log.info(
       "closing round %d with %d gradient(s): the workers it waited for are lost", counters.event, count
@@ -559,6 +570,35 @@ class ParameterServer(RuntimeBase):
     state, row = self._changes.close_round(state, self._now())
     rows.append(row)
     return state
+
+  def _close_at_deadline(self, state: ServerState, rows: list) -> ServerState:
+    """Elastic membership: closes the open round ``deadline`` seconds after its first pseudo-gradient, with
+    those in (once there are ``quorum``); the late ones are dropped when they come (:func:`checks.is_late`)."""
+    counters, deadline = self._steps.counters, self.strategy.deadline
+    if self._round_opened is None or self._round_opened[0] != counters.event:
+      self._round_opened = (counters.event, self._now()) if counters.waiting.any() else None
+      return state
+    if self._now() - self._round_opened[1] < deadline:
+      return state
+    count = int(host_value(state.exchange.count))
+    if count < self.strategy.quorum:
+      return state  # it waits for the quorum; the first arrival that makes it closes the round
+    waited = [int(w) for w in np.nonzero(counters.live & ~counters.waiting)[0]]
+    log.info(
+      "closing round %d at its deadline (%g s) with %d pseudo-gradient(s), without worker(s) %s",
+      counters.event, deadline, count, waited,
+    )  # fmt: skip
+    state, row = self._changes.close_round(state, self._now())
+    rows.append(row)
+    self._round_opened = None
+    return state
+
+  def _deadline_poll_ms(self) -> int:
+    """How long the loop may wait for a message: 100 ms, or less when the open round's deadline is nearer."""
+    if self._round_opened is None:
+      return 100
+    left = self._round_opened[1] + self.strategy.deadline - self._now()
+    return int(min(100.0, max(1.0, left * 1000.0)))
 
   # -- the end --------------------------------------------------------------------------------------
 

@@ -43,7 +43,8 @@ def mode(strategy: Strategy) -> str | None:
   Asynchronous gradient strategies arrive one push at a time; elastic ones
   exchange models (an EA-wild group of ``G`` workers is one worker process,
   :attr:`Strategy.num_units`); synchronous gradient strategies whose workers
-  talk to a parameter server run in rounds (``fastest_k`` drops the slowest).
+  talk to a parameter server run in rounds (``fastest_k`` drops the slowest), and so do local
+  strategies with elastic membership (DiLoCo's rounds average whoever delivered).
   """
   if strategy.engine == Engine.ASYNC and strategy.protocol in (WorkerProtocol.GRADIENT, WorkerProtocol.LOCAL):
     return "gradient"  # a local worker's push is its pseudo-gradient, applied as a gradient
@@ -51,15 +52,34 @@ def mode(strategy: Strategy) -> str | None:
     return "elastic"
   if (
     strategy.engine == Engine.SYNC
-    and strategy.protocol == WorkerProtocol.GRADIENT
+    and strategy.protocol in (WorkerProtocol.GRADIENT, WorkerProtocol.LOCAL)
     and strategy.communication == Communication.PARAMETER_SERVER
   ):
-    return "rounds"
+    return "rounds"  # fastest-k's gradients, or elastic DiLoCo's pseudo-gradients
   return None
 
 
 def _local(strategy: Strategy) -> bool:
   return strategy.protocol == WorkerProtocol.LOCAL
+
+
+def data_steps(strategy: Strategy, worker: jax.Array) -> jax.Array:
+  """Data steps one message of ``worker`` stands for: 1 gradient, or a local worker's local steps."""
+  if not _local(strategy):
+    return jnp.asarray(1, jnp.int32)
+  return jnp.asarray(strategy.local_steps_per_unit, jnp.int32)[worker]
+
+
+def round_complete(strategy: Strategy, count: jax.Array, live: jax.Array, waiting: jax.Array) -> jax.Array:
+  """Whether the open round closes without a deadline: it has its ``k`` gradients (``min(k, live)``); with
+  elastic membership, every live worker delivered and at least ``quorum`` did.
+
+  Works on the device state and on the host's mirror alike (JAX or NumPy arrays).
+  """
+  if strategy.elastic_membership:
+    delivered = (live & ~waiting).sum() == 0
+    return (count >= strategy.quorum) & delivered
+  return count >= jnp.minimum(strategy.gradients_per_round, live.sum())
 
 
 class RoundSum(NamedTuple):
@@ -238,8 +258,7 @@ def arrive(
   )
   released, rejected = arrived.released, ~finite
   version = s.version + released.astype(jnp.int32)
-  # Gradients the push stands for: 1, or a local worker's local steps (its next data step follows them).
-  taken = jnp.asarray(strategy.local_steps_per_unit, jnp.int32)[worker] if _local(strategy) else 1
+  taken = data_steps(strategy, worker)  # its next data step follows them
   steps = s.steps.at[worker].add(taken)
   fresh = arrival.counts_as_fresh(strategy, s.pulled_version[worker], s.version)
   # A lost worker holds no one back (SSP's slowest clock is among the live).
@@ -415,16 +434,17 @@ def round_arrive(
   grads = jnp.where(finite, flat, jnp.nan)  # an untrusted verdict still rejects the round
   acc = s.exchange
   acc = RoundSum(acc.grads + grads, acc.loss + loss, acc.count + 1)
+  taken = data_steps(strategy, worker)
   s = s._replace(
-    steps=s.steps.at[worker].add(1),
-    used=s.used.at[worker].add(1),
+    steps=s.steps.at[worker].add(taken),
+    used=s.used.at[worker].add(taken),
     inter_messages=s.inter_messages + 1,
     exchange=acc,
     clock=now,
     waiting=s.waiting.at[worker].set(True),  # until the round closes (STOP reaches it there)
     wait_since=s.wait_since.at[worker].set(now),
   )
-  close = acc.count >= jnp.minimum(strategy.gradients_per_round, jnp.sum(s.live))
+  close = round_complete(strategy, acc.count, s.live, s.waiting)
   return jax.lax.cond(
     close,
     lambda s: close_round(strategy, schedule, metric_names, unravel, s, now),
@@ -441,13 +461,22 @@ def close_round(
   s: ServerState,
   now: jax.Array,
 ) -> ServerStep:
-  """Applies the open round's mean gradient and starts the next round (every live worker is sent it)."""
+  """Applies the open round's mean gradient (or pseudo-gradient) and starts the next round (every live
+  worker is sent it).
+
+  A local strategy's round takes the outer step of :func:`sync_round.outer_step` on the fragment the
+  round synchronized (:func:`sync_round.round_fragment` of its number), as the simulator's round does.
+  """
   acc = s.exchange
   count = jnp.maximum(acc.count, 1)
   mean = unravel(acc.grads / count.astype(acc.grads.dtype))
-  update = sync_round.apply_aggregate(
-    strategy, s.params, s.rule_state, mean, version=s.version, num_workers=strategy.num_workers
-  )
+  if _local(strategy):
+    fragment = sync_round.round_fragment(strategy, s.event)
+    update = sync_round.outer_step(strategy, s.params, s.rule_state, mean, fragment)
+  else:
+    update = sync_round.apply_aggregate(
+      strategy, s.params, s.rule_state, mean, version=s.version, num_workers=strategy.num_workers
+    )
   version = s.version + update.finite.astype(jnp.int32)
   evaluated, metrics, next_eval = schedule.maybe_evaluate(
     s.next_eval, update.params, version, now, metric_names
@@ -515,12 +544,12 @@ def join(s: ServerState, worker: int) -> ServerState:
   )
 
 
-def late(s: ServerState, worker: jax.Array) -> ServerState:
+def late(strategy: Strategy, s: ServerState, worker: jax.Array) -> ServerState:
   """A message of ``worker`` that is never applied (its round closed, or it was declared lost): counted.
 
-  Its data step is spent, as the simulator spends a dropped gradient's.
+  Its data steps are spent (1, or a local worker's local steps), as the simulator spends a dropped gradient's.
   """
-  return s._replace(dropped=s.dropped + 1, steps=s.steps.at[worker].add(1))
+  return s._replace(dropped=s.dropped + 1, steps=s.steps.at[worker].add(data_steps(strategy, worker)))
 
 
 def revive(s: ServerState, worker: jax.Array) -> ServerState:

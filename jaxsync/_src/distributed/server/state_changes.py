@@ -150,8 +150,9 @@ class StateChanges:
 
   def _params_header(self, worker: int) -> wire.Header:
     counters = self._steps.counters
-    # In rounds every worker computes the round's number-th batch (the simulator's round), sent or not.
-    step = counters.event if self._mode == "rounds" else counters.steps[worker]
+    # In rounds every worker computes the round's batches (the simulator's round), sent or not: the
+    # round's number-th, or a local round's H from its number times H on.
+    step = counters.event * self._steps.round_steps if self._mode == "rounds" else counters.steps[worker]
     return wire.Header(
       kind=wire.Kind.PARAMS,
       token=self._transport.token,
