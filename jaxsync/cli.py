@@ -128,6 +128,14 @@ def _parser() -> argparse.ArgumentParser:
       help="restart what fails, N times at most: a parameter-server worker alone, else every process from "
       "the last checkpoint (RUN_DIR/restarts.jsonl lists them; default 0)",
     )
+    p.add_argument(
+      "--rejoin-delay",
+      type=float,
+      default=0.0,
+      metavar="SECONDS",
+      help="wait this long before restarting a failed parameter-server worker, as a replacement machine "
+      "arrives later (an elastic DiLoCo run goes on without it meanwhile; default 0)",
+    )
 
   def process_options(p):
     g = p.add_argument_group(
@@ -348,6 +356,7 @@ def _launch(args: argparse.Namespace, run_args: list[str], run_dir: pathlib.Path
     alone=roles.alone,
     kept_down=roles.kept_down,
     settle=roles.settle,
+    rejoin_delay=args.rejoin_delay,
   )
   return launch.launch(args.num_processes, run_args, bind=args.bind, restarts=policy)
 
@@ -407,6 +416,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     return _plan(args)
   if getattr(args, "max_restarts", 0) < 0:  # before anything is built
     raise config_lib.ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
+  rejoin_delay = getattr(args, "rejoin_delay", 0.0)
+  if not 0 <= rejoin_delay < float("inf"):
+    raise config_lib.ConfigError(f"--rejoin-delay={rejoin_delay} is invalid; expected seconds >= 0.")
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
     roles = commands.check_launch(cfg, args.num_processes)

@@ -97,6 +97,9 @@ class RestartPolicy:
       the run goes on without their node).
     settle: seconds a restart of every process waits for process 0 to save
       what it holds and leave.
+    rejoin_delay: seconds between a process's failure and its restart alone
+      (``0``: at once). Stands for a replacement machine that arrives later:
+      an elastic run goes on without the failed worker meanwhile.
 
   Example (what ``jaxsync launch -n 4 --max-restarts 2`` builds for an
   asynchronous run: processes 1-3 are workers):
@@ -112,12 +115,15 @@ class RestartPolicy:
   alone: frozenset[int] = frozenset()
   kept_down: frozenset[int] = frozenset()
   settle: float = 90.0
+  rejoin_delay: float = 0.0
 
   def __post_init__(self):
     if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
       raise ValueError(f"launch: {self.max_restarts=} is invalid; expected an integer >= 0.")
     if not isinstance(self.settle, (int, float)) or not self.settle >= 0:
       raise ValueError(f"launch: {self.settle=} is invalid; expected seconds >= 0.")
+    if not isinstance(self.rejoin_delay, (int, float)) or not 0 <= self.rejoin_delay < float("inf"):
+      raise ValueError(f"launch: {self.rejoin_delay=} is invalid; expected seconds >= 0.")
     if self.max_restarts and self.run_dir is None:
       raise ValueError("launch: max_restarts needs run_dir (the run `jaxsync resume` continues).")
 
@@ -151,6 +157,7 @@ class _Supervisor:
     self.streams: list[threading.Thread] = []
     self.restarts = 0
     self.reported: set[int] = set()  # ids of Popen objects whose end was reported
+    self.pending: dict[int, float] = {}  # process -> when its delayed restart starts
 
   def say(self, line: str) -> None:
     self.out.write(f"jaxsync launch: {line}\n")
@@ -210,7 +217,7 @@ class _Supervisor:
   def failed(self, i: int) -> int | None:
     """Process ``i``'s exit code if it ended in a failure that a restart may fix, else None."""
     code = self.processes[i].poll()
-    if code is None or code in _NOT_FAILURES or i in self.policy.kept_down:
+    if code is None or code in _NOT_FAILURES or i in self.policy.kept_down or i in self.pending:
       return None
     if code == EXIT_PREEMPTED and i not in self.policy.alone:  # the run stopped on its notice
       return None
@@ -248,7 +255,18 @@ class _Supervisor:
   def restart_alone(self, i: int, code: int) -> None:
     noticed = time.monotonic()
     self.record(i, code, "process", noticed)
-    self.processes[i] = self._start(i)
+    if self.policy.rejoin_delay:
+      self.pending[i] = noticed + self.policy.rejoin_delay
+      self.say(f"process {i} restarts in {self.policy.rejoin_delay:g} s (--rejoin-delay)")
+    else:
+      self.processes[i] = self._start(i)
+
+  def start_due(self) -> None:
+    """Starts the delayed restarts whose time has come (:attr:`RestartPolicy.rejoin_delay`)."""
+    for i, at in list(self.pending.items()):
+      if time.monotonic() >= at:
+        del self.pending[i]
+        self.processes[i] = self._start(i)
 
   def restart_all(self, i: int, code: int) -> None:
     """Lets process 0 save what it holds and leave, stops the rest, and resumes the run."""
@@ -355,6 +373,8 @@ def launch(
         )
         run.signal_all(signal.SIGINT)
         continue
+      if not notices:
+        run.start_due()
       if not notices and run.can_restart():
         failures = [(i, c) for i in range(num_processes) if (c := run.failed(i)) is not None]
         # While the run goes on (after process 0's success, a worker's end changes nothing).

@@ -30,6 +30,7 @@ centre.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from typing import Any
@@ -144,10 +145,11 @@ def run_worker(
   link = _Link(sockets, layout, token, worker, dtype, reply_timeout, (peer, server_alive))
   link.leave_when = _Notice(stop_requested, preemption_grace)
   link.slowdown = slowdown
-  link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
   loop = _elastic_loop if server_step.mode(strategy) == "elastic" else _gradient_loop
   if strategy.elastic_membership:
-    loop = _local_rounds_loop
+    steps = _LocalRoundSteps(strategy, loss_fn, data, params_like, unravel, worker)
+    loop = functools.partial(_local_rounds_loop, steps=steps)
+  link.send(wire.Header(kind=wire.Kind.HELLO, token=token, worker=worker))
   start = time.perf_counter()
   try:
     pushes, compute_times = loop(strategy, loss_fn, gradient, data, params_like, unravel, link)
@@ -312,8 +314,45 @@ def _gradient_loop(
     return pushes, compute_times
 
 
+class _LocalRoundSteps:
+  """Elastic DiLoCo's worker steps, compiled before the worker says HELLO (a joining worker must not hold
+  its first round up by its compilation).
+
+  ``before``: the round's ``H - tau`` local steps and its pseudo-gradient
+  (:func:`sync_round.work_before_exchange`), ``during``: the ``tau``
+  overlapped steps, ``mixed``: the worker's model after the outer step
+  (:func:`sync_round.mixed_model`).
+  """
+
+  def __init__(self, strategy: Strategy, loss_fn, data: WorkerData, params_like, unravel, worker: int):
+    batch_fn = lambda data: lambda t: data.batch(worker, t)  # noqa: E731
+
+    def before(theta_flat, x, state, step, fragment, data):
+      theta = unravel(theta_flat)
+      work = sync_round.work_before_exchange(
+        strategy, loss_fn, batch_fn(data), theta, x, state, step, fragment
+      )
+      message = ravel_pytree(work.contribution)[0]
+      return work, message, jnp.mean(work.losses), guard.tree_all_finite(work.contribution)
+
+    def during(work, step, data):
+      return sync_round.work_during_exchange(strategy, loss_fn, batch_fn(data), work, step)
+
+    def mixed(theta_flat, x, fragment):
+      return sync_round.mixed_model(strategy, unravel(theta_flat), x, fragment)
+
+    flat = ravel_pytree(params_like)[0]
+    x, state = unravel(flat), strategy.worker_rule.init(params_like)
+    step = fragment = jnp.int32(0)
+    self.before = jax.jit(before).lower(flat, x, state, step, fragment, data).compile()
+    work = jax.eval_shape(before, flat, x, state, step, fragment, data)[0]
+    self.during = jax.jit(during).lower(work, step, data).compile()
+    self.mixed = jax.jit(mixed).lower(flat, x, fragment).compile()
+    self.initial_state = state
+
+
 def _local_rounds_loop(
-  strategy: Strategy, loss_fn, gradient, data: WorkerData, params_like, unravel, link: _Link
+  strategy: Strategy, loss_fn, gradient, data: WorkerData, params_like, unravel, link: _Link, *, steps
 ):
   """Elastic DiLoCo's worker: each round's local steps from the global parameters, its pseudo-gradient pushed.
 
@@ -323,40 +362,21 @@ def _local_rounds_loop(
   round's fragment, and takes the ``tau`` overlapped steps while the server collects the round. A worker
   that (re)joins starts from ``theta`` with a fresh inner optimizer. A round that closed without this
   worker's push drops it (the server counts it); the worker goes on from the newest parameters.
+  ``steps``: the :class:`_LocalRoundSteps`, compiled.
   """
-  del gradient  # the local steps take their own gradients (one device)
-  worker = link.worker
-  batch_fn = lambda data, t: data.batch(worker, t)  # noqa: E731
-
-  @jax.jit
-  def before(theta_flat, x, state, step, fragment, data):
-    theta = unravel(theta_flat)
-    work = sync_round.work_before_exchange(
-      strategy, loss_fn, lambda t: batch_fn(data, t), theta, x, state, step, fragment
-    )
-    message = ravel_pytree(work.contribution)[0]
-    return work, message, jnp.mean(work.losses), guard.tree_all_finite(work.contribution)
-
-  @jax.jit
-  def during(work, step, data):
-    return sync_round.work_during_exchange(strategy, loss_fn, lambda t: batch_fn(data, t), work, step)
-
-  @jax.jit
-  def mixed(theta_flat, x, fragment):
-    return sync_round.mixed_model(strategy, unravel(theta_flat), x, fragment)
-
+  del loss_fn, gradient, params_like  # the local steps take their own gradients (one device)
   held = None  # (model, fragment) of the last round this worker pushed
-  state = strategy.worker_rule.init(params_like)
+  state = steps.initial_state
   pushes, compute_times = 0, []
   try:
     while True:
       reply, payload = link.reply(newest=True)
       began = time.perf_counter()
       theta = wire.to_device(payload)
-      x = unravel(theta) if held is None else mixed(theta, *held)
+      x = unravel(theta) if held is None else steps.mixed(theta, *held)
       fragment = sync_round.round_fragment(strategy, reply.version)
       step = jnp.int32(reply.step)
-      work, flat, loss, finite = before(theta, x, state, step, fragment, data)
+      work, flat, loss, finite = steps.before(theta, x, state, step, fragment, data)
       flat = np.asarray(flat)  # waits for the result: the compute before the exchange ends here
       compute_times.append(time.perf_counter() - began)
       link.pace(compute_times)
@@ -366,7 +386,7 @@ def _local_rounds_loop(
       )  # fmt: skip
       link.send(push, flat)
       pushes += 1
-      work = during(work, step, data)
+      work = steps.during(work, step, data)
       held, state = (work.model, fragment), work.worker_state
   except _Stop:
     return pushes, compute_times

@@ -32,7 +32,7 @@ from jaxsync._src.distributed import cluster, node_aggregator, ps_worker, sync_r
 from jaxsync._src.distributed.cluster import ProcessGroup
 from jaxsync._src.distributed.server import param_server, shards
 from jaxsync._src.interface.runtime import PreemptedError
-from jaxsync._src.strategies.strategy import Strategy
+from jaxsync._src.strategies.strategy import Strategy, WorkerProtocol
 
 serves = param_server.serves
 
@@ -198,9 +198,12 @@ def _ps_worker(
       f"after {done['pushes']} pushes; the server applied every one it received and goes on without it",
     )
   steps = done["compute_seconds"][1:]  # the first compiled
+  per = "step"
+  if strategy.protocol == WorkerProtocol.LOCAL:
+    per = f"push ({strategy.local_steps_per_unit[worker]} local steps)"
   print(
     f"worker {worker}: {done['pushes']} pushes in {done['wall_seconds']:.1f} s on "
-    f"{done['devices']} device(s), {1e3 * sum(steps) / max(len(steps), 1):.2f} ms of compute per step "
+    f"{done['devices']} device(s), {1e3 * sum(steps) / max(len(steps), 1):.2f} ms of compute per {per} "
     f"(slowdown {slowdown:g}); the server said stop"
   )
   jax.distributed.shutdown()  # before process 0, which waits for this worker's heartbeat to go

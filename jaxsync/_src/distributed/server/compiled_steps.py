@@ -56,6 +56,7 @@ class CompiledSteps:
     shard: int,
   ):
     self._strategy, self._mode, self._schedule, self._metric_names = strategy, mode, schedule, metric_names
+    self.strategy = strategy
     # Data steps a worker takes in one round: a local round's H, else one gradient's batch.
     self.round_steps = strategy.local_steps if strategy.protocol == WorkerProtocol.LOCAL else 1
     self._unravel, self._count, self._mesh, self._shard = unravel, count, mesh, shard
@@ -177,10 +178,11 @@ class CompiledSteps:
     self.counters.take(packed)
     return step.state, step.record
 
-  def join(self, state, worker: int) -> ServerState:
-    """Worker ``worker`` (re)joins: it is live and will be sent the current parameters."""
-    state = self._join(state, self._scalar(worker, np.int32))
-    self.counters.join(worker, rounds=self._mode == "rounds")
+  def join(self, state, worker: int, *, wait: bool = False) -> ServerState:
+    """Worker ``worker`` (re)joins: it is live and will be sent the current parameters (with ``wait``, at
+    the open round's close: :func:`server_step.joins_next_round`)."""
+    state = self._join(state, self._scalar(worker, np.int32), self._scalar(wait, np.bool_))
+    self.counters.join(worker, rounds=self._mode == "rounds", wait=wait)
     return state
 
   def drop(self, state, gone: np.ndarray) -> ServerState:

@@ -100,8 +100,8 @@ class HostCounters:
 
   # The effects of :func:`server_step.join`, :func:`~server_step.drop` and :func:`~server_step.late`.
 
-  def join(self, worker: int, *, rounds: bool) -> None:
-    self.live[worker], self.waiting[worker] = True, False
+  def join(self, worker: int, *, rounds: bool, wait: bool = False) -> None:
+    self.live[worker], self.waiting[worker] = True, wait
     self.pulled_version[worker] = self.event if rounds else self.version
 
   def drop(self, gone: np.ndarray) -> None:

@@ -433,15 +433,12 @@ class ParameterServer(RuntimeBase):
             "worker", f"worker={header.worker} through a connection that is not its node's"
           )
       if header.kind == wire.Kind.HELLO:
-        return self._hello(state, identity, header.worker), None
+        return self._closing_if_complete(self._hello(state, identity, header.worker))
       checks.check_sender(header, worker)
       if header.kind == wire.Kind.BYE:
         log.info("worker %d left", worker)
         state = self._changes.drop(state, np.arange(self.num_workers) == worker)
-        closed: list = []
-        if self.mode == "rounds":  # the open round may have waited only for it
-          state = self._close_if_complete(state, closed)
-        return state, (closed[0] if closed else None)
+        return self._closing_if_complete(state)  # the open round may have waited only for it
       elastic_step = header.kind == wire.Kind.STEP and self.mode == "elastic"
       if not elastic_step:
         pushed = wire.Kind.PUSH if self._nodes is None else wire.Kind.REPORT
@@ -497,9 +494,18 @@ class ParameterServer(RuntimeBase):
   def _hello(self, state: ServerState, identity: bytes, worker: int) -> ServerState:
     self._transport.register(identity, worker)
     counters = self._steps.counters
-    log.info(
-      "worker %d joined at version %d, data step %d", worker, counters.version, int(counters.steps[worker])
-    )
+    if self.mode == "rounds":
+      waits = server_step.joins_next_round(self.strategy, counters.live, counters.waiting, worker)
+      log.info(
+        "worker %d joined at round %d%s",
+        worker,
+        counters.event,
+        " (it starts with the next one)" if waits else "",
+      )
+    else:
+      log.info(
+        "worker %d joined at version %d, data step %d", worker, counters.version, int(counters.steps[worker])
+      )
     # A (re)joining worker is sent the current parameters; its earlier pull is void.
     return self._changes.join(state, worker)
 
@@ -570,6 +576,14 @@ class ParameterServer(RuntimeBase):
     state, row = self._changes.close_round(state, self._now())
     rows.append(row)
     return state
+
+  def _closing_if_complete(self, state: ServerState) -> tuple[ServerState, EventRecord | None]:
+    """After a membership change (a join, a leave): the open round closed if it now has all it waits for."""
+    if self.mode != "rounds":
+      return state, None
+    closed: list = []
+    state = self._close_if_complete(state, closed)
+    return state, (closed[0] if closed else None)
 
   def _close_at_deadline(self, state: ServerState, rows: list) -> ServerState:
     """Elastic membership: closes the open round ``deadline`` seconds after its first pseudo-gradient, with

@@ -526,11 +526,14 @@ def _empty_round_record(s: ServerState, now, metric_names) -> EventRecord:
   )
 
 
-def join(s: ServerState, worker: int) -> ServerState:
+def join(s: ServerState, worker: int, wait: jax.Array | bool = False) -> ServerState:
   """A worker (re)joins: it is live, not waiting, and is sent the current parameters (its old pull is void).
 
   A ``"rounds"`` server sends it the open round (its number is the version on
-  the wire); an EA-wild server records the centre as its lock-free read.
+  the wire); an EA-wild server records the centre as its lock-free read. With
+  ``wait`` (elastic membership, a round under way) it waits instead, as if it
+  had delivered: the open round does not wait for it, and its close sends it
+  the next one.
   """
   rounds = isinstance(s.exchange, RoundSum)
   exchange = s.exchange
@@ -538,10 +541,18 @@ def join(s: ServerState, worker: int) -> ServerState:
     exchange = exchange.at[worker].set(ravel_pytree(s.params)[0])
   return s._replace(
     live=s.live.at[worker].set(True),
-    waiting=s.waiting.at[worker].set(False),
+    waiting=s.waiting.at[worker].set(wait),
     pulled_version=s.pulled_version.at[worker].set(s.event if rounds else s.version),
     exchange=exchange,
   )
+
+
+def joins_next_round(strategy: Strategy, live, waiting, worker: int) -> bool:
+  """Whether ``worker``, joining now, waits for the next round: with elastic membership, when it was not a
+  member (it left or was declared lost) and the open round has its quorum in, so that the joiner would only
+  hold it up by a whole round of local steps. The workers a run starts with are members of its first round."""
+  delivered = int(waiting.sum())
+  return bool(strategy.elastic_membership and not live[worker] and delivered and delivered >= strategy.quorum)
 
 
 def late(strategy: Strategy, s: ServerState, worker: jax.Array) -> ServerState:

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from jaxsync._src.distributed import wire
-from jaxsync._src.distributed.server import shards
+from jaxsync._src.distributed.server import server_step, shards
 from jaxsync._src.distributed.server.compiled_steps import CompiledSteps
 from jaxsync._src.distributed.server.node_pulls import NodePulls
 from jaxsync._src.distributed.server.server_step import ServerState
@@ -89,10 +89,14 @@ class StateChanges:
     return self._steps.local_step(state, worker, finite=finite, loss=loss, now=now)
 
   def join(self, state: ServerState, worker: int) -> ServerState:
-    """Worker ``worker`` (re)joins: it is sent the current parameters."""
+    """Worker ``worker`` (re)joins: it is sent the current parameters, now or, with elastic membership and
+    a round under way, when that round closes (:func:`server_step.joins_next_round`)."""
     self._order(shards.Op.JOIN, worker=worker)
-    state = self._steps.join(state, worker)
-    self._reply(state, [worker], self._steps.reply_payload(state))
+    counters = self._steps.counters
+    wait = server_step.joins_next_round(self._steps.strategy, counters.live, counters.waiting, worker)
+    state = self._steps.join(state, worker, wait=wait)
+    if not wait:
+      self._reply(state, [worker], self._steps.reply_payload(state))
     return state
 
   def drop(self, state: ServerState, gone: np.ndarray) -> ServerState:
