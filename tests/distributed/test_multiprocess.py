@@ -501,3 +501,57 @@ def test_a_sync_run_restarts_itself_after_a_killed_worker_and_resumes_exactly_af
   events = [json.loads(r)["event"] for r in (out / "metrics.jsonl").read_text().splitlines()]
   events = [e for e, r in zip(events, (out / "metrics.jsonl").read_text().splitlines()) if '"train"' in r]
   assert events == sorted(set(events)) and events[-1] == 1000, events  # each chunk's row once
+
+
+def test_churn_elastic_diloco_goes_on_without_a_killed_worker_and_counts_its_replacement(tmp_path):
+  """`jaxsync launch -n 4 --max-restarts 1 --rejoin-delay 6`, DiLoCo with elastic membership: worker 2's
+  process is SIGKILLed mid-run; the rounds go on with the 2 others (none waits for it), and its
+  replacement, started 6 s later, joins and is counted again. Nothing is lost."""
+  out, log_path = tmp_path / "elastic", tmp_path / "elastic.log"
+  overrides = [
+    "strategy.name=diloco",
+    "strategy.options={period: 10, membership: elastic}",
+    "cluster.num_workers=3",
+    "run.gradients=150000",  # 5,000 rounds: 25-40 s on 2 cores
+    "run.chunk=100",
+    "run.eval_every=500",
+  ]
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  command = ["launch", "-n", "4", str(helpers.QUICKSTART), *sets, "--out", str(out)]
+  command += ["--max-restarts", "1", "--rejoin-delay", "6"]
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
+  with open(log_path, "w") as log_file:
+    launcher = subprocess.Popen(
+      [sys.executable, "-m", "jaxsync.cli", *command, "--progress", "quiet"],
+      stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+      _wait_for_rows(out, "train", 5, 180)
+      _process(launcher, 3).send_signal(signal.SIGKILL)
+      launcher.wait(timeout=240)
+    finally:
+      if launcher.poll() is None:
+        _kill_tree(launcher)
+  log = log_path.read_text()
+  assert launcher.returncode == 0, log[-3000:]
+  lost = re.search(r"worker 2 \(process 3\) lost at [\d.]+ s, server version (\d+); going on with 2", log)
+  # Its replacement joins the open round, or the next one if the open one already has pseudo-gradients.
+  joined = re.search(r"worker 2 joined at round (\d+)", log[lost.end() :] if lost else "")
+  assert lost and joined and int(joined[1]) > int(lost[1]), log[-3000:]
+  rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+  mean_k = [r["mean_k"] for r in rows if r["kind"] == "train"]
+  assert mean_k[:5] == [3.0] * 5, mean_k
+  gone = [i for i, k in enumerate(mean_k) if k == 2.0]
+  assert gone and mean_k[-1] == 3.0, mean_k  # whole chunks with 2 members, then 3 again
+  summary = _summary(out)
+  assert [x["worker"] for x in summary["lost_workers"]] == [2]
+  # 5,000 rounds; the worker steps they averaged: 10 per member, fewer members while worker 2 was gone.
+  assert summary["events"] == 5000 and summary["gradients"] < 150000 and summary["gradients"] % 10 == 0
+  assert summary["dropped_gradients"] == 0
+  assert summary["final_accuracy"] > 0.9, summary
+  restart = json.loads((out / "restarts.jsonl").read_text())
+  assert {k: restart[k] for k in ("process", "ended", "scope")} == {
+    "process": 3,
+    "ended": "signal 9",
+    "scope": "process",
+  }
