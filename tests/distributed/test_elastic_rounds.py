@@ -152,6 +152,94 @@ def test_churn_a_worker_that_leaves_is_dropped_from_the_rounds_and_one_that_join
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
 
 
+def test_churn_a_round_below_its_quorum_waits_for_a_replacement():
+  """quorum 3 of 3: when worker 2 leaves, the open round cannot close with 2 pseudo-gradients; it waits
+  (no outer step) until a replacement joins it, and every round has 3 members."""
+  exp = _experiment(
+    "cluster.num_workers=3",
+    "strategy.name=diloco",
+    "strategy.options={period: 4, membership: elastic, quorum: 3}",
+  )
+  live = {0, 1, 2}
+  server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=60)
+  state = server.init(exp.model.params)
+  workers = [_Worker(exp, server, w) for w in range(3)]
+  joined, stalled = [], {}
+
+  def churn():
+    counters = lambda: server._steps.counters if server._steps else None  # noqa: E731
+    while counters() is None or counters().event < 3:
+      time.sleep(0.01)
+    workers[2].leave()
+    live.discard(2)
+    while counters().live[2]:
+      time.sleep(0.01)
+    stalled["at"] = counters().event
+    time.sleep(1.0)  # no round closes meanwhile
+    stalled["after"] = counters().event
+    live.add(2)
+    joined.append(_Worker(exp, server, 2))
+
+  controller = threading.Thread(target=churn, daemon=True)
+  controller.start()
+  try:
+    state, records = server.advance(state, 10)
+  finally:
+    server.stop(timeout=30)
+    for w in [*workers, *joined]:
+      w.thread.join(timeout=30)
+  controller.join(timeout=30)
+  assert stalled["after"] == stalled["at"], stalled
+  np.testing.assert_array_equal(records.k, [3] * 10)
+  assert [x["worker"] for x in server.lost] == [2]
+
+
+def test_churn_asynchronous_local_sgd_goes_on_without_a_worker_that_left_and_takes_in_its_replacement():
+  """Asynchronous local SGD's server applies each pushed pseudo-gradient as it comes: worker 2 leaves after
+  10 arrivals (its round in progress is never pushed), a replacement joins after 30 with the current
+  parameters, and its pushes are applied again."""
+  exp = _experiment("cluster.num_workers=3", "strategy.name=async_local_sgd", "strategy.options={period: 4}")
+  live = {0, 1, 2}
+  server = param_server.ParameterServer(exp.strategy, liveness=lambda: set(live), idle_timeout=60)
+  state = server.init(exp.model.params)
+  workers = [_Worker(exp, server, w) for w in range(3)]
+  joined: list[_Worker] = []
+  marks = {}
+
+  def churn():
+    counters = lambda: server._steps.counters if server._steps else None  # noqa: E731
+    while counters() is None or counters().event < 10:
+      time.sleep(0.005)
+    workers[2].leave()
+    live.discard(2)
+    while counters().event < 30 or counters().live[2]:
+      time.sleep(0.005)
+    marks["left"] = counters().event  # the server has dropped it
+    live.add(2)
+    joined.append(_Worker(exp, server, 2))
+
+  controller = threading.Thread(target=churn, daemon=True)
+  controller.start()
+  senders = []
+  try:
+    while len(senders) < 4000 and not (joined and senders[marks["left"] :].count(2) >= 3):
+      state, records = server.advance(state, 10)
+      senders.extend(np.asarray(records.worker).tolist())
+  finally:
+    server.stop(timeout=30)
+    for w in [*workers, *joined]:
+      w.thread.join(timeout=30)
+  controller.join(timeout=30)
+  gone = senders[marks["left"] :]
+  back = gone.index(2)  # the replacement's first push
+  assert back > 0 and 2 not in gone[:back] and {0, 1} <= set(gone[:back]), senders
+  assert [x["worker"] for x in server.lost] == [2]
+  # Every applied pseudo-gradient is one push; the one worker 2 may have sent after it was dropped is
+  # counted as dropped, never applied.
+  pushes = sum(w.result["pushes"] for w in [*workers, *joined])
+  assert len(senders) + server.dropped_gradients <= pushes <= len(senders) + server.dropped_gradients + 4
+
+
 def test_churn_a_deadline_closes_rounds_without_a_slow_worker_as_the_simulator_does():
   """Worker 2 is 100x slower; a round closes 0.1 s after its first pseudo-gradient. The simulator (each
   step 4 ms, 10 steps a round) keeps workers 0 and 1 in every round; so does the server (its workers' round
