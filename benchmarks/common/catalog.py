@@ -30,7 +30,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "plan_sweep",
     "sync_overhead",
   ),
-  "faults": ("fault_campaign",),
+  "faults": ("fault_campaign", "churn"),
   "calibration": ("sim_vs_real", "plan_vs_published"),
   "pages": ("readme_figures", "results_page"),
 }
