@@ -646,6 +646,12 @@ def test_a_negative_max_restarts_is_refused_before_anything_is_built(capsys, tmp
   assert code == 2 and err == "jaxsync: error: --max-restarts=-1 is invalid; expected an integer >= 0.\n"
 
 
+def test_a_negative_rejoin_delay_is_refused_before_anything_is_built(capsys):
+  """churn: a replacement cannot arrive before its failure."""
+  code, _, err = _run(capsys, "launch", "-n", "4", QUICKSTART, "--rejoin-delay", "-2")
+  assert code == 2 and err == "jaxsync: error: --rejoin-delay=-2.0 is invalid; expected seconds >= 0.\n"
+
+
 @pytest.mark.parametrize(
   ("argv", "hint"),
   [

@@ -119,6 +119,8 @@ def test_the_rejoin_wait_is_read_from_the_environment_and_is_zero_without_a_supe
     ({"max_restarts": -1, "run_dir": "r"}, "max_restarts=-1"),
     ({"max_restarts": 2}, "max_restarts needs run_dir"),
     ({"max_restarts": 1, "run_dir": "r", "settle": -5.0}, "settle=-5.0"),
+    ({"max_restarts": 1, "run_dir": "r", "rejoin_delay": -1.0}, "rejoin_delay=-1.0"),
+    ({"max_restarts": 1, "run_dir": "r", "rejoin_delay": float("inf")}, "rejoin_delay=inf"),
   ],
 )
 def test_a_bad_restart_policy_is_refused_naming_the_value(kwargs, words):
@@ -132,6 +134,7 @@ def test_a_bad_restart_policy_is_refused_naming_the_value(kwargs, words):
   "name, options, workers, processes, servers, alone, kept_down",
   [
     ("asp", {}, 3, 4, 1, {1, 2, 3}, set()),  # workers rejoin the running server
+    ("diloco", {"membership": "elastic"}, 3, 4, 1, {1, 2, 3}, set()),  # elastic rounds: the same (churn)
     ("asp", {}, 2, 4, 2, {2, 3}, set()),  # shards restart the run
     ("allreduce", {}, 4, 4, 1, set(), set()),  # every process of a synchronous run restarts the run
     ("inhad", {"local_workers": 2}, 4, 5, 1, set(), {1, 2, 3, 4}),  # left down: the server drops the node

@@ -6,6 +6,7 @@ Every run here is separate Python processes joined by ``jax.distributed``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -114,6 +115,25 @@ def _kill_tree(launcher: subprocess.Popen) -> None:
     except psutil.Error:
       pass
   launcher.kill()
+
+
+@contextlib.contextmanager
+def _launched(n: int, overrides, out, log_path, *extra: str):
+  """``jaxsync launch -n N`` of the quickstart config with ``overrides`` (and ``extra`` arguments), its log
+  written to ``log_path`` while the test signals its processes; every process is killed at the end."""
+  sets = [f"--set={o}" for o in [*BASE, *overrides]]
+  command = ["launch", "-n", str(n), str(helpers.QUICKSTART), *sets, "--out", str(out), *extra]
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
+  with open(log_path, "w") as log_file:
+    launcher = subprocess.Popen(
+      [sys.executable, "-m", "jaxsync.cli", *command, "--progress", "quiet"],
+      stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env,
+    )  # fmt: skip
+    try:
+      yield launcher
+    finally:
+      if launcher.poll() is None:
+        _kill_tree(launcher)
 
 
 def _summary(run_dir):
@@ -454,28 +474,17 @@ def test_a_sync_run_restarts_itself_after_a_killed_worker_and_resumes_exactly_af
   assert set(reference) == {"0", "1", "2"} and len(set(reference.values())) == 1, log[-2000:]
 
   out, log_path = tmp_path / "faulted", tmp_path / "faulted.log"
-  sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  command = ["launch", "-n", "3", str(helpers.QUICKSTART), *sets, "--out", str(out), "--max-restarts", "2"]
-  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
-  with open(log_path, "w") as log_file:
-    launcher = subprocess.Popen(
-      [sys.executable, "-m", "jaxsync.cli", *command, "--progress", "quiet"],
-      stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-      _wait_for_rows(out, "train", 3, 180)
-      _process(launcher, 2).send_signal(signal.SIGKILL)
-      deadline = time.monotonic() + 120
-      while not (out / "restarts.jsonl").exists():
-        assert launcher.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-        time.sleep(0.1)
-      restart = json.loads((out / "restarts.jsonl").read_text())
-      _wait_for_rows(out, "train", restart["checkpoint"] // 50 + 2, 180)  # the restarted run goes on
-      launcher.send_signal(signal.SIGTERM)
-      launcher.wait(timeout=120)
-    finally:
-      if launcher.poll() is None:
-        _kill_tree(launcher)
+  with _launched(3, overrides, out, log_path, "--max-restarts", "2") as launcher:
+    _wait_for_rows(out, "train", 3, 180)
+    _process(launcher, 2).send_signal(signal.SIGKILL)
+    deadline = time.monotonic() + 120
+    while not (out / "restarts.jsonl").exists():
+      assert launcher.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+      time.sleep(0.1)
+    restart = json.loads((out / "restarts.jsonl").read_text())
+    _wait_for_rows(out, "train", restart["checkpoint"] // 50 + 2, 180)  # the restarted run goes on
+    launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=120)
   log = log_path.read_text()
   assert launcher.returncode == 75, log[-3000:]
   assert {k: restart[k] for k in ("restart", "process", "ended", "scope")} == {
@@ -516,22 +525,10 @@ def test_churn_elastic_diloco_goes_on_without_a_killed_worker_and_counts_its_rep
     "run.chunk=100",
     "run.eval_every=500",
   ]
-  sets = [f"--set={o}" for o in [*BASE, *overrides]]
-  command = ["launch", "-n", "4", str(helpers.QUICKSTART), *sets, "--out", str(out)]
-  command += ["--max-restarts", "1", "--rejoin-delay", "6"]
-  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
-  with open(log_path, "w") as log_file:
-    launcher = subprocess.Popen(
-      [sys.executable, "-m", "jaxsync.cli", *command, "--progress", "quiet"],
-      stdout=log_file, stderr=subprocess.STDOUT, text=True, env=env,
-    )  # fmt: skip
-    try:
-      _wait_for_rows(out, "train", 5, 180)
-      _process(launcher, 3).send_signal(signal.SIGKILL)
-      launcher.wait(timeout=240)
-    finally:
-      if launcher.poll() is None:
-        _kill_tree(launcher)
+  with _launched(4, overrides, out, log_path, "--max-restarts", "1", "--rejoin-delay", "6") as launcher:
+    _wait_for_rows(out, "train", 5, 180)
+    _process(launcher, 3).send_signal(signal.SIGKILL)
+    launcher.wait(timeout=240)
   log = log_path.read_text()
   assert launcher.returncode == 0, log[-3000:]
   lost = re.search(r"worker 2 \(process 3\) lost at [\d.]+ s, server version (\d+); going on with 2", log)
@@ -555,3 +552,38 @@ def test_churn_elastic_diloco_goes_on_without_a_killed_worker_and_counts_its_rep
     "ended": "signal 9",
     "scope": "process",
   }
+
+
+def test_a_sync_run_that_loses_process_0_restarts_from_process_1s_checkpoint_of_every_completed_round(
+  tmp_path,
+):
+  """Process 0 of an all-reduce run is SIGKILLed mid-run, with no periodic checkpoint: process 1, which holds
+  the same state, writes the checkpoint of every completed round, and the restarted run (`--max-restarts`)
+  continues from it to the final parameters of an uninterrupted run, bit for bit."""
+  overrides = ["strategy.name=allreduce", "cluster.num_workers=3", "run.gradients=3000", "run.chunk=50"]
+  code, log = _launch(3, tmp_path / "whole", overrides)
+  assert code == 0, log[-3000:]
+  reference = _fingerprints(log)
+
+  out, log_path = tmp_path / "faulted", tmp_path / "faulted.log"
+  with _launched(3, overrides, out, log_path, "--max-restarts", "1") as launcher:
+    _wait_for_rows(out, "train", 3, 180)
+    _process(launcher, 0).send_signal(signal.SIGKILL)
+    launcher.wait(timeout=300)
+  log = log_path.read_text()
+  assert launcher.returncode == 0, log[-3000:]
+  restart = json.loads((out / "restarts.jsonl").read_text())
+  assert {k: restart[k] for k in ("process", "ended", "scope")} == {
+    "process": 0,
+    "ended": "signal 9",
+    "scope": "run",
+  }
+  assert "process 0 is lost: this process writes the run's checkpoint" in log, log[-3000:]
+  # Rows of at least 3 chunks were written before the kill: none of those rounds is redone.
+  assert restart["checkpoint"] is not None and restart["checkpoint"] >= 150, restart
+  assert _fingerprints(log) == reference, log[-2000:]
+  assert _summary(out)["updates"] == 1000
+  events = [
+    json.loads(r)["event"] for r in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in r
+  ]
+  assert events == sorted(set(events)) and events[-1] == 1000, events  # each chunk's row once

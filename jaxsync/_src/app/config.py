@@ -227,6 +227,15 @@ class LinkConfig:
 
 
 @dataclasses.dataclass(frozen=True)
+class AbsenceConfig:
+  """A worker gone for a while (churn, simulated): it leaves at ``start``, a replacement takes its place at ``end``."""
+
+  worker: int = _key(meaning="the worker's id, 0 .. num_workers - 1")
+  start: float = _key(meaning="simulated seconds when it leaves")
+  end: float = _key(meaning="simulated seconds when its replacement joins (after start)")
+
+
+@dataclasses.dataclass(frozen=True)
 class ClusterConfig:
   """The simulated cluster (``jaxsync.sim.TimeModel``); ``compute_time: null`` uses the model's FLOPs."""
 
@@ -277,6 +286,11 @@ class ClusterConfig:
     meaning="where each measured value of this section came from (jaxsync calibrate writes it; the advisor "
     "prints it); null: presets, not measured",
   )
+  absences: list[AbsenceConfig] = _key(
+    meaning="churn for membership: elastic: workers gone for a while, [{worker, start, end}] in simulated"
+    " seconds (empty: none)",
+    factory=list,
+  )
   # The workers are the processes after the server shards. The simulator ignores it.
   servers: int = _key(
     1, meaning="parameter-server processes of a multi-process run, each owning a slice of the parameters"
@@ -294,6 +308,11 @@ class ClusterConfig:
     )
     _require(0 <= self.slow_fraction < 1, "cluster.slow_fraction", self.slow_fraction, "a fraction in [0, 1)")
     _require(self.slowdown >= 1, "cluster.slowdown", self.slowdown, "a factor >= 1")
+    for i, a in enumerate(self.absences):
+      expected = f"a worker in [0, {self.num_workers}) and simulated seconds 0 <= start < end"
+      _require(
+        0 <= a.worker < self.num_workers and 0 <= a.start < a.end, f"cluster.absences[{i}]", a, expected
+      )
     _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
     _require(self.eval_time >= 0, "cluster.eval_time", self.eval_time, "seconds >= 0")
     _require(
@@ -351,6 +370,7 @@ class ClusterConfig:
       server_bandwidth=self.server_bandwidth,
       eval_time=self.eval_time,
       collective_overhead=self.collective_overhead,
+      absences=tuple((a.worker, a.start, a.end) for a in self.absences),
     )
 
 

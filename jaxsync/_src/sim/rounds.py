@@ -199,7 +199,11 @@ class RoundEngine:
     and a deadline, the mean is over the workers whose pseudo-gradients came
     by it (:meth:`TimeModel.delivered_by_deadline`) and the round waits only
     for them; the others' models go on from the new parameters, as a real
-    worker whose push came late does.
+    worker whose push came late does. A worker gone when the round starts
+    (:attr:`TimeModel.absences`) computes nothing; it comes back, as its
+    replacement, with the global parameters and a fresh inner optimizer. With
+    elastic membership every worker computes the round's batches (data steps
+    from the round's number times ``H``), as the real server sends them.
     """
     strategy, time_model = self.strategy, self.time_model
     num_workers = strategy.num_workers
@@ -211,15 +215,16 @@ class RoundEngine:
         strategy, self.loss_fn, lambda t: data.batch(worker, t), s.params, x, state, step, fragment
       )
 
-    work = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, s.steps)
+    elastic = strategy.elastic_membership
+    steps = jnp.full_like(s.steps, s.event * strategy.local_steps) if elastic else s.steps
+    work = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, steps)
     offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
-    step_times = jax.vmap(lambda i: time_model.sample_compute(s.key, workers, s.steps + i))(offsets)
-    kept = time_model.delivered_by_deadline(strategy, step_times)
+    step_times = jax.vmap(lambda i: time_model.sample_compute(s.key, workers, steps + i))(offsets)
+    present = time_model.present(s.clock) if elastic else jnp.ones([num_workers], jnp.bool_)
+    kept = time_model.delivered_by_deadline(strategy, step_times, present)
     weights = kept.astype(jnp.float32) / jnp.sum(kept).astype(jnp.float32)
     mean_delta = jax.tree.map(
-      lambda d: (
-        jnp.tensordot(weights.astype(d.dtype), d, axes=1) if strategy.deadline else jnp.mean(d, axis=0)
-      ),
+      lambda d: jnp.tensordot(weights.astype(d.dtype), d, axes=1) if elastic else jnp.mean(d, axis=0),
       work.contribution,
     )
     update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
@@ -227,19 +232,24 @@ class RoundEngine:
     exchange = jnp.asarray(self._exchange_times(s.params), jnp.float32)[fragment]  # Python floats: not x64
     end = s.clock + before + jnp.maximum(exchange, during)
     models = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(work.model)
+    worker_state = work.worker_state
+    if time_model.absences:  # a gone worker's slot: its replacement's start, the global parameters
+      fresh = stack_workers(strategy.worker_rule.init(update.params), num_workers)
+      models = _where_present(present, models, stack_workers(update.params, num_workers))
+      worker_state = _where_present(present, worker_state, fresh)
     return self._finish_round(
       schedule,
       metric_names,
       s,
       update,
       end=end,
-      busy=jnp.sum(step_times, axis=0),
-      started=strategy.local_steps,
+      busy=jnp.sum(step_times, axis=0) * present,
+      started=strategy.local_steps * present.astype(jnp.int32),
       kept=kept & update.finite,
-      loss=jnp.mean(jnp.mean(work.losses, axis=0)),  # over the workers, then over the local steps
+      loss=_mean_loss(work.losses, present if time_model.absences else None),
       keep=jnp.sum(kept).astype(jnp.int32),
       worker_params=models,
-      worker_state=work.worker_state,
+      worker_state=worker_state,
     )
 
   def _exchange_times(self, params) -> tuple[float, ...]:
@@ -303,3 +313,17 @@ class RoundEngine:
       metrics=metrics,
     )
     return new, record
+
+
+def _where_present(present: jax.Array, tree, otherwise):
+  """Each worker's slice of ``tree`` (a leading worker axis) where it is present, else of ``otherwise``."""
+  return jax.tree.map(
+    lambda a, b: jnp.where(present.reshape((-1,) + (1,) * (a.ndim - 1)), a, b), tree, otherwise
+  )
+
+
+def _mean_loss(losses: jax.Array, present: jax.Array | None) -> jax.Array:
+  """A local round's loss: over the workers (the present ones), then over their ``[K, H]`` local steps."""
+  if present is None:
+    return jnp.mean(jnp.mean(losses, axis=0))
+  return jnp.sum(jnp.mean(losses, axis=1) * present) / jnp.sum(present)

@@ -60,6 +60,29 @@ def check_gradient_batch(strategy: Strategy, gradient_batch: int | None) -> int:
   return batch
 
 
+def _check_absences(strategy: Strategy, time_model: TimeModel) -> None:
+  """Workers that leave and join (``time_model.absences``) are modeled for elastic membership, above its quorum."""
+  if not time_model.absences:
+    return
+  if not strategy.elastic_membership:
+    raise validation.invalid(
+      _WHAT,
+      "time_model.absences",
+      time_model.absences,
+      f"none for {strategy.name} with a fixed membership (workers that leave and join are modeled for"
+      " membership='elastic': diloco, streaming_diloco, local_sgd)",
+    )
+  fewest = time_model.fewest_present()
+  if fewest < strategy.quorum:
+    raise validation.invalid(
+      _WHAT,
+      "time_model.absences",
+      time_model.absences,
+      f"absences that leave at least quorum={strategy.quorum} workers at once (here {fewest}): a round below"
+      " its quorum waits for a worker to join, which the simulator does not model",
+    )
+
+
 class Simulator(RuntimeBase):
   r"""K simulated workers and a server (or an all-reduce group), compiled end to end.
 
@@ -131,6 +154,7 @@ class Simulator(RuntimeBase):
     ):
       if value != k:
         raise validation.invalid(_WHAT, name, value, f"the strategy's num_workers={k}")
+    _check_absences(strategy, time_model)
     super().__init__(eval_fn, eval_every, eval_every_time)
     # Dynamic Local Updates size each worker's local steps by its speed in this cluster.
     strategy = with_worker_speeds(strategy, time_model.mean_compute_times())

@@ -88,6 +88,27 @@ def link(spec: str | Link) -> Link:
   return LINK_PRESETS[spec]
 
 
+def _checked_absences(absences, num_workers: int) -> tuple[tuple[int, float, float], ...]:
+  """``absences`` as ``(worker, start, end)`` triples, each checked: a worker id, ``0 <= start < end``."""
+  checked = []
+  for i, item in enumerate(absences):
+    expected = f"(worker, start, end): a worker in [0, {num_workers}) and simulated seconds 0 <= start < end"
+    if isinstance(item, dict):
+      item = (item.get("worker"), item.get("start"), item.get("end"))
+    try:
+      worker, start, end = item
+    except (TypeError, ValueError):
+      raise validation.invalid(_WHAT, f"absences[{i}]", item, expected) from None
+    if isinstance(worker, bool) or not isinstance(worker, int) or not 0 <= worker < num_workers:
+      raise validation.invalid(_WHAT, f"absences[{i}]", item, expected)
+    start = validation.check_real(_WHAT, f"absences[{i}].start", start, low=0.0)
+    end = validation.check_real(_WHAT, f"absences[{i}].end", end, low=0.0)
+    if not start < end:
+      raise validation.invalid(_WHAT, f"absences[{i}]", item, expected)
+    checked.append((worker, start, end))
+  return tuple(checked)
+
+
 def compute_time_from_flops(flops_per_sample: float, batch_size: int, flops_per_second: float) -> float:
   """Mean seconds of one worker-step: forward plus backward, ``3 F b / R``.
 
@@ -238,6 +259,11 @@ class TimeModel:
     collective_overhead: seconds each all-reduce takes beyond the ring
       formula, ``>= 0`` (``jaxsync calibrate --collective-processes`` measures
       it); ``0`` (default): the formula alone.
+    absences: churn, for a strategy with elastic membership: ``(worker,
+      start, end)`` triples, simulated seconds during which that worker is
+      gone (it left at ``start``; from ``end`` on a replacement takes its
+      place, from the global parameters with a fresh inner optimizer). A
+      round counts a worker when the round starts outside its absences.
   """
 
   num_workers: int
@@ -253,6 +279,7 @@ class TimeModel:
   server_bandwidth: float | str | None = None
   eval_time: float = 0.0
   collective_overhead: float = 0.0
+  absences: Sequence[tuple[int, float, float]] = ()
 
   def __post_init__(self):
     validation.check_int(_WHAT, "num_workers", self.num_workers)
@@ -274,6 +301,7 @@ class TimeModel:
     validation.check_real(_WHAT, "eval_time", self.eval_time, low=0.0)
     validation.check_real(_WHAT, "collective_overhead", self.collective_overhead, low=0.0)
     object.__setattr__(self, "server_bandwidth", server_bandwidth(self.server_bandwidth))
+    object.__setattr__(self, "absences", _checked_absences(self.absences, self.num_workers))
     if self.compute_times is not None:
       times = tuple(self.compute_times)
       if len(times) != self.num_workers:
@@ -431,7 +459,22 @@ class TimeModel:
       return jnp.sort(durations, axis=-1)[..., keep - 1]
     return jnp.max(durations, axis=-1)
 
-  def delivered_by_deadline(self, strategy: Strategy, step_times: jax.Array) -> jax.Array:
+  def present(self, clock: jax.Array) -> jax.Array:
+    """``bool[K]``: the workers that are not gone at ``clock`` (:attr:`absences`)."""
+    present = jnp.ones([self.num_workers], jnp.bool_)
+    for worker, start, end in self.absences:
+      present = present.at[worker].set(present[worker] & ~((clock >= start) & (clock < end)))
+    return present
+
+  def fewest_present(self) -> int:
+    """The fewest workers present at once under :attr:`absences` (``K`` without any)."""
+    edges = sorted({t for _, start, end in self.absences for t in (start, end)})
+    gone = [sum(start <= t < end for _, start, end in self.absences) for t in edges]
+    return self.num_workers - max(gone, default=0)
+
+  def delivered_by_deadline(
+    self, strategy: Strategy, step_times: jax.Array, present: jax.Array | None = None
+  ) -> jax.Array:
     r"""Which workers' pseudo-gradients a local round averages: every worker's, or with elastic membership and a
     deadline ``d``, those that came by the round's close.
 
@@ -443,17 +486,21 @@ class TimeModel:
     Args:
       strategy: a synchronous local strategy.
       step_times: ``[H, K]`` each worker's step times of the round.
+      present: ``bool[K]``, the workers the round has (:meth:`present`); default all.
 
     Returns:
-      ``bool[K]``.
+      ``bool[K]``, within ``present``.
     """
     num_workers = step_times.shape[1]
+    present = jnp.ones([num_workers], jnp.bool_) if present is None else present
     if not strategy.elastic_membership or strategy.deadline is None:
-      return jnp.ones([num_workers], jnp.bool_)
+      return present
     local_steps = step_times.shape[0]
-    before = jnp.sum(step_times[: local_steps - strategy.exchange.overlap], axis=0)
+    before = jnp.where(
+      present, jnp.sum(step_times[: local_steps - strategy.exchange.overlap], axis=0), jnp.inf
+    )
     close = jnp.maximum(jnp.min(before) + strategy.deadline, jnp.sort(before)[strategy.quorum - 1])
-    return before <= close
+    return present & (before <= close)
 
   def local_round_compute(
     self, step_times: jax.Array, overlap: int, kept: jax.Array | None = None
