@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # Each name is a module under benchmarks/ (GROUP.NAME). claims.low_communication and calibration.sim_vs_real
 # (network namespaces, root) take their own arguments: run them alone.
-BENCHMARKS=${BENCHMARKS:-"claims.ormo_table claims.adaptive_k_comparison claims.adaptive_k_regimes claims.ea_wild_comparison claims.inhad_layouts speed.server_bound claims.advisor_check speed.sharded_server speed.node_aggregation faults.fault_campaign speed.performance"}
+BENCHMARKS=${BENCHMARKS:-"claims.ormo_table claims.adaptive_k_comparison claims.adaptive_k_regimes claims.ea_wild_comparison claims.inhad_layouts speed.server_bound claims.advisor_check speed.sharded_server speed.node_aggregation faults.fault_campaign faults.churn speed.performance"}
 mkdir -p runs/bench
 for name in $BENCHMARKS; do
   echo "== $name $*" >&2

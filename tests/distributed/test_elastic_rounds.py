@@ -194,6 +194,38 @@ def test_churn_a_round_below_its_quorum_waits_for_a_replacement():
   assert [x["worker"] for x in server.lost] == [2]
 
 
+def test_churn_a_worker_restarted_after_it_delivered_is_not_counted_twice_in_that_round():
+  """Worker 0 delivers its pseudo-gradient of a round that waits for a slow worker 2, and its process is
+  replaced before anyone notices it gone: the replacement waits for the next round (its predecessor's
+  pseudo-gradient stands), so no round counts more than 3."""
+  exp = _experiment(
+    "cluster.num_workers=3", "strategy.name=diloco", "strategy.options={period: 4, membership: elastic}"
+  )
+  server = param_server.ParameterServer(exp.strategy, idle_timeout=60)
+  state = server.init(exp.model.params)
+  workers = [_Worker(exp, server, w, slowdown=150.0 if w == 2 else 1.0) for w in range(3)]
+  replaced = []
+
+  def replace_worker_0():
+    counters = lambda: server._steps.counters if server._steps else None  # noqa: E731
+    while counters() is None or counters().event < 1 or not counters().waiting[0] or counters().waiting[2]:
+      time.sleep(0.002)
+    workers[0].leave()
+    replaced.append(_Worker(exp, server, 0))
+
+  controller = threading.Thread(target=replace_worker_0, daemon=True)
+  controller.start()
+  try:
+    state, records = server.advance(state, 3)  # worker 2 takes seconds a round
+  finally:
+    server.stop(timeout=30)
+    for w in [*workers, *replaced]:
+      w.thread.join(timeout=30)
+  controller.join(timeout=30)
+  np.testing.assert_array_equal(records.k, [3] * 3)
+  assert replaced and replaced[0].result["pushes"] >= 1
+
+
 def test_churn_asynchronous_local_sgd_goes_on_without_a_worker_that_left_and_takes_in_its_replacement():
   """Asynchronous local SGD's server applies each pushed pseudo-gradient as it comes: worker 2 leaves after
   10 arrivals (its round in progress is never pushed), a replacement joins after 30 with the current

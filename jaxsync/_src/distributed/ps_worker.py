@@ -245,7 +245,7 @@ class _Link:
     replies with the same header.
     """
     self.leave_when.check()
-    _wait(self.pollers[0], self.reply_timeout, *self.peer)
+    _wait(self.pollers[0], self.reply_timeout, *self.peer, self.leave_when.check)
     reply = self._receive(0)
     while newest and self.pollers[0].poll(0):
       reply = self._receive(0)
@@ -451,12 +451,18 @@ def _elastic_loop(strategy: Strategy, loss_fn, gradient, data: WorkerData, param
     return pushes, compute_times
 
 
-def _wait(poller, timeout: float, peer: str, alive) -> None:
-  """Returns once a message is ready; raises ServerGoneError after ``timeout`` s or when ``peer`` is lost."""
+def _wait(poller, timeout: float, peer: str, alive, notice=None) -> None:
+  """Returns once a message is ready; raises ServerGoneError after ``timeout`` s or when ``peer`` is lost.
+
+  ``notice()`` (the worker's :class:`_Notice`) is asked while it waits: a worker told to leave does not
+  wait for a reply that may be a whole round away.
+  """
   deadline = time.perf_counter() + timeout
   while time.perf_counter() < deadline:
     if poller.poll(200):
       return
+    if notice is not None:
+      notice()
     if alive is not None and not alive():
       raise ServerGoneError(f"{peer} is lost; resume with `jaxsync resume RUN_DIR`.")
   raise ServerGoneError(f"no reply from {peer} for reply_timeout={timeout} s; it is stuck or unreachable.")

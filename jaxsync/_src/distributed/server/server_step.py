@@ -548,11 +548,17 @@ def join(s: ServerState, worker: int, wait: jax.Array | bool = False) -> ServerS
 
 
 def joins_next_round(strategy: Strategy, live, waiting, worker: int) -> bool:
-  """Whether ``worker``, joining now, waits for the next round: with elastic membership, when it was not a
-  member (it left or was declared lost) and the open round has its quorum in, so that the joiner would only
-  hold it up by a whole round of local steps. The workers a run starts with are members of its first round."""
+  """Whether ``worker``, joining now, waits for the next round (elastic membership): when its pseudo-gradient
+  of the open round is already in (a process restarted before it was declared lost: computed again, it
+  would count twice), or when it was not a member (it left or was declared lost) and the open round has its
+  quorum in, which it would only hold up by a whole round of local steps. The workers a run starts with are
+  members of its first round."""
+  if not strategy.elastic_membership:
+    return False
+  if live[worker] and waiting[worker]:
+    return True
   delivered = int(waiting.sum())
-  return bool(strategy.elastic_membership and not live[worker] and delivered and delivered >= strategy.quorum)
+  return bool(not live[worker] and delivered and delivered >= strategy.quorum)
 
 
 def late(strategy: Strategy, s: ServerState, worker: jax.Array) -> ServerState:
