@@ -1133,3 +1133,26 @@ def test_the_suite_tiers_benchmark_reads_each_tests_time_from_a_junit_report(tmp
   assert "Both tiers, one after the other (what `.ci/run` runs): 15.0 min." in text
   slowest = [line.split("|")[1].strip() for line in text.splitlines() if line.startswith("| `tests/")]
   assert slowest == ["`tests/test_benchmarks.py::test_b_tiny`", "`tests/rules/test_a.py::test_x[1]`"]
+
+
+def test_churn_tiny_kills_workers_and_reports_goodput_from_its_store(tmp_path):
+  """`benchmarks.faults.churn --size tiny`: every case runs, killed workers are restarted (elastic) or the job
+  resumes (fixed), and each goodput is the run's steps per second over its membership's run without churn."""
+  markdown, results, _ = run_tiny("churn", tmp_path)
+  rows = [json.loads(line) for line in (results / "churn_runs.jsonl").read_text().splitlines()]
+  by = {(r["method"], r["membership"], r["churn"]): r for r in rows}
+  assert set(by) == {
+    ("diloco", "elastic", "none"), ("diloco", "elastic", "kills"), ("diloco", "fixed", "none"),
+    ("diloco", "fixed", "kills"), ("async_local_sgd", "elastic", "none"), ("async_local_sgd", "elastic", "kills"),
+    ("async_local_sgd", "fixed", "kills"),
+  }  # fmt: skip
+  assert by["diloco", "elastic", "kills"]["restarts"] >= 1 and by["diloco", "fixed", "kills"]["resumes"] >= 1
+  for r in rows:  # every run reached its budget of outer steps, nothing dropped
+    assert r["events"] == {"diloco": 1500, "async_local_sgd": 4000}[r["method"]] and r["dropped"] == 0, r
+  (table,) = tables(markdown)
+  for cells in table[1:]:
+    method, membership, churn = cells[:3]
+    steady = by[method, "elastic" if method == "async_local_sgd" else membership, "none"]
+    r = by[method, membership, churn] if churn == "kills" else steady
+    expected = (r["worker_steps"] / r["wall_seconds"]) / (steady["worker_steps"] / steady["wall_seconds"])
+    assert cells[7] == f"{expected:.2f}", cells

@@ -52,18 +52,6 @@ def rejoin_wait() -> float:
   return value
 
 
-def reachable(address: str, timeout: float = 2.0) -> bool:
-  """Whether something listens at ``host:port`` (the coordination service: process 0 is alive)."""
-  import socket
-
-  host, port = address.rsplit(":", 1)
-  try:
-    with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-      return True
-  except OSError:
-    return False
-
-
 def heartbeat_timeout() -> int:
   """Seconds without a heartbeat before a process counts as lost: ``JAXSYNC_HEARTBEAT_TIMEOUT``, default 10.
 

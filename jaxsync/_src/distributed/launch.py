@@ -269,21 +269,14 @@ class _Supervisor:
         self.processes[i] = self._start(i)
 
   def restart_all(self, i: int, code: int) -> None:
-    """Lets the processes save what they hold and leave, stops the rest, and resumes the run.
-
-    A synchronous run's process 0 saves its completed rounds when it loses a peer; when process 0 is the
-    one lost, process 1 saves them: every process still running gets ``settle`` seconds (together) to
-    leave. A stopped one saves nothing and is not waited for.
-    """
+    """Lets process 0 save what it holds and leave, stops the rest, and resumes the run."""
     noticed = time.monotonic()
     self.say(f"process {i} ended with {describe_exit(code)}; stopping the others to restart the run")
-    deadline = noticed + self.policy.settle
-    for p in self.processes:
-      if p.poll() is None and not _stopped(p):
-        try:
-          p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-          break
+    if not _stopped(self.processes[0]):  # a stopped process 0 saves nothing: do not wait for it
+      try:
+        self.processes[0].wait(timeout=self.policy.settle)  # a synchronous run's saves its rounds
+      except subprocess.TimeoutExpired:
+        pass
     self.signal_all(signal.SIGKILL)
     self.kill_all(after=10.0)
     self.record(i, code, "run", noticed)

@@ -137,10 +137,8 @@ def _sync_worker(strategy, loss_fn, data, group: ProcessGroup, client, evaluatio
   """One worker of a synchronous run; every process leaves at the same barrier, process 0 last."""
   client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
   liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
-  # Process 0's loss must cost no more than another's: process 1 holds the same state and writes it.
-  successor = lambda: group.index == 1 and not cluster.reachable(group.coordinator)  # noqa: E731
   runtime = sync_runtime.SyncRuntime(
-    strategy, loss_fn, data, liveness=liveness, slowdowns=slowdowns, successor=successor, **evaluation
+    strategy, loss_fn, data, liveness=liveness, slowdowns=slowdowns, **evaluation
   )
   try:
     result = drive(runtime, group.is_primary)

@@ -142,9 +142,6 @@ class SyncRuntime(RuntimeBase):
       whose workers' largest factor ``s`` exceeds 1 sleeps ``(s - 1)`` times its
       measured compute of a round before each round, as the simulator's slow
       workers are slower (``cluster.emulate_slow_workers``).
-    successor: ``() -> bool``, True in the process that writes the run
-      directory when process 0 is lost (process 1, once the coordinator no
-      longer answers): it holds the same state of the completed rounds.
     bucket_bytes: the largest buffer of a round's exchange (its leaves end to
       end per dtype; one all-reduce per buffer).
 
@@ -165,7 +162,6 @@ class SyncRuntime(RuntimeBase):
     liveness=None,
     slowdowns=None,
     bucket_bytes: int = bucketed_all_reduce.DEFAULT_BUCKET_BYTES,
-    successor=None,
   ):
     devices = list(jax.devices() if devices is None else devices)
     self._bucket_bytes = validation.check_int(_WHAT, "bucket_bytes", bucket_bytes, low=1)
@@ -178,7 +174,6 @@ class SyncRuntime(RuntimeBase):
     self._replicated = NamedSharding(self.mesh, P())
     self._per_worker = NamedSharding(self.mesh, P(_AXES))
     self._liveness = liveness
-    self._successor = successor
     # The fragment a round exchanges is static: its leaves, and only they, cross the wire.
     self._round = jax.jit(self._round_impl, static_argnames=("fragment",))
     self._inputs = None  # (the training data, the held-out arrays) on the mesh, made on the first advance
@@ -466,7 +461,6 @@ class SyncRuntime(RuntimeBase):
         raise
       lost = ProcessLostError(self._lost_message(err, int(state.event) + len(rows)))
       lost.completed = self._completed(s, rows)
-      lost.writes_run = self._writes_run()
       raise lost from None
     self._rounds_done = int(local.event)
     return local, self._stack(rows)
@@ -517,20 +511,8 @@ class SyncRuntime(RuntimeBase):
       if isinstance(err, ValueError) and not _collective_failed(err):
         raise
       # Between chunks: the rounds done are those of the last chunk, which the host loop saves.
-      lost = ProcessLostError(self._lost_message(err, self._rounds_done))
-      lost.writes_run = self._writes_run()
-      raise lost from None
+      raise ProcessLostError(self._lost_message(err, self._rounds_done)) from None
     return bool(np.any(votes))
-
-  def _writes_run(self) -> bool:
-    """Whether this process writes the run directory now that a peer is lost: it is process 0's successor
-    and process 0 is the one lost (``successor``, from the process group)."""
-    if self._successor is None:
-      return False
-    try:
-      return bool(self._successor())
-    except Exception:  # noqa: BLE001 - no successor then: the restart uses the last checkpoint
-      return False
 
   @staticmethod
   def fingerprint(params) -> str:
@@ -561,6 +543,6 @@ class SyncRuntime(RuntimeBase):
     after = "" if rounds is None else f" after {rounds} completed rounds"
     return (
       f"{lost}a synchronous round cannot complete without every process{after} ({first}). The completed "
-      "rounds are in the run's checkpoint (process 0 writes it, process 1 when process 0 is the one lost); resume with "
+      "rounds are in the run's checkpoint (process 0 writes it unless it is the process lost); resume with "
       "`jaxsync resume RUN_DIR`, or let `jaxsync launch --max-restarts N` restart the run."
     )
