@@ -1,6 +1,6 @@
 """A fault campaign against every runtime: fuzzed frames, killed, stopped and preempted processes.
 
-Nine parts, each counted, none of them trusted to the process under test:
+Ten parts, each counted, none of them trusted to the process under test:
 
 1. **Fuzzing** (``fuzz``). A :class:`ParameterServer` (``asp``, two workers, one
    1,000-element float32 vector) served in this process, and a separate client
@@ -52,8 +52,10 @@ Nine parts, each counted, none of them trusted to the process under test:
    resume``; the deterministic runs' final parameters are compared with an
    uninterrupted run of the same config, the others' totals checked.
 
-The low-communication strategies (DiLoCo and the like) do not exist in jaxsync
-yet: the results say so.
+10. **Churn** (``churn``): the same worker faults on DiLoCo with elastic
+    membership and on asynchronous local SGD (H = 10), whose server goes on
+    without a worker that is gone and takes back a restarted one; checked as
+    the supervised runs are, with DiLoCo's rounds (or the pushes) as events.
 
 Sizes: tiny (``--quick``: 1,000 frames, one worker-fault run, one synchronous
 run with one killed peer; about 3 minutes on 2 CPU cores), default (50,000
@@ -68,7 +70,7 @@ skips the runs the store holds, so an interrupted campaign loses at most the
 run in progress, and ``--report-only`` writes the results from the store alone.
 
     python -m benchmarks.faults.fault_campaign [--size tiny|default|full] [--quick] [--seed N]
-        [--parts fuzz,workers,rejoin,server,supervised,sharded,inhad,sync,preempt]
+        [--parts fuzz,workers,rejoin,server,supervised,sharded,inhad,sync,preempt,churn]
         [--frames N] [--runs N] [--server-kills N] [--report-only] [--fresh] [--store PATH]
 
 It exits 1 when a check failed (the results file lists which), or when

@@ -19,7 +19,10 @@ OPTIONS = {
   "inhad": "{local_workers: 2, learning_rate: 0.1}",
   "allreduce": "{learning_rate: 0.05}",
   "bsp": "{learning_rate: 0.05}",
+  "diloco": "{period: 10, membership: elastic}",  # the churn part: rounds through the server
+  "async_local_sgd": "{period: 10}",
 }
+LOCAL_STEPS = 10  # the churn part's H: its budget counts worker steps, its events rounds or pushes
 
 
 def launch_args(
@@ -67,6 +70,7 @@ PARTS_SPEC = {
   "sharded": {"processes": 4, "workers": 2, "servers": 2, "faults": 6, "delay": (1.0, 3.0)},
   "inhad": {"processes": 5, "workers": 4, "delay": (2.0, 5.0)},
   "sync": {"processes": 3, "workers": 3, "delay": (2.0, 5.0)},
+  "churn": {"processes": 4, "workers": 3, "faults": 6, "delay": (1.0, 3.0)},
 }
 PREEMPT = {  # name: (strategy, processes, workers, servers, deterministic)
   "asp, 1 worker": ("asp", 2, 1, 1, True),
@@ -100,6 +104,9 @@ def _supervised_planned(part: str, index: int, gradients: int, tiny: bool = Fals
   elif part == "inhad":
     strategy = "inhad"
     layout = Layout("inhad", n, nodes=2, local=2)
+  elif part == "churn":
+    strategy = ("diloco", "async_local_sgd")[index % 2]
+    layout = Layout("single", n)
   else:
     strategy = ("allreduce", "bsp")[index % 2]
     layout = Layout("sync", n)
@@ -111,6 +118,8 @@ def _supervised_planned(part: str, index: int, gradients: int, tiny: bool = Fals
       return _insert(rng, faults, ("term", "server")) if index % 2 else faults
     if part == "sharded":
       return _insert(rng, _worker_faults(rng, shape["faults"]), ("kill", "shard"))
+    if part == "churn":  # workers leave and come back; the server stays
+      return _worker_faults(rng, shape["faults"])
     if part == "inhad":
       faults = [("stop", "worker"), ("kill", "node worker"), ("kill", "aggregator"), ("kill", "server")]
       return [faults[i] for i in rng.permutation(len(faults))] + [("stop", "worker")]
@@ -124,9 +133,11 @@ def _supervised_planned(part: str, index: int, gradients: int, tiny: bool = Fals
       n, strategy, workers, gradients, servers=layout.servers,
       chunk=50 if part == "sync" else 100, checkpoint_every=200 if part == "sync" else 1000,
     )  # fmt: skip
+    # A churn run's events are DiLoCo's rounds of every worker's H steps, or one worker's pushes of H.
+    per_event = {"diloco": workers * LOCAL_STEPS, "async_local_sgd": LOCAL_STEPS}.get(strategy)
     return supervised_run(
       part, runs_dir / f"{part}{index}_{strategy}", layout, strategy, args, gradients, plan(rng), rng,
-      delay=shape["delay"],
+      delay=shape["delay"], events=None if per_event is None else gradients // per_event,
     )  # fmt: skip
 
   return Planned(part, index, spec, run)
@@ -194,7 +205,7 @@ def plan_campaign(size: dict[str, Any], parts: tuple[str, ...], tiny: bool) -> l
       planned.append(
         Planned("server", i, {"gradients": g}, lambda rng, d, i=i: server_kill_run(d / f"server{i}", g, rng))
       )
-  for part in ("supervised", "sharded", "inhad", "sync"):
+  for part in ("supervised", "sharded", "inhad", "sync", "churn"):
     if part in parts:
       for i in range(size[part]):
         planned.append(_supervised_planned(part, i, size["gradients_" + part], tiny))

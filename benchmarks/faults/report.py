@@ -29,6 +29,7 @@ RUNTIMES = {
   "sharded": "sharded parameter server (2 shards)",
   "inhad": "InHAD (2 nodes of 2 workers)",
   "sync": "synchronous loop (allreduce, bsp)",
+  "elastic": "elastic DiLoCo and asynchronous local SGD (single server)",
 }
 
 
@@ -37,6 +38,8 @@ def _fault_label(kind: str, role: str) -> str:
 
 
 def _runtime_of(part: str, result) -> str:
+  if part == "churn":  # workers that leave and come back, on the server's elastic rounds or pushes
+    return "elastic"
   return result.runtime if isinstance(result, SupervisedRun) else "single"
 
 
@@ -127,9 +130,6 @@ def _runtime_rows(results: dict[str, list]) -> list[list[str]]:
         _median_max(rejoined),
       ]
     )
-  rows.append(
-    ["low-communication strategies (DiLoCo, ...)", "not in jaxsync yet: no runtime to fault"] + ["-"] * 10
-  )
   return rows
 
 
@@ -162,7 +162,7 @@ def write_results(
   worker_runs = results.get("workers", [])
   rejoin = (results.get("rejoin") or [None])[0]
   kills = results.get("server", [])
-  supervised = {p: results.get(p, []) for p in ("supervised", "sharded", "inhad", "sync")}
+  supervised = {p: results.get(p, []) for p in ("supervised", "sharded", "inhad", "sync", "churn")}
   preempt = results.get("preempt", [])
   real = sum(len(v) for k, v in results.items() if k != "fuzz")
   bench.run_count = real + len(kills)  # a server kill is a run and its resume
@@ -204,8 +204,7 @@ def write_results(
     "(parts 3 and 4). 'down s': from the launcher noticing the death to the restart (for a restart of every "
     "process it includes process 0 saving its checkpoint and the others being stopped). A hang is a run "
     f"that did not end within {RUN_TIMEOUT:.0f} s; a crash, a run that did not end with exit 0, a process "
-    "death no injected fault explains, or a Python traceback. The low-communication strategies (DiLoCo and "
-    "the like) do not exist in jaxsync yet: there is nothing of theirs to fault.",
+    "death no injected fault explains, or a Python traceback.",
   )
   if fuzz_result:
     bench.section("1. Fuzzed frames against an in-process server", _fuzz_text(fuzz_result))
@@ -223,13 +222,17 @@ def write_results(
     "sharded": "6. Sharded server: worker faults, a shard killed",
     "inhad": "7. InHAD: worker, aggregator and server faults",
     "sync": "8. The synchronous loop: peer, process 0, stop, SIGTERM, launcher SIGTERM",
+    "churn": "10. Churn: workers of elastic DiLoCo and asynchronous local SGD killed, stopped, preempted",
   }
   for part, runs in supervised.items():
-    if runs:
+    if runs and part != "churn":
       intro = _PART_INTRO[part].format(restarts=MAX_RESTARTS, hb=HEARTBEAT_TIMEOUT)
       bench.section(titles[part], intro + "\n\n" + _supervised_text(part, runs))
   if preempt:
     bench.section("9. Preemption: SIGTERM to the launcher, then `jaxsync resume`", preempt_text)
+  if supervised["churn"]:
+    intro = _PART_INTRO["churn"].format(restarts=MAX_RESTARTS, hb=HEARTBEAT_TIMEOUT)
+    bench.section(titles["churn"], intro + "\n\n" + _supervised_text("churn", supervised["churn"]))
   if missing:
     bench.section("Runs not in the store yet", "\n".join(f"- {m}" for m in missing))
   if problems:

@@ -457,6 +457,14 @@ _PART_INTRO = {
     "dies, process 0 first saves every completed round ('rounds complete': what the survivors said), so "
     "nothing is lost; process 0's own death loses what came after the last periodic checkpoint."
   ),
+  "churn": (
+    "`jaxsync launch -n 4 --max-restarts {restarts}`, DiLoCo with `membership: elastic` and asynchronous "
+    "local SGD in turn (H = 10; 1 server, 3 workers), `JAXSYNC_HEARTBEAT_TIMEOUT={hb}`: workers SIGKILLed, "
+    "stopped (SIGSTOP, SIGCONT 1-5 s later) or sent SIGTERM, 6 faults a run, a random 1-3 s after the run "
+    "recovered from the one before; one worker of each run is never faulted. The server goes on without a "
+    "worker that is gone (DiLoCo's rounds average the pseudo-gradients they have); a dead worker is "
+    "restarted alone and joins again. Events are DiLoCo's rounds, or asynchronous local SGD's pushes."
+  ),
 }
 
 

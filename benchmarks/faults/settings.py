@@ -4,26 +4,26 @@ from __future__ import annotations
 
 NAME = "fault_campaign"
 TITLE = "Fault campaign: fuzzed frames; killed, stopped and preempted processes of every runtime"
-PARTS = ("fuzz", "workers", "rejoin", "server", "supervised", "sharded", "inhad", "sync", "preempt")
+PARTS = ("fuzz", "workers", "rejoin", "server", "supervised", "sharded", "inhad", "sync", "preempt", "churn")
 ALL_PREEMPT = ("asp, 1 worker", "asp, 2 shards, 1 worker", "allreduce, 3 processes", "asp, 3 workers")
 SIZES = {
   "tiny": {
     "frames": 1000, "runs": 1, "server_kills": 0, "gradients": 2000,
     "supervised": 0, "sharded": 0, "inhad": 0, "sync": 1, "preempt": (),
     "gradients_supervised": 0, "gradients_sharded": 0, "gradients_inhad": 0, "gradients_sync": 800,
-    "gradients_preempt": (0, 0), "parts": ("fuzz", "workers", "sync"),
+    "gradients_preempt": (0, 0), "churn": 0, "gradients_churn": 0, "parts": ("fuzz", "workers", "sync"),
   },
   "default": {
     "frames": 50000, "runs": 8, "server_kills": 2, "gradients": 4000,
     "supervised": 3, "sharded": 3, "inhad": 3, "sync": 3, "preempt": ALL_PREEMPT,
     "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 4500,
-    "gradients_preempt": (4000, 1500), "parts": PARTS,
+    "gradients_preempt": (4000, 1500), "churn": 2, "gradients_churn": 300000, "parts": PARTS,
   },
   "full": {
     "frames": 100000, "runs": 20, "server_kills": 5, "gradients": 6000,
     "supervised": 8, "sharded": 8, "inhad": 8, "sync": 8, "preempt": ALL_PREEMPT,
     "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 4500,
-    "gradients_preempt": (4000, 1500), "parts": PARTS,
+    "gradients_preempt": (4000, 1500), "churn": 4, "gradients_churn": 300000, "parts": PARTS,
   },
 }  # fmt: skip
 HEARTBEAT_TIMEOUT = 3  # seconds; a stop of 1-5 s falls on either side of it

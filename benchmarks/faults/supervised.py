@@ -264,6 +264,7 @@ def supervised_run(
   first_at: int = 0,
   last_fraction: float = 0.8,
   timeout: float = RUN_TIMEOUT,
+  events: int | None = None,
 ) -> SupervisedRun:
   """Launches a run under supervision and injects ``plan``'s faults, ``(kind, role)``, one after another.
 
@@ -272,7 +273,8 @@ def supervised_run(
   event for the first. A planned fault the run ends before is not injected (``planned`` counts them all).
   """
   started = time.monotonic()
-  events = gradients // layout.processes if layout.runtime == "sync" else gradients
+  if events is None:  # one gradient an event, or a synchronous round of every process's
+    events = gradients // layout.processes if layout.runtime == "sync" else gradients
   session = Session(out, launch_args)
   progress = Progress(out)
   faults: list[Injected] = []
@@ -400,7 +402,7 @@ def supervised_run(
     _recovery(fault, progress, lines, layout)
   consistent = None
   if layout.runtime != "sync" and summary is not None:
-    consistent, why = _ps_totals(out, summary, gradients, strategy)
+    consistent, why = _ps_totals(out, summary, events, strategy)
     problems += why
   tracebacks = len(re.findall(r"^\[p\d+\] Traceback", log, re.M))
   if tracebacks:
@@ -527,7 +529,7 @@ def _recovery(fault: Injected, progress: Progress, lines: list[tuple[float, str]
     fault.lost = None if base is None or fault.updates is None else fault.updates - base
 
 
-def _ps_totals(out: pathlib.Path, summary: dict, gradients: int, strategy: str) -> tuple[bool, list[str]]:
+def _ps_totals(out: pathlib.Path, summary: dict, events: int, strategy: str) -> tuple[bool, list[str]]:
   """Whether a parameter-server run's totals agree: every accepted arrival's update is in its end state."""
   records = final_records(out)
   rows = metrics_rows(out)
@@ -535,7 +537,7 @@ def _ps_totals(out: pathlib.Path, summary: dict, gradients: int, strategy: str) 
     return False, ["no final checkpoint"]
   accepted = int((~records["rejected"]).sum())
   checks = {
-    "events": summary["events"] == gradients == len(records["version"]),
+    "events": summary["events"] == events == len(records["version"]),
     "version": int(records["version"][-1]) == summary["updates"] == int(records["released"].sum()),
     "versions step by released": bool(np.all(np.diff(records["version"]) == records["released"][1:])),
     "last row": bool(rows) and rows[-1]["updates"] == summary["updates"],

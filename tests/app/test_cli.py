@@ -664,3 +664,9 @@ def test_the_parser_suggests_the_closest_command_choice_or_option(argv, hint, ca
   with pytest.raises(SystemExit):
     cli._parser().parse_args(argv)
   assert hint in capsys.readouterr().err
+
+
+def test_a_rejoin_delay_without_restarts_is_refused_before_anything_is_built(capsys):
+  """churn: --rejoin-delay delays a restart; without --max-restarts there is none to delay."""
+  code, _, err = _run(capsys, "launch", "-n", "4", QUICKSTART, "--rejoin-delay", "5")
+  assert code == 2 and "--rejoin-delay=5 is invalid without --max-restarts" in err, err

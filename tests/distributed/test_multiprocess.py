@@ -514,7 +514,7 @@ def test_a_sync_run_restarts_itself_after_a_killed_worker_and_resumes_exactly_af
 
 def test_churn_elastic_diloco_goes_on_without_a_killed_worker_and_counts_its_replacement(tmp_path):
   """`jaxsync launch -n 4 --max-restarts 1 --rejoin-delay 6`, DiLoCo with elastic membership: worker 2's
-  process is SIGKILLed mid-run; the rounds go on with the 2 others (none waits for it), and its
+  process is SIGKILLed mid-run; once it is declared lost the rounds go on with the 2 others, and its
   replacement, started 6 s later, joins and is counted again. Nothing is lost."""
   out, log_path = tmp_path / "elastic", tmp_path / "elastic.log"
   overrides = [

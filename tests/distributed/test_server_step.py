@@ -119,3 +119,33 @@ def test_adaptive_k_dispatch_follows_the_rules_reading_of_fresh(fresh_staleness,
   third = push(second.state, 2, 3.0)
   assert bool(third.send[2]) != waits and bool(third.state.waiting[2]) == waits
   assert int(third.state.rule_state[0].fresh_count) == int(waits)
+
+
+def test_churn_a_worker_dropped_after_it_delivered_waits_for_the_next_round_if_it_comes_back():
+  """Elastic DiLoCo: worker 1 delivers to the open round, is declared lost, and its replacement says HELLO
+  before the round closes: its pseudo-gradient is in the round's sum, so the replacement waits (it would
+  count twice), and the round closes with the live workers' deliveries, 1's included, once."""
+  _, params, _ = problem(3)
+  strategy = jaxsync.strategies.make("diloco", 3, period=2, membership="elastic")
+  schedule = EvalSchedule.make(None, None, None)
+  flat, unravel = ravel_pytree(params)
+  state = server_step.init(strategy, params, schedule)
+  arrive = jax.jit(functools.partial(server_step.round_arrive, strategy, schedule, (), unravel))
+  ones = jnp.ones_like(flat)
+
+  def push(state, worker):
+    return arrive(state, jnp.int32(worker), ones, jnp.bool_(True), jnp.float32(1.0), jnp.float32(0.0))
+
+  state = push(state, 1).state
+  state = server_step.drop(state, jnp.arange(3) == 1)
+  assert server_step.joins_next_round(strategy, np.asarray(state.live), np.asarray(state.waiting), 1)
+  state = server_step.join(state, 1, wait=True, now=5.0)
+  assert bool(state.live[1]) and bool(state.waiting[1])
+  state = push(state, 0).state
+  closed = push(state, 2)
+  assert int(closed.record.k) == 3 and bool(closed.send.all())  # 3 pseudo-gradients, each once; all told
+  # A worker that had not delivered, back while the round already has its quorum: the next round too.
+  state = server_step.drop(closed.state, jnp.arange(3) == 2)
+  state = push(state, 0).state
+  assert server_step.joins_next_round(strategy, np.asarray(state.live), np.asarray(state.waiting), 2)
+  assert not server_step.joins_next_round(strategy, np.asarray(state.live), np.asarray(state.waiting), 1)

@@ -34,6 +34,7 @@ def test_churn_a_gone_worker_is_left_out_of_the_rounds_that_start_while_it_is_go
   np.testing.assert_array_equal(np.asarray(records.k), np.where(gone, 2, 3))
   # The gone worker computed nothing meanwhile: 5 steps a round it was there for.
   assert int(state.steps[2]) == 5 * int((~gone).sum()) and int(state.steps[0]) == 5 * 20
+  assert float(np.min(np.asarray(state.idle))) >= 0.0
   assert all(np.isfinite(np.asarray(x)).all() for x in jax.tree.leaves(state.params))
 
 
@@ -48,6 +49,20 @@ def test_churn_without_absences_elastic_rounds_are_the_fixed_membership_rounds_o
   )
   for x, y in zip(jax.tree.leaves(a.params), jax.tree.leaves(b.params)):
     np.testing.assert_allclose(np.asarray(y), np.asarray(x), rtol=1e-5, atol=1e-7)
+
+
+def test_churn_a_deadline_leaves_a_slow_worker_out_of_every_round_without_negative_idle_time():
+  exp = _experiment(
+    "strategy.options={period: 5, membership: elastic, deadline: 0.01}",
+    "cluster.slow_fraction=0.3",
+    "cluster.slowdown=4",
+  )
+  sim = exp.simulator()
+  state, records = sim.advance(sim.init(exp.model.params, 0), 5)
+  np.testing.assert_array_equal(np.asarray(records.k), [2] * 5)
+  # Worker 2 is cut at each round's close: busy the whole round, never idle below zero.
+  idle = np.asarray(state.idle)
+  assert idle.min() >= 0.0 and idle[2] < 1e-6, idle
 
 
 @pytest.mark.parametrize(

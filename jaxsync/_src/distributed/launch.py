@@ -279,6 +279,7 @@ class _Supervisor:
         pass
     self.signal_all(signal.SIGKILL)
     self.kill_all(after=10.0)
+    self.pending.clear()  # a delayed restart of one process is part of the run's restart now
     self.record(i, code, "run", noticed)
     self.start_all(["resume", str(self.policy.run_dir), *_progress_args(self.args)])
 

@@ -223,10 +223,12 @@ class RoundEngine:
     present = time_model.present(s.clock) if elastic else jnp.ones([num_workers], jnp.bool_)
     kept = time_model.delivered_by_deadline(strategy, step_times, present)
     weights = kept.astype(jnp.float32) / jnp.sum(kept).astype(jnp.float32)
-    mean_delta = jax.tree.map(
-      lambda d: jnp.tensordot(weights.astype(d.dtype), d, axes=1) if elastic else jnp.mean(d, axis=0),
-      work.contribution,
-    )
+
+    def kept_mean(d):  # a left-out worker's NaN must not reach the mean (0 * NaN = NaN)
+      mask = kept.reshape((-1,) + (1,) * (d.ndim - 1))
+      return jnp.tensordot(weights.astype(d.dtype), jnp.where(mask, d, 0), axes=1)
+
+    mean_delta = jax.tree.map(lambda d: kept_mean(d) if elastic else jnp.mean(d, axis=0), work.contribution)
     update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
     before, during = time_model.local_round_compute(step_times, strategy.exchange.overlap, kept)
     exchange = jnp.asarray(self._exchange_times(s.params), jnp.float32)[fragment]  # Python floats: not x64
@@ -243,7 +245,8 @@ class RoundEngine:
       s,
       update,
       end=end,
-      busy=jnp.sum(step_times, axis=0) * present,
+      # A worker the round does not wait for is cut at its close, as fastest-k's are.
+      busy=jnp.minimum(jnp.sum(step_times, axis=0), end - s.clock) * present,
       started=strategy.local_steps * present.astype(jnp.int32),
       kept=kept & update.finite,
       loss=_mean_loss(work.losses, present if time_model.absences else None),
@@ -326,4 +329,4 @@ def _mean_loss(losses: jax.Array, present: jax.Array | None) -> jax.Array:
   """A local round's loss: over the workers (the present ones), then over their ``[K, H]`` local steps."""
   if present is None:
     return jnp.mean(jnp.mean(losses, axis=0))
-  return jnp.sum(jnp.mean(losses, axis=1) * present) / jnp.sum(present)
+  return jnp.sum(jnp.where(present, jnp.mean(losses, axis=1), 0.0)) / jnp.sum(present)

@@ -469,7 +469,7 @@ class TimeModel:
   def fewest_present(self) -> int:
     """The fewest workers present at once under :attr:`absences` (``K`` without any)."""
     edges = sorted({t for _, start, end in self.absences for t in (start, end)})
-    gone = [sum(start <= t < end for _, start, end in self.absences) for t in edges]
+    gone = [len({w for w, start, end in self.absences if start <= t < end}) for t in edges]
     return self.num_workers - max(gone, default=0)
 
   def delivered_by_deadline(

@@ -178,17 +178,19 @@ class CompiledSteps:
     self.counters.take(packed)
     return step.state, step.record
 
-  def join(self, state, worker: int, *, wait: bool = False) -> ServerState:
+  def join(self, state, worker: int, *, wait: bool = False, now: float = 0.0) -> ServerState:
     """Worker ``worker`` (re)joins: it is live and will be sent the current parameters (with ``wait``, at
     the open round's close: :func:`server_step.joins_next_round`)."""
-    state = self._join(state, self._scalar(worker, np.int32), self._scalar(wait, np.bool_))
+    state = self._join(
+      state, self._scalar(worker, np.int32), self._scalar(wait, np.bool_), self._scalar(now, np.float32)
+    )
     self.counters.join(worker, rounds=self._mode == "rounds", wait=wait)
     return state
 
   def drop(self, state, gone: np.ndarray) -> ServerState:
     """Workers ``gone`` (``bool[K]``) left or were lost."""
     state = self._drop(state, self._mesh_array(gone))
-    self.counters.drop(gone)
+    self.counters.drop(gone, rounds=self._mode == "rounds")
     return state
 
   def release(self, state, now: float) -> tuple[ServerState, np.ndarray]:

@@ -104,9 +104,10 @@ class HostCounters:
     self.live[worker], self.waiting[worker] = True, wait
     self.pulled_version[worker] = self.event if rounds else self.version
 
-  def drop(self, gone: np.ndarray) -> None:
+  def drop(self, gone: np.ndarray, *, rounds: bool) -> None:
     self.live &= ~gone
-    self.waiting &= ~gone
+    if not rounds:  # a round's delivered marks stay until it closes (server_step.drop)
+      self.waiting &= ~gone
 
   def late(self, worker: int, data_steps: int) -> None:
     self.steps[worker] += data_steps

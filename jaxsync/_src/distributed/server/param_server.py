@@ -394,6 +394,8 @@ class ParameterServer(RuntimeBase):
       if self._deadline:
         state = self._close_at_deadline(state, rows)
       self._state = state  # with the rows so far (a round closed for its lost workers adds one)
+      if len(rows) >= num_events:  # that close was the chunk's last event
+        break
       if self._transport.deferred:  # messages that came during an InHAD pull
         frames = self._transport.deferred.popleft()
       elif self._transport.poll(self._deadline_poll_ms() if self._deadline else 100):
@@ -507,7 +509,7 @@ class ParameterServer(RuntimeBase):
         "worker %d joined at version %d, data step %d", worker, counters.version, int(counters.steps[worker])
       )
     # A (re)joining worker is sent the current parameters; its earlier pull is void.
-    return self._changes.join(state, worker)
+    return self._changes.join(state, worker, self._now())
 
   # -- a shard that follows the leader ------------------------------------------------------------
 
@@ -612,6 +614,8 @@ class ParameterServer(RuntimeBase):
     if self._round_opened is None:
       return 100
     left = self._round_opened[1] + self.strategy.deadline - self._now()
+    if left <= 0:  # passed, short of the quorum: the next message (or liveness) can close it
+      return 100
     return int(min(100.0, max(1.0, left * 1000.0)))
 
   # -- the end --------------------------------------------------------------------------------------

@@ -526,14 +526,16 @@ def _empty_round_record(s: ServerState, now, metric_names) -> EventRecord:
   )
 
 
-def join(s: ServerState, worker: int, wait: jax.Array | bool = False) -> ServerState:
+def join(
+  s: ServerState, worker: int, wait: jax.Array | bool = False, now: jax.Array | float = 0.0
+) -> ServerState:
   """A worker (re)joins: it is live, not waiting, and is sent the current parameters (its old pull is void).
 
   A ``"rounds"`` server sends it the open round (its number is the version on
   the wire); an EA-wild server records the centre as its lock-free read. With
   ``wait`` (elastic membership, a round under way) it waits instead, as if it
   had delivered: the open round does not wait for it, and its close sends it
-  the next one.
+  the next one; its idle time counts from ``now``.
   """
   rounds = isinstance(s.exchange, RoundSum)
   exchange = s.exchange
@@ -542,6 +544,7 @@ def join(s: ServerState, worker: int, wait: jax.Array | bool = False) -> ServerS
   return s._replace(
     live=s.live.at[worker].set(True),
     waiting=s.waiting.at[worker].set(wait),
+    wait_since=s.wait_since.at[worker].set(jnp.where(wait & ~s.waiting[worker], now, s.wait_since[worker])),
     pulled_version=s.pulled_version.at[worker].set(s.event if rounds else s.version),
     exchange=exchange,
   )
@@ -549,13 +552,13 @@ def join(s: ServerState, worker: int, wait: jax.Array | bool = False) -> ServerS
 
 def joins_next_round(strategy: Strategy, live, waiting, worker: int) -> bool:
   """Whether ``worker``, joining now, waits for the next round (elastic membership): when its pseudo-gradient
-  of the open round is already in (a process restarted before it was declared lost: computed again, it
-  would count twice), or when it was not a member (it left or was declared lost) and the open round has its
+  of the open round is already in (a process restarted, before or after it was declared lost: computed
+  again, it would count twice), or when it was not a member (it left or was declared lost) and the open round has its
   quorum in, which it would only hold up by a whole round of local steps. The workers a run starts with are
   members of its first round."""
   if not strategy.elastic_membership:
     return False
-  if live[worker] and waiting[worker]:
+  if waiting[worker]:  # delivered to the open round (live, or dropped since), or already held back
     return True
   delivered = int(waiting.sum())
   return bool(not live[worker] and delivered and delivered >= strategy.quorum)
@@ -575,8 +578,14 @@ def revive(s: ServerState, worker: jax.Array) -> ServerState:
 
 
 def drop(s: ServerState, gone: jax.Array) -> ServerState:
-  """Workers ``gone`` (``bool[K]``) left or were lost: they neither wait nor count as live."""
-  return s._replace(live=s.live & ~gone, waiting=s.waiting & ~gone)
+  """Workers ``gone`` (``bool[K]``) left or were lost: they neither wait nor count as live.
+
+  In ``"rounds"`` mode ``waiting`` marks the workers whose message of the open round is in its sum: a
+  worker dropped after it delivered keeps its mark until the round closes, so that if it comes back
+  before then it waits for the next round (:func:`joins_next_round`) instead of counting twice.
+  """
+  rounds = isinstance(s.exchange, RoundSum)
+  return s._replace(live=s.live & ~gone, waiting=s.waiting if rounds else s.waiting & ~gone)
 
 
 def release_waiting(s: ServerState, now: jax.Array) -> tuple[ServerState, jax.Array]:

@@ -88,13 +88,13 @@ class StateChanges:
     )
     return self._steps.local_step(state, worker, finite=finite, loss=loss, now=now)
 
-  def join(self, state: ServerState, worker: int) -> ServerState:
+  def join(self, state: ServerState, worker: int, now: float = 0.0) -> ServerState:
     """Worker ``worker`` (re)joins: it is sent the current parameters, now or, with elastic membership and
     a round under way, when that round closes (:func:`server_step.joins_next_round`)."""
-    self._order(shards.Op.JOIN, worker=worker)
+    self._order(shards.Op.JOIN, worker=worker, now=now)
     counters = self._steps.counters
     wait = server_step.joins_next_round(self._steps.strategy, counters.live, counters.waiting, worker)
-    state = self._steps.join(state, worker, wait=wait)
+    state = self._steps.join(state, worker, wait=wait, now=now)
     if not wait:
       self._reply(state, [worker], self._steps.reply_payload(state))
     return state
@@ -136,7 +136,7 @@ class StateChanges:
     if op == shards.Op.CLOSE_ROUND:
       return self.close_round(state, now)
     if op == shards.Op.JOIN:
-      return self.join(state, worker), None
+      return self.join(state, worker, now), None
     if op == shards.Op.DROP:
       return self.drop(state, command.gone(self._num_workers)), None
     if op == shards.Op.RELEASE:
