@@ -414,16 +414,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     return _calibrate(args)
   if args.command == "plan":
     return _plan(args)
-  if getattr(args, "max_restarts", 0) < 0:  # before anything is built
-    raise config_lib.ConfigError(f"--max-restarts={args.max_restarts} is invalid; expected an integer >= 0.")
-  rejoin_delay = getattr(args, "rejoin_delay", 0.0)
-  if not 0 <= rejoin_delay < float("inf"):
-    raise config_lib.ConfigError(f"--rejoin-delay={rejoin_delay} is invalid; expected seconds >= 0.")
-  if rejoin_delay and not getattr(args, "max_restarts", 0):
-    raise config_lib.ConfigError(
-      f"--rejoin-delay={rejoin_delay:g} is invalid without --max-restarts: it delays a restart, and none is"
-      " allowed; expected --max-restarts N as well."
-    )
+  commands.check_restarts(getattr(args, "max_restarts", 0), getattr(args, "rejoin_delay", 0.0))  # first
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
     roles = commands.check_launch(cfg, args.num_processes)

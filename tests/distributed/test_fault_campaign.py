@@ -62,7 +62,7 @@ def test_the_results_file_reports_the_fuzzing_numbers(fuzzed, tmp_path):
   for reason, n in fuzzed.rejected.items():
     assert f"| {reason} | {n} | {n} |" in text  # sent against rejected, per reason
   assert f"arrivals the rule rejected: {fuzzed.rule_rejected}." in text
-  assert "do not exist in jaxsync yet" in text  # the low-communication strategies, said so
+  assert "| elastic DiLoCo and asynchronous local SGD (single server) |" in text  # the churn part's runtime
 
 
 def test_the_store_gives_back_what_it_was_given_and_report_only_needs_nothing_else(fuzzed, tmp_path):

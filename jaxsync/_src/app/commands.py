@@ -234,6 +234,19 @@ def check_processes(
       )
 
 
+def check_restarts(max_restarts: int, rejoin_delay: float) -> None:
+  """The supervisor's options (``--max-restarts``, ``--rejoin-delay``), checked before anything is built."""
+  if max_restarts < 0:
+    raise config_lib.ConfigError(f"--max-restarts={max_restarts} is invalid; expected an integer >= 0.")
+  if not 0 <= rejoin_delay < float("inf"):
+    raise config_lib.ConfigError(f"--rejoin-delay={rejoin_delay} is invalid; expected seconds >= 0.")
+  if rejoin_delay and not max_restarts:
+    raise config_lib.ConfigError(
+      f"--rejoin-delay={rejoin_delay:g} is invalid without --max-restarts: it delays a restart, and none is"
+      " allowed; expected --max-restarts N as well."
+    )
+
+
 def check_launch(config: config_lib.Config, num_processes: int):
   """Checks a ``jaxsync launch -n N`` of ``config`` before any process starts; raises ConfigError.
 
