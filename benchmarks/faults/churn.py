@@ -139,8 +139,9 @@ def _run(
     rows = processes.metrics_rows(run_dir)
     now = time.monotonic() - started
     since = kills[-1]["at"] if kills else (now if not rows else None)
-    # Only a run that makes progress is killed (not one still starting or resuming).
-    progressing = len(rows) > rows_before
+    # Only a run that makes progress is killed (not one still starting or resuming), and not in its last
+    # chunk: a synchronous run's processes wait for each other at its end (up to 10 minutes for a dead one).
+    progressing = len(rows) > rows_before and rows[-1]["event"] + 100 < size["steps"][method]
     if churn == "kills" and progressing and (since is None or now - since >= size["period"]):
       if not kills and since is None:
         kills.append({"at": now, "process": None})  # the clock of the schedule starts at the first progress
