@@ -73,6 +73,28 @@ def _serve(server, state, workers, rounds):
   return state, records
 
 
+def _serve_churning(server, state, churn, workers, *, chunk, field, until, most=4000):
+  """Serves chunks of ``chunk`` events while ``churn()`` changes the membership from a thread, until
+  ``until(values)`` holds for the records' ``field`` so far (or ``most`` of them); then stops everything.
+
+  Returns:
+    ``(state, values)``.
+  """
+  controller = threading.Thread(target=churn, daemon=True)
+  controller.start()
+  values = []
+  try:
+    while len(values) < most and not until(values):
+      state, records = server.advance(state, chunk)
+      values.extend(np.asarray(getattr(records, field)).tolist())
+  finally:
+    server.stop(timeout=30)
+    for w in workers():
+      w.thread.join(timeout=30)
+  controller.join(timeout=30)
+  return state, values
+
+
 @pytest.mark.parametrize(
   "name, options",
   [
@@ -128,18 +150,15 @@ def test_churn_a_worker_that_leaves_is_dropped_from_the_rounds_and_one_that_join
     live.add(2)
     joined.append(_Worker(exp, server, 2))  # compiles, then says HELLO: the rounds go on meanwhile
 
-  controller = threading.Thread(target=churn, daemon=True)
-  controller.start()
-  k = []
-  try:
-    while len(k) < 2000 and not (joined and k[-1] == 3):
-      state, records = server.advance(state, 4)
-      k.extend(np.asarray(records.k).tolist())
-  finally:
-    server.stop(timeout=30)
-    for w in [*workers, *joined]:
-      w.thread.join(timeout=30)
-  controller.join(timeout=30)
+  state, k = _serve_churning(
+    server,
+    state,
+    churn,
+    lambda: [*workers, *joined],
+    chunk=4,
+    field="k",
+    until=lambda k: joined and k[-1] == 3,
+  )
   assert k[:3] == [3, 3, 3], k
   left = k.index(2)
   assert left >= 3 and k[-1] == 3 and set(k[left : k.index(3, left)]) == {2}, k
@@ -250,18 +269,10 @@ def test_churn_asynchronous_local_sgd_goes_on_without_a_worker_that_left_and_tak
     live.add(2)
     joined.append(_Worker(exp, server, 2))
 
-  controller = threading.Thread(target=churn, daemon=True)
-  controller.start()
-  senders = []
-  try:
-    while len(senders) < 4000 and not (joined and senders[marks["left"] :].count(2) >= 3):
-      state, records = server.advance(state, 10)
-      senders.extend(np.asarray(records.worker).tolist())
-  finally:
-    server.stop(timeout=30)
-    for w in [*workers, *joined]:
-      w.thread.join(timeout=30)
-  controller.join(timeout=30)
+  state, senders = _serve_churning(
+    server, state, churn, lambda: [*workers, *joined], chunk=10, field="worker",
+    until=lambda senders: joined and senders[marks["left"] :].count(2) >= 3,
+  )  # fmt: skip
   gone = senders[marks["left"] :]
   back = gone.index(2)  # the replacement's first push
   assert back > 0 and 2 not in gone[:back] and {0, 1} <= set(gone[:back]), senders
