@@ -134,7 +134,17 @@ def _parser() -> argparse.ArgumentParser:
       default=0.0,
       metavar="SECONDS",
       help="wait this long before restarting a failed parameter-server worker, as a replacement machine "
-      "arrives later (an elastic DiLoCo run goes on without it meanwhile; default 0)",
+      "arrives later (an elastic DiLoCo run goes on without it meanwhile; default 0); with --min-workers, "
+      "when a synchronous run's replacement arrives",
+    )
+    p.add_argument(
+      "--min-workers",
+      type=int,
+      default=None,
+      metavar="M",
+      help="a synchronous run that loses processes goes on with the survivors as a smaller run (from the "
+      "last completed round) while at least M are left, and grows back when the replacements arrive "
+      "(needs --max-restarts and --rejoin-delay; cluster.shrink_keeps says what is rescaled)",
     )
 
   def process_options(p):
@@ -312,22 +322,6 @@ def _parser() -> argparse.ArgumentParser:
   return parser
 
 
-def _print_summary(summary: dict, run_dir: pathlib.Path) -> None:
-  acc = summary.get("final_accuracy")
-  tt = summary.get("time_to_target")
-  target = summary.get("target") or {}
-  clock = summary.get("clock", "simulated")  # simulated seconds, or wall seconds of a real run
-  reached = (
-    f"{target.get('metric')} {target.get('value')} at {tt:.1f} {clock} s"
-    if tt is not None
-    else "target not reached"
-  )
-  print(
-    f"{summary.get('label', '')}: test accuracy {acc:.3f} after {summary['updates']} updates, "
-    f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); run directory {run_dir}"
-  )
-
-
 def _config(args: argparse.Namespace) -> str:
   import yaml
 
@@ -357,8 +351,18 @@ def _launch(args: argparse.Namespace, run_args: list[str], run_dir: pathlib.Path
     kept_down=roles.kept_down,
     settle=roles.settle,
     rejoin_delay=args.rejoin_delay,
+    min_workers=args.min_workers,
   )
   return launch.launch(args.num_processes, run_args, bind=args.bind, restarts=policy)
+
+
+def _supervision(args: argparse.Namespace) -> dict:
+  """The supervisor's options ``check_launch`` checks against the run."""
+  return {
+    "min_workers": args.min_workers,
+    "max_restarts": args.max_restarts,
+    "rejoin_delay": args.rejoin_delay,
+  }
 
 
 def _group(args: argparse.Namespace):
@@ -417,7 +421,7 @@ def _dispatch(args: argparse.Namespace) -> int:
   commands.check_restarts(getattr(args, "max_restarts", 0), getattr(args, "rejoin_delay", 0.0))  # first
   if args.command == "launch":
     cfg = config_lib.load(args.config, args.overrides)  # a bad config fails here, not in N processes
-    roles = commands.check_launch(cfg, args.num_processes)
+    roles = commands.check_launch(cfg, args.num_processes, **_supervision(args))
     out = args.out or commands.default_out(cfg.name)
     run_directory.check_available(out, overwrite=args.overwrite)
     args.run_dir_in_use = out
@@ -435,7 +439,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     if processes and not on_cluster:
       # A multi-process run directory, resumed from a shell: start its processes again, locally.
       args.num_processes, args.bind = processes, "127.0.0.1"
-      roles = commands.check_launch(commands.read_config(args.run_dir), processes)
+      roles = commands.check_launch(commands.read_config(args.run_dir), processes, **_supervision(args))
       return _launch(args, ["resume", str(args.run_dir), "--progress", args.progress], args.run_dir, roles)
   cfg = out = None
   if args.command in ("train", "compare", "advise"):
@@ -486,7 +490,9 @@ def _dispatch(args: argparse.Namespace) -> int:
       file=sys.stderr,
     )
   elif args.progress != "quiet":
-    _print_summary(result.summary, result.run_dir)
+    from jaxsync._src.train.summary import final_line
+
+    print(final_line(result.summary, result.run_dir))
   return 0
 
 

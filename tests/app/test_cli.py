@@ -21,6 +21,7 @@ from jaxsync import cli
 from jaxsync._src.app import config as config_lib
 from jaxsync._src.app import experiment
 from jaxsync._src.train import run_directory
+from jaxsync._src.train import summary as summary_lib
 from jaxsync._src.train.checkpoints import RunCheckpoints
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -401,8 +402,7 @@ def test_the_final_line_names_the_runs_clock(capsys, tmp_path):
     "wall_time": 12.5,
   }
   summary.update(target={"metric": "accuracy", "value": 0.8}, time_to_target=7.25)
-  cli._print_summary(summary, tmp_path)
-  line = capsys.readouterr().out
+  line = summary_lib.final_line(summary, tmp_path)
   assert "60 updates, 12.5 wall s (accuracy 0.8 at 7.2 wall s)" in line and "simulated" not in line
 
 

@@ -552,3 +552,42 @@ def test_churn_elastic_diloco_goes_on_without_a_killed_worker_and_counts_its_rep
     "ended": "signal 9",
     "scope": "process",
   }
+
+
+def test_churn_sync_allreduce_shrinks_to_its_survivors_and_grows_back_when_the_replacement_arrives(tmp_path):
+  """`jaxsync launch -n 3 --max-restarts 1 --min-workers 2 --rejoin-delay 8`, all-reduce: process 2 is
+  SIGKILLed; the 2 others go on at once as a run of 2 workers from the checkpoint of every completed round
+  (each with a batch of 48, 96 examples per round as before), and when the replacement arrives the run
+  stops at a chunk's end and goes on with 3. No round is lost or run twice; the budget is the config's."""
+  out, log_path = tmp_path / "shrinking", tmp_path / "shrinking.log"
+  overrides = ["strategy.name=allreduce", "cluster.num_workers=3", "run.gradients=15000", "run.chunk=50"]
+  extra = ("--max-restarts", "1", "--min-workers", "2", "--rejoin-delay", "8")
+  with _launched(3, overrides, out, log_path, *extra) as launcher:
+    _wait_for_rows(out, "train", 3, 180)
+    _process(launcher, 2).send_signal(signal.SIGKILL)
+    launcher.wait(timeout=300)
+  log = log_path.read_text()
+  assert launcher.returncode == 0, log[-3000:]
+  shrink, grow = [json.loads(r) for r in (out / "restarts.jsonl").read_text().splitlines()]
+  assert (shrink["scope"], shrink["process"], shrink["workers"]) == ("shrink", 2, 2), shrink
+  assert (grow["scope"], grow["process"], grow["workers"], grow["restart"]) == ("grow", None, 3, 1), grow
+  segments = [json.loads(r) for r in (out / "membership.jsonl").read_text().splitlines()]
+  assert [(s["from_event"], s["workers"], s["kept"]) for s in segments] == [
+    (shrink["checkpoint"], 2, [0, 1]),
+    (grow["checkpoint"], 3, [0, 1, None]),
+  ]
+  assert f"2 of 3 workers from round {shrink['checkpoint']} (cluster.shrink_keeps=global_batch): batch per " \
+    "worker 48 (config 32), 96 examples per round (config 96)" in log, log[-3000:]  # fmt: skip
+  assert "a replacement arrived" in log and "exit code 75" not in log, log[-3000:]
+  rows = [json.loads(r) for r in (out / "metrics.jsonl").read_text().splitlines()]
+  train = [r for r in rows if r["kind"] == "train"]
+  events = [r["event"] for r in train]
+  assert events == sorted(set(events)) and events[-1] == 5000, events  # every round once, to the budget's
+  by_size = [(r["event"], r["mean_k"]) for r in train]
+  assert {k for e, k in by_size if e <= shrink["checkpoint"]} == {3.0}, by_size
+  assert {k for e, k in by_size if shrink["checkpoint"] < e <= grow["checkpoint"]} == {2.0}, by_size
+  assert {k for e, k in by_size if e > grow["checkpoint"]} == {3.0}, by_size
+  fingerprints = _fingerprints(log[log.rindex("the run goes on with 3 workers") :])
+  assert set(fingerprints) == {"0", "1", "2"} and len(set(fingerprints.values())) == 1, log[-2000:]
+  summary = _summary(out)
+  assert summary["events"] == 5000 and summary["final_accuracy"] > 0.9, summary

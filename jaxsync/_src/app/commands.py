@@ -78,10 +78,11 @@ def _run_one(
   reporter: Reporter,
   group: ProcessGroup | None = None,
   stop_requested: Callable[[], bool] | None = None,
+  earlier: tuple = (),
 ) -> training.RunResult | None:
   exp = _build(config, reporter)
   if group is not None:
-    return _run_distributed(exp, run_dir, group, reporter, stop_requested)
+    return _run_distributed(exp, run_dir, group, reporter, stop_requested, earlier=earlier)
   return _simulate(exp, run_dir, reporter, stop_requested)
 
 
@@ -166,11 +167,22 @@ def resume(
   group: ProcessGroup | None = None,
   stop_requested: Callable[[], bool] | None = None,
 ) -> training.RunResult | dict[str, Any] | None:
-  """Continues a run (or every run of a compare directory) from its latest checkpoint."""
+  """Continues a run (or every run of a compare directory) from its latest checkpoint.
+
+  A synchronous multi-process run that ``jaxsync launch --min-workers`` shrank
+  or grew goes on at its recorded size (:mod:`resize`), and says so in one line.
+  """
   run_dir = pathlib.Path(run_dir)
   if (run_dir / _COMPARE_MARKER).is_file():
     return _compare_runs(run_dir, reporter, stop_requested)
-  return _run_one(read_config(run_dir), run_dir, reporter, group, stop_requested)
+  config, earlier = read_config(run_dir), ()
+  if group is not None:
+    from jaxsync._src.app import resize
+
+    config, earlier, line = resize.for_run_directory(config, run_dir)
+    if line and group.is_primary:
+      print(f"jaxsync: {line}", file=sys.stderr, flush=True)
+  return _run_one(config, run_dir, reporter, group, stop_requested, earlier=earlier)
 
 
 def launched_processes(run_dir: pathlib.Path) -> int | None:
@@ -247,12 +259,21 @@ def check_restarts(max_restarts: int, rejoin_delay: float) -> None:
     )
 
 
-def check_launch(config: config_lib.Config, num_processes: int):
+def check_launch(
+  config: config_lib.Config,
+  num_processes: int,
+  *,
+  min_workers: int | None = None,
+  max_restarts: int = 0,
+  rejoin_delay: float = 0.0,
+):
   """Checks a ``jaxsync launch -n N`` of ``config`` before any process starts; raises ConfigError.
 
   The whole config is built (data, model, strategy), so what every process
   would find wrong is said once, here, in a second or two: not N times after
   the processes have joined, followed by the coordination service's abort.
+  ``min_workers`` (``--min-workers``) is checked against the run, with the
+  supervisor's ``max_restarts`` and ``rejoin_delay`` it needs.
 
   Returns:
     What a supervisor restarts when a process fails (``roles.RestartRoles``).
@@ -270,6 +291,10 @@ def check_launch(config: config_lib.Config, num_processes: int):
   )
   from jaxsync._src.distributed import roles
 
+  if min_workers is not None:
+    from jaxsync._src.app import resize
+
+    resize.check_min_workers(exp.strategy, min_workers, num_processes, max_restarts, rejoin_delay)
   return roles.restart_roles(exp.strategy, num_processes, config.cluster.servers)
 
 
@@ -279,8 +304,13 @@ def _run_distributed(
   group: ProcessGroup,
   reporter: Reporter,
   stop_requested: Callable[[], bool] | None = None,
+  *,
+  earlier: tuple = (),
 ) -> training.RunResult | None:
-  """One process's part of a multi-process run: its role (server, shard, worker) from ``roles``."""
+  """One process's part of a multi-process run: its role (server, shard, worker) from ``roles``.
+
+  ``earlier``: a resized synchronous run's earlier shapes (``resize.earlier_shapes``).
+  """
   from jaxsync._src.distributed import roles
 
   kwargs = exp.train_kwargs()
@@ -304,6 +334,7 @@ def _run_distributed(
   result = roles.run_process(
     exp.strategy, exp.loss_fn, exp.data, exp.model.params, group=group, servers=exp.config.cluster.servers,
     evaluation=exp.evaluation(), drive=drive, stop_requested=stop_requested, slowdowns=exp.slowdowns(),
+    earlier=earlier,
   )  # fmt: skip
   if result is not None and roles.serves(exp.strategy):
     run_directory.write_json(run_dir / "summary.json", result.summary)  # with the server's fault counts

@@ -291,6 +291,12 @@ class ClusterConfig:
     " seconds (empty: none)",
     factory=list,
   )
+  shrink_keeps: str = _key(
+    "global_batch",
+    meaning="what a synchronous run on fewer workers keeps (jaxsync launch --min-workers): global_batch, each "
+    "worker's batch grows by K/K' and the learning rate stays; worker_batch, the batch stays and the "
+    "learning rate of an averaged gradient is scaled by K'/K (the linear scaling rule)",
+  )
   # The workers are the processes after the server shards. The simulator ignores it.
   servers: int = _key(
     1, meaning="parameter-server processes of a multi-process run, each owning a slice of the parameters"
@@ -313,6 +319,7 @@ class ClusterConfig:
       _require(
         0 <= a.worker < self.num_workers and 0 <= a.start < a.end, f"cluster.absences[{i}]", a, expected
       )
+    _require_choice("cluster.shrink_keeps", self.shrink_keeps, ("global_batch", "worker_batch"))
     _require(self.apply_time >= 0, "cluster.apply_time", self.apply_time, "seconds >= 0")
     _require(self.eval_time >= 0, "cluster.eval_time", self.eval_time, "seconds >= 0")
     _require(

@@ -22,6 +22,17 @@ config or an interrupt), without a person:
   completed round when it loses a peer, so a worker fault costs no completed
   round (process 0's own loss costs what came after the last periodic one).
 
+With ``min_workers`` (``--min-workers``), a synchronous run that loses a
+process does not wait for its replacement: the survivors restart at once as a
+smaller run from the checkpoint of every completed round, as long as at least
+``min_workers`` are left (``RUN_DIR/membership.jsonl`` records the size and
+the round; each process builds its config for that size, see
+:mod:`jaxsync._src.app.resize`). The replacement arrives ``rejoin_delay``
+seconds after the loss; the run then stops at its next chunk with a
+checkpoint and restarts with it (a grow, not counted as a restart). Fewer
+survivors than ``min_workers``: the run waits for the replacements and
+restarts at full size.
+
 Every restart is a line of ``RUN_DIR/restarts.jsonl``. SIGTERM to the launcher
 (a preemption notice) and the first Ctrl-C are passed on to every process,
 which stop at their next chunk with a checkpoint; a second one kills them.
@@ -41,7 +52,7 @@ import sys
 import threading
 import time
 
-from jaxsync._src.distributed import cluster
+from jaxsync._src.distributed import cluster, membership
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -100,6 +111,11 @@ class RestartPolicy:
     rejoin_delay: seconds between a process's failure and its restart alone
       (``0``: at once). Stands for a replacement machine that arrives later:
       an elastic run goes on without the failed worker meanwhile.
+    min_workers: a synchronous run (no ``alone`` processes) that loses
+      processes goes on with the survivors as a smaller run while at least
+      this many are left, and grows back when the replacements arrive
+      (``rejoin_delay`` seconds after the loss); None: every failure restarts
+      the run at full size.
 
   Example (what ``jaxsync launch -n 4 --max-restarts 2`` builds for an
   asynchronous run: processes 1-3 are workers):
@@ -116,6 +132,7 @@ class RestartPolicy:
   kept_down: frozenset[int] = frozenset()
   settle: float = 90.0
   rejoin_delay: float = 0.0
+  min_workers: int | None = None
 
   def __post_init__(self):
     if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
@@ -126,6 +143,14 @@ class RestartPolicy:
       raise ValueError(f"launch: {self.rejoin_delay=} is invalid; expected seconds >= 0.")
     if self.max_restarts and self.run_dir is None:
       raise ValueError("launch: max_restarts needs run_dir (the run `jaxsync resume` continues).")
+    if self.min_workers is not None:
+      if not isinstance(self.min_workers, int) or self.min_workers < 1:
+        raise ValueError(f"launch: {self.min_workers=} is invalid; expected an integer >= 1, or None.")
+      if not self.max_restarts or self.alone:
+        raise ValueError(
+          f"launch: {self.min_workers=} is invalid here; expected it with max_restarts >= 1 and a synchronous"
+          " run (no processes restarted alone)."
+        )
 
 
 def latest_checkpoint(run_dir: pathlib.Path | None) -> int | None:
@@ -158,6 +183,10 @@ class _Supervisor:
     self.restarts = 0
     self.reported: set[int] = set()  # ids of Popen objects whose end was reported
     self.pending: dict[int, float] = {}  # process -> when its delayed restart starts
+    self.full = num_processes  # a synchronous run's size (it runs with self.n while shrunk)
+    self.arriving: list[float] = []  # when each lost worker's replacement arrives (--min-workers)
+    self.growing: float | None = None  # when it was told to stop at its next chunk, to grow
+    self.notices: list[int] = []  # SIGTERM / SIGINT received
 
   def say(self, line: str) -> None:
     self.out.write(f"jaxsync launch: {line}\n")
@@ -229,28 +258,34 @@ class _Supervisor:
     over = self.policy.run_dir is not None and pathlib.Path(self.policy.run_dir, "summary.json").exists()
     return self.restarts < self.policy.max_restarts and not over
 
-  def record(self, i: int, code: int, scope: str, noticed: float) -> None:
-    self.restarts += 1
+  def record(self, i: int | None, code: int | None, scope: str, noticed: float) -> dict:
+    """Writes a line of ``restarts.jsonl``: a restart (counted), or a grow (``i`` None: not a failure)."""
+    self.restarts += i is not None
     entry = {
       "restart": self.restarts,
       "time": time.time(),
       "process": i,
-      "ended": describe_exit(code),
+      "ended": None if code is None else describe_exit(code),
       "scope": scope,
       "checkpoint": latest_checkpoint(self.policy.run_dir),
       "down_seconds": round(time.monotonic() - noticed, 3),
+      **({"workers": self.n} if self.policy.min_workers else {}),
     }
     with open(pathlib.Path(self.policy.run_dir, RESTARTS_FILE), "a") as f:
       f.write(json.dumps(entry) + "\n")
-    what = (
-      "it alone rejoins the run"
-      if scope == "process"
-      else (f"every process resumes from checkpoint {entry['checkpoint']}")
-    )
+    if i is None:
+      return entry
+    what = {
+      "process": "it alone rejoins the run",
+      "run": f"every process resumes from checkpoint {entry['checkpoint']}",
+      "shrink": f"the {self.n} others go on as a run of {self.n} workers from checkpoint {entry['checkpoint']} "
+      f"(--min-workers {self.policy.min_workers}); its replacement arrives in {self.policy.rejoin_delay:g} s",
+    }[scope]
     self.say(
       f"process {i} ended with {describe_exit(code)}; restart {self.restarts} of "
       f"{self.policy.max_restarts}: {what}"
     )
+    return entry
 
   def restart_alone(self, i: int, code: int) -> None:
     noticed = time.monotonic()
@@ -269,7 +304,8 @@ class _Supervisor:
         self.processes[i] = self._start(i)
 
   def restart_all(self, i: int, code: int) -> None:
-    """Lets process 0 save what it holds and leave, stops the rest, and resumes the run."""
+    """Lets process 0 save what it holds and leave, stops the rest, and resumes the run (with its
+    survivors alone, under ``min_workers``)."""
     noticed = time.monotonic()
     self.say(f"process {i} ended with {describe_exit(code)}; stopping the others to restart the run")
     if not _stopped(self.processes[0]):  # a stopped process 0 saves nothing: do not wait for it
@@ -277,15 +313,74 @@ class _Supervisor:
         self.processes[0].wait(timeout=self.policy.settle)  # a synchronous run's saves its rounds
       except subprocess.TimeoutExpired:
         pass
+    # Lost: the process that failed, and any other a signal ended or stopped (the rest ended on the loss).
+    lost = {i} | {j for j, p in enumerate(self.processes) if (p.poll() or 0) < 0 or _stopped(p)}
     self.signal_all(signal.SIGKILL)
     self.kill_all(after=10.0)
     self.pending.clear()  # a delayed restart of one process is part of the run's restart now
-    self.record(i, code, "run", noticed)
+    survivors = [j for j in range(self.n) if j not in lost]
+    minimum = self.policy.min_workers
+    if minimum is not None and self.policy.rejoin_delay and len(survivors) >= minimum:
+      self.arriving += [noticed + self.policy.rejoin_delay] * len(lost)
+      self.resize(survivors, "shrink")
+      self.record(i, code, "shrink", noticed)
+    else:
+      if minimum is not None and len(survivors) < minimum and self.policy.rejoin_delay:
+        self.say(  # too few left: the run waits for its replacements, then runs whole
+          f"{len(survivors)} processes left, fewer than --min-workers {minimum}: waiting "
+          f"{self.policy.rejoin_delay:g} s for the replacements"
+        )
+        if not self.sleep(self.policy.rejoin_delay):
+          return
+      self.arriving.clear()
+      if self.n != self.full:  # a shrunk run restarts whole: its lost workers' replacements join
+        self.resize(survivors + [None] * (self.full - len(survivors)), "grow")
+      self.record(i, code, "run", noticed)
+    self.start_all(["resume", str(self.policy.run_dir), *_progress_args(self.args)])
+
+  def resize(self, kept: list[int | None], why: str) -> None:
+    """Records the run's next size in ``membership.jsonl`` (nothing when it does not change)."""
+    if len(kept) == self.n and kept == list(range(self.n)):
+      return
+    segments = membership.read(self.policy.run_dir, self.full)
+    segment = membership.Segment(latest_checkpoint(self.policy.run_dir) or 0, len(kept), tuple(kept))
+    membership.append(self.policy.run_dir, membership.check(segments[-1], segment), why=why)
+    self.n = len(kept)
+
+  def sleep(self, seconds: float) -> bool:
+    """Waits ``seconds`` unless a notice (SIGTERM, Ctrl-C) comes; returns False if one came."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not self.notices:
+      time.sleep(0.1)
+    return not self.notices
+
+  def grow_when_due(self) -> None:
+    """Tells a shrunk run to stop at its next chunk once a replacement has arrived (:meth:`grow`)."""
+    due = [t for t in self.arriving if t <= time.monotonic()]
+    if due and self.growing is None and self.n < self.full and self.processes[0].poll() is None:
+      self.growing = time.monotonic()
+      self.say(
+        f"{'a replacement' if len(due) == 1 else f'{len(due)} replacements'} arrived: every process stops at "
+        f"its next chunk, with a checkpoint, and the run goes on with {min(self.full, self.n + len(due))} workers"
+      )
+      self.signal_all(signal.SIGTERM)
+
+  def grow(self) -> None:
+    """Restarts a run that stopped for its replacements with them, from its checkpoint."""
+    noticed, self.growing = self.growing, None
+    self.kill_all(after=30.0)
+    now = time.monotonic()
+    joining = min(self.full - self.n, sum(t <= now for t in self.arriving))
+    self.arriving = sorted(self.arriving)[joining:]
+    self.resize([*range(self.n), *[None] * joining], "grow")
+    entry = self.record(None, None, "grow", noticed)
+    self.say(f"the run goes on with {self.n} workers from checkpoint {entry['checkpoint']}")
     self.start_all(["resume", str(self.policy.run_dir), *_progress_args(self.args)])
 
   def report_ends(self) -> None:
+    stopped_to_grow = (0, None, EXIT_PREEMPTED) if self.growing is not None else (0, None)
     for i, p in enumerate(self.processes):
-      if i and p.returncode not in (0, None) and id(p) not in self.reported:
+      if i and p.returncode not in stopped_to_grow and id(p) not in self.reported:
         self.reported.add(id(p))
         self.say(f"process {i} ended with {describe_exit(p.returncode)}")
 
@@ -344,8 +439,22 @@ def launch(
   if not isinstance(num_processes, int) or num_processes < 1:
     raise ValueError(f"launch: num_processes={num_processes!r} is invalid; expected an integer >= 1.")
   policy = restarts or RestartPolicy()
+  if policy.min_workers is not None and policy.min_workers > num_processes:
+    raise ValueError(
+      f"launch: min_workers={policy.min_workers} is invalid for {num_processes} processes; expected at most "
+      f"{num_processes}."
+    )
   run = _Supervisor(num_processes, args, bind, out or sys.stdout, env, policy)
-  notices = []
+  notices = run.notices
+  resumed = args[:1] == ["resume"]
+  if (
+    resumed
+    and policy.run_dir is not None
+    and (pathlib.Path(policy.run_dir) / membership.MEMBERSHIP_FILE).is_file()
+  ):
+    # A run that shrank, resumed whole (from a shell): its missing workers join.
+    run.n = membership.read(policy.run_dir, num_processes)[-1].workers
+    run.resize([*range(min(run.n, num_processes)), *[None] * max(0, num_processes - run.n)], "grow")
 
   def on_sigterm(signum, frame):  # a preemption notice: passed on; a second one kills
     notices.append(signum)
@@ -376,8 +485,12 @@ def launch(
         continue
       if not notices:
         run.start_due()
+        run.grow_when_due()
+      if code == EXIT_PREEMPTED and run.growing is not None and not notices:
+        run.grow()
+        continue
       if not notices and run.can_restart():
-        failures = [(i, c) for i in range(num_processes) if (c := run.failed(i)) is not None]
+        failures = [(i, c) for i in range(run.n) if (c := run.failed(i)) is not None]
         # While the run goes on (after process 0's success, a worker's end changes nothing).
         if failures and (code is None or failures[0][0] == 0):
           i, c = min(failures, key=lambda f: (f[1] >= 0, f[0]))  # the one a signal ended, if any

@@ -49,6 +49,7 @@ def run_process(
   drive: Callable[[Any, bool], Any],
   stop_requested: Callable[[], bool] | None = None,
   slowdowns: Sequence[float] | None = None,
+  earlier: tuple[sync_runtime.EarlierShape, ...] = (),
 ) -> Any:
   """Plays this process's role in the run until the run ends; process 0's result, None elsewhere.
 
@@ -71,6 +72,8 @@ def run_process(
       ``>= 1``: a worker with a factor ``s > 1`` sleeps ``(s - 1)`` times each
       step's measured compute time after it, as the simulator's slow workers
       are slower (``cluster.emulate_slow_workers``).
+    earlier: a synchronous run's earlier shapes, when it shrank or grew
+      (``jaxsync launch --min-workers``; ``SyncRuntime``'s ``earlier``).
 
   Returns:
     What ``drive`` returned in process 0 (with the parameter server's fault
@@ -80,7 +83,7 @@ def run_process(
   _log_to_stderr()
   client = cluster.coordination_client()
   if not serves(strategy):
-    return _sync_worker(strategy, loss_fn, data, group, client, evaluation, drive, slowdowns)
+    return _sync_worker(strategy, loss_fn, data, group, client, evaluation, drive, slowdowns, earlier)
   if group.index < servers:
     return _serve(strategy, group, servers, client, evaluation, drive)
   slowdown = 1.0 if slowdowns is None else slowdowns[group.index - servers]
@@ -133,12 +136,14 @@ def _log_to_stderr() -> None:
   logger.propagate = False  # absl configures the root logger too
 
 
-def _sync_worker(strategy, loss_fn, data, group: ProcessGroup, client, evaluation, drive, slowdowns) -> Any:
+def _sync_worker(
+  strategy, loss_fn, data, group: ProcessGroup, client, evaluation, drive, slowdowns, earlier
+) -> Any:
   """One worker of a synchronous run; every process leaves at the same barrier, process 0 last."""
   client.wait_at_barrier("jaxsync/run_directory_ready", 300_000)  # process 0 made it
   liveness = lambda: client.get_live_nodes(list(range(group.count)))  # noqa: E731
   runtime = sync_runtime.SyncRuntime(
-    strategy, loss_fn, data, liveness=liveness, slowdowns=slowdowns, **evaluation
+    strategy, loss_fn, data, liveness=liveness, slowdowns=slowdowns, earlier=earlier, **evaluation
   )
   try:
     result = drive(runtime, group.is_primary)

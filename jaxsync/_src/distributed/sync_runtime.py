@@ -99,6 +99,72 @@ class SyncState(NamedTuple):
   event: jax.Array
 
 
+class EarlierShape(NamedTuple):
+  """A shape a synchronous run had before it shrank or grew (``jaxsync launch --min-workers``).
+
+  Attributes:
+    from_event: the round it started at: a checkpoint at an earlier round is
+      not its.
+    num_workers: its workers.
+    batch_size: its workers' batch.
+    sources: for each worker of the run now, the worker of that shape whose
+      local state it continues, or None (joined since: the global model and a
+      fresh optimizer state).
+  """
+
+  from_event: int
+  num_workers: int
+  batch_size: int
+  sources: tuple[int | None, ...]
+
+
+def resized_state(
+  saved: SyncState, sources, *, batch_size: int, new_batch_size: int, fresh_worker_state: Any
+) -> SyncState:
+  r"""A saved state of a run of ``len(sources)`` workers, from one of ``saved.steps.size`` workers.
+
+  .. math::
+
+    t' = \Big\lfloor \frac{b \sum_k t_k}{K' b'} \Big\rfloor \text{ for every worker}, \qquad
+    \theta'_j = \theta_{\text{sources}[j]} \text{ (or the global } \theta \text{ for None)}
+
+  The global model, the server rule's state, the clock and the counters
+  carry over. The data steps ``t`` are re-counted for the new split, so that
+  the examples every worker has walked through so far are the same share of
+  the training set: the re-split data (``K'`` shards) goes on at the same
+  place in its epoch. A local strategy's worker ``j`` keeps worker
+  ``sources[j]``'s model and optimizer state; a joining worker starts from
+  the global model with ``fresh_worker_state``.
+
+  Args:
+    saved: a saved :class:`SyncState` (host arrays).
+    sources: per worker of the new run, an index into the old workers or None.
+    batch_size, new_batch_size: a worker's batch before and after.
+    fresh_worker_state: a joining worker's optimizer state (the worker
+      rule's ``init`` of the global model).
+
+  Returns:
+    The saved state of the resized run.
+  """
+  new = len(sources)
+  walked = int(np.sum(np.asarray(saved.steps, np.int64))) * batch_size
+  steps = np.full([new], walked // (new * new_batch_size), np.asarray(saved.steps).dtype)
+
+  def rows(stacked, fresh):
+    def pick(x, f):
+      x = np.asarray(x)
+      return np.stack([x[k] if k is not None else np.asarray(f, x.dtype) for k in sources])
+
+    return jax.tree.map(pick, stacked, fresh)
+
+  local = bool(jax.tree.leaves(saved.worker_params))
+  return saved._replace(
+    steps=steps,
+    worker_params=rows(saved.worker_params, saved.params) if local else saved.worker_params,
+    worker_state=rows(saved.worker_state, fresh_worker_state) if local else saved.worker_state,
+  )
+
+
 def check_strategy(strategy: Strategy, num_devices: int) -> Strategy:
   """Checks that ``strategy`` runs on this loop with ``num_devices`` workers; raises ValueError."""
   if strategy.engine != Engine.SYNC:
@@ -144,6 +210,9 @@ class SyncRuntime(RuntimeBase):
       workers are slower (``cluster.emulate_slow_workers``).
     bucket_bytes: the largest buffer of a round's exchange (its leaves end to
       end per dtype; one all-reduce per buffer).
+    earlier: the run's earlier shapes, most recent first (a run that shrank
+      or grew): a checkpoint one of them wrote restores into this run's
+      workers (:func:`resized_state`).
 
   Example:
     ``jaxsync launch -n 2 configs/quickstart.yaml --set strategy.name=bsp --set cluster.num_workers=2``
@@ -162,6 +231,7 @@ class SyncRuntime(RuntimeBase):
     liveness=None,
     slowdowns=None,
     bucket_bytes: int = bucketed_all_reduce.DEFAULT_BUCKET_BYTES,
+    earlier: tuple[EarlierShape, ...] = (),
   ):
     devices = list(jax.devices() if devices is None else devices)
     self._bucket_bytes = validation.check_int(_WHAT, "bucket_bytes", bucket_bytes, low=1)
@@ -189,6 +259,7 @@ class SyncRuntime(RuntimeBase):
     self._slowdown, self._my_worker = max(factors), (mine or [0])[0]
     self._local_workers = len(mine)
     self._delay: float | None = None
+    self._earlier = tuple(earlier)
 
   # -- collectives ------------------------------------------------------------------------------
 
@@ -236,6 +307,41 @@ class SyncRuntime(RuntimeBase):
       event=jnp.zeros([], jnp.int32),
     )
     return jax.tree.map(lambda x: jnp.array(x, copy=True), state)
+
+  def earlier_states(self, saved: SyncState, step: int) -> list:
+    """The saved states of the run's earlier shapes that a checkpoint at ``step`` may hold, each with its
+    conversion to this run's workers (:func:`resized_state`)."""
+    out = []
+    for shape in self._earlier:
+      if shape.from_event > step:
+        continue
+
+      def like(x, k=shape.num_workers):
+        x = np.asarray(x)
+        return np.zeros((k, *x.shape[1:]), x.dtype)
+
+      earlier = saved._replace(
+        steps=like(saved.steps),
+        worker_params=jax.tree.map(like, saved.worker_params),
+        worker_state=jax.tree.map(like, saved.worker_state),
+      )
+
+      def convert(old, shape=shape):
+        local = self.strategy.protocol == WorkerProtocol.LOCAL
+        if jax.process_index() == 0:
+          log.info(
+            "a checkpoint of %d workers goes on with %d, the data re-split%s", shape.num_workers,
+            self.strategy.num_workers,
+            f"; worker j's local model is worker {list(shape.sources)}[j]'s (None: the global model and a fresh "
+            "optimizer state)" if local else "",
+          )  # fmt: skip
+        return resized_state(
+          old, shape.sources, batch_size=shape.batch_size, new_batch_size=self.data.batch_size,
+          fresh_worker_state=self.strategy.worker_rule.init(old.params) if local else (),
+        )  # fmt: skip
+
+      out.append((earlier, convert))
+    return out
 
   def totals(self, state: SyncState) -> RunTotals:
     """Gradients per worker, and the bytes a ring all-reduce of one message per round moves."""

@@ -87,6 +87,10 @@ class Runtime(Protocol):
   def restored_state(self, saved: Any) -> Any:
     """A state ``advance`` takes, from what :meth:`saved_state` returned."""
 
+  def earlier_states(self, saved: Any, step: int) -> list[tuple[Any, Callable[[Any], Any]]]:
+    """Saved states of this run's earlier shapes a checkpoint at ``step`` may hold, most recent first, each
+    with the function that makes it a saved state of this shape (``saved``'s)."""
+
   def evaluate(self, params: optax.Params) -> dict[str, float]:
     """``eval_fn(params)`` as Python floats (``{}`` without an ``eval_fn``)."""
 
@@ -171,6 +175,11 @@ class RuntimeBase:
   def restored_state(self, saved: Any) -> Any:
     """A state ``advance`` takes, from :meth:`saved_state`'s: the same, unless a subclass says otherwise."""
     return saved
+
+  def earlier_states(self, saved: Any, step: int) -> list[tuple[Any, Callable[[Any], Any]]]:
+    """None: a run keeps its shape, unless a subclass says otherwise (a synchronous run that shrinks)."""
+    del saved, step
+    return []
 
   def history(
     self, records: list[EventRecord], state: Any, *, initial_metrics: dict[str, float] | None = None

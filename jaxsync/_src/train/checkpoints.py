@@ -123,15 +123,7 @@ class RunCheckpoints:
     if step is None:
       raise CheckpointError(f"no complete checkpoint in {str(self.directory)!r}; nothing to resume from.")
     where = self.directory / str(step)
-    try:
-      with _step_metadata_notes_dropped(self.directory):
-        progress = self._manager.restore(
-          step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())
-        ).progress
-    except Exception as err:  # orbax raises many types for unreadable files
-      raise CheckpointError(
-        f"checkpoint {str(where)!r} is corrupt: its progress record cannot be read ({_first_line(err)})."
-      ) from None
+    progress = self.progress(step)
     expected = fingerprint(like_state)
     if not isinstance(progress, dict) or progress.get("fingerprint") != expected:
       found = progress.get("fingerprint") if isinstance(progress, dict) else progress
@@ -163,6 +155,21 @@ class RunCheckpoints:
         f"checkpoint {str(where)!r} is corrupt: it holds {len(records.time)} event records, expected {step}."
       )
     return out.state, records, progress
+
+  def progress(self, step: int | None = None) -> Any:
+    """The progress record (JSON) of checkpoint ``step`` (default: the latest), its state's
+    ``"fingerprint"`` included; raises CheckpointError if it cannot be read."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise CheckpointError(f"no complete checkpoint in {str(self.directory)!r}; nothing to resume from.")
+    try:
+      with _step_metadata_notes_dropped(self.directory):
+        return self._manager.restore(step, args=ocp.args.Composite(progress=ocp.args.JsonRestore())).progress
+    except Exception as err:  # orbax raises many types for unreadable files
+      raise CheckpointError(
+        f"checkpoint {str(self.directory / str(step))!r} is corrupt: its progress record cannot be read "
+        f"({_first_line(err)})."
+      ) from None
 
   def records(self, step: int | None = None) -> EventRecord:
     """The event records of checkpoint ``step`` (default: the latest) alone, without the run's state (whose

@@ -98,3 +98,20 @@ def target_crossings(
     out[f"time_to_target{suffix}"] = hit[0] if hit else None
     out[f"updates_to_target{suffix}"] = hit[1] if hit else None
   return out
+
+
+def final_line(summary: dict, run_dir) -> str:
+  """The line ``jaxsync train`` ends with: accuracy, updates, time on the run's clock, the target, where."""
+  acc = summary.get("final_accuracy")
+  tt = summary.get("time_to_target")
+  target = summary.get("target") or {}
+  clock = summary.get("clock", "simulated")  # simulated seconds, or wall seconds of a real run
+  reached = (
+    f"{target.get('metric')} {target.get('value')} at {tt:.1f} {clock} s"
+    if tt is not None
+    else "target not reached"
+  )
+  return (
+    f"{summary.get('label', '')}: test accuracy {acc:.3f} after {summary['updates']} updates, "
+    f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); run directory {run_dir}"
+  )

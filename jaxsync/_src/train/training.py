@@ -32,7 +32,7 @@ from jaxsync._src.interface.history import History
 from jaxsync._src.interface.runtime import FaultAfterProgress, PreemptedError, Runtime
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.train import plots, run_directory
-from jaxsync._src.train.checkpoints import RunCheckpoints
+from jaxsync._src.train.checkpoints import RunCheckpoints, fingerprint
 from jaxsync._src.train.progress import Reporter
 from jaxsync._src.train.summary import summarize
 from jaxsync._src.train.writers import RunWriters, eval_rows, time_key, train_row
@@ -78,15 +78,37 @@ def _restore_or_start(runtime: Runtime, params, seed: int, checkpoints: RunCheck
   state = runtime.init(params, seed)
   if checkpoints.latest_step() is None:
     return _Progress(state, [], 0, runtime.initial_metrics, 0.0, None)
-  saved_state, records, saved = checkpoints.restore(runtime.saved_state(state))
+  like, convert = _restorable(runtime, state, checkpoints)
+  saved_state, records, saved = checkpoints.restore(like)
   return _Progress(
-    runtime.restored_state(saved_state),
+    runtime.restored_state(convert(saved_state)),
     [records],
     saved["events"],
     saved["initial_metrics"],
     saved["wall_seconds"],
     saved.get("stopped_by") if saved["finished"] else None,
   )
+
+
+def _restorable(runtime: Runtime, state, checkpoints: RunCheckpoints) -> tuple[Any, Callable[[Any], Any]]:
+  """The state the latest checkpoint restores into, and what makes it this run's.
+
+  A checkpoint of this run's own shape restores as it is. One written by an
+  earlier shape of the run (a synchronous run that has since shrunk or grown,
+  see ``runtime.earlier_states``) restores into that shape and is converted;
+  anything else fails in ``restore`` with its fingerprint named.
+  """
+  own = runtime.saved_state(state)
+  step = checkpoints.latest_step()
+  earlier = runtime.earlier_states(own, step)
+  if earlier:
+    found = checkpoints.progress(step)
+    found = found.get("fingerprint") if isinstance(found, dict) else None
+    if found != fingerprint(own):
+      for like, convert in earlier:
+        if fingerprint(like) == found:
+          return like, convert
+  return own, lambda saved: saved
 
 
 def _run_chunks(
