@@ -1136,23 +1136,35 @@ def test_the_suite_tiers_benchmark_reads_each_tests_time_from_a_junit_report(tmp
 
 
 def test_churn_tiny_kills_workers_and_reports_goodput_from_its_store(tmp_path):
-  """`benchmarks.faults.churn --size tiny`: every case runs, killed workers are restarted (elastic) or the job
-  resumes (fixed), and each goodput is the run's steps per second over its membership's run without churn."""
+  """`benchmarks.faults.churn --size tiny`: every case runs, killed workers are restarted (elastic), the job
+  resumes (fixed) or shrinks to its survivors and grows back (shrink), and each goodput is the run's steps per
+  second over its membership's run without churn."""
   markdown, results, _ = run_tiny("churn", tmp_path)
   rows = [json.loads(line) for line in (results / "churn_runs.jsonl").read_text().splitlines()]
   by = {(r["method"], r["membership"], r["churn"]): r for r in rows}
   assert set(by) == {
     ("diloco", "elastic", "none"), ("diloco", "elastic", "kills"), ("diloco", "fixed", "none"),
     ("diloco", "fixed", "kills"), ("async_local_sgd", "elastic", "none"), ("async_local_sgd", "elastic", "kills"),
-    ("async_local_sgd", "fixed", "kills"),
+    ("async_local_sgd", "fixed", "kills"), ("diloco", "shrink", "kills"), ("allreduce", "fixed", "none"),
+    ("allreduce", "fixed", "kills"), ("allreduce", "shrink", "kills"),
   }  # fmt: skip
   assert by["diloco", "elastic", "kills"]["restarts"] >= 1 and by["diloco", "fixed", "kills"]["resumes"] >= 1
+  for method in ("diloco", "allreduce"):  # rounds of two workers while a replacement was on its way
+    shrunk = by[method, "shrink", "kills"]
+    assert shrunk["restarts"] >= 1 and shrunk["resumes"] == 0 and 2.0 < shrunk["members_per_round"] < 3.0, (
+      shrunk
+    )
   for r in rows:  # every run reached its budget of outer steps, nothing dropped
-    assert r["events"] == {"diloco": 1500, "async_local_sgd": 4000}[r["method"]] and r["dropped"] == 0, r
+    assert r["events"] == {"diloco": 1500, "async_local_sgd": 4000, "allreduce": 3000}[r["method"]], r
+    assert r["dropped"] == 0, r
   (table,) = tables(markdown)
   for cells in table[1:]:
     method, membership, churn = cells[:3]
-    steady = by[method, "elastic" if method == "async_local_sgd" else membership, "none"]
+    steady = by[
+      method,
+      {"async_local_sgd": "elastic"}.get(method, "fixed" if membership == "shrink" else membership),
+      "none",
+    ]
     r = by[method, membership, churn] if churn == "kills" else steady
     expected = (r["worker_steps"] / r["wall_seconds"]) / (steady["worker_steps"] / steady["wall_seconds"])
     assert cells[7] == f"{expected:.2f}", cells

@@ -1,14 +1,15 @@
 """Churn: training that goes on while workers leave and join, against restarting from checkpoints.
 
-Two methods, each on ``jaxsync launch -n 4`` (one parameter server or
-coordinator, three workers, 127.0.0.1), the quickstart MLP on digits:
+Three methods, each on ``jaxsync launch`` (three workers, and a parameter
+server where the run has one; 127.0.0.1), the quickstart MLP on digits:
 
-* **DiLoCo** (H = 10 inner AdamW steps, outer Nesterov), and
-* **asynchronous local SGD** (H = 10, Delayed Nesterov on the server),
+* **DiLoCo** (H = 10 inner AdamW steps, outer Nesterov),
+* **asynchronous local SGD** (H = 10, Delayed Nesterov on the server), and
+* **all-reduce** (synchronous momentum SGD, one gradient per worker a round),
 
-each run with two memberships, with and without churn, on the same budget of
-outer steps (rounds for DiLoCo, applied pseudo-gradients for asynchronous local
-SGD):
+each run with the memberships it has, with and without churn, on the same
+budget of outer steps (rounds for DiLoCo and all-reduce, applied
+pseudo-gradients for asynchronous local SGD):
 
 * **elastic**: every ``period`` seconds a worker process is SIGKILLed (the
   processes but process 0, in turn) and its replacement starts ``rejoin`` seconds later
@@ -21,6 +22,12 @@ SGD):
   exits when it loses a peer; the asynchronous run is stopped with SIGTERM,
   which checkpoints), waits for the replacement (``rejoin`` seconds after the
   kill), and resumes from its checkpoint with ``jaxsync resume``;
+* **shrink** (DiLoCo's and all-reduce's synchronous runs): the same kills under
+  ``jaxsync launch --min-workers 2``: at each kill the two survivors go on at
+  once as a run of two workers from the checkpoint of every completed round
+  (each with a batch of 48, so a round averages as many examples as before:
+  ``cluster.shrink_keeps: global_batch``), and the run grows back to three
+  when the replacement arrives (it stops at a chunk's end and restarts);
 * each **without churn**: its applied worker steps per second are the capacity
   the run with churn is measured against (asynchronous local SGD's two are
   one run).
@@ -28,8 +35,10 @@ SGD):
 Measured per run: the wall seconds from the launch to the run's end (every
 start-up and restart included), the worker steps the model received, the
 **goodput** (those steps per wall second over the run's without churn: the share of the
-cluster's steady capacity that reached the model), the mean number of members
-of a DiLoCo round, the pseudo-gradients dropped, the final accuracy, and the
+cluster's steady capacity that reached the model; a shrunk run's steps are
+counted in the config's batches of 32, so that 2 workers' batches of 48 count as
+3 of 32), the mean number of members of a round (DiLoCo's, and a shrinking
+run's from ``membership.jsonl``), the pseudo-gradients dropped, the final accuracy, and the
 kills, losses and restarts. One machine and its loopback: the launcher, which
 restarts a failed worker, starts local processes (the network-namespace hosts
 of the other benchmarks have no supervisor that could restart one there).
@@ -58,47 +67,75 @@ from benchmarks.faults import processes
 from benchmarks.faults.settings import HEARTBEAT_TIMEOUT
 
 NAME = "churn"
+# method: (strategy, its options (None: the quickstart's), local steps per push or round)
 METHODS = {
-  "diloco": ("diloco", "{period: 10}"),
-  "async_local_sgd": ("async_local_sgd", "{period: 10}"),
+  "diloco": ("diloco", "{period: 10}", 10),
+  "async_local_sgd": ("async_local_sgd", "{period: 10}", 10),
+  "allreduce": ("allreduce", None, 1),
 }
-# (membership, churn): the elastic run, the fixed-membership run that restarts from checkpoints, and each
-# without churn (the capacity its goodput is measured against; asynchronous local SGD's two are one run).
-CASES = (("elastic", "none"), ("elastic", "kills"), ("fixed", "none"), ("fixed", "kills"))
+# (membership, churn) per method: the elastic run, the fixed-membership run that restarts from checkpoints,
+# the synchronous run that shrinks to its survivors, and each without churn (the capacity its goodput is
+# measured against; asynchronous local SGD's two are one run, and a shrinking run's is the fixed one's).
+CASES = {
+  "diloco": (
+    ("elastic", "none"),
+    ("elastic", "kills"),
+    ("fixed", "none"),
+    ("fixed", "kills"),
+    ("shrink", "kills"),
+  ),
+  "async_local_sgd": (("elastic", "none"), ("elastic", "kills"), ("fixed", "none"), ("fixed", "kills")),
+  "allreduce": (("fixed", "none"), ("fixed", "kills"), ("shrink", "kills")),
+}
 WORKERS = 3
 SIZES = {
-  # outer steps per method (DiLoCo's rounds, asynchronous local SGD's pushes: about 4 minutes each at the
-  # default size without churn), seconds between kills, seconds to the replacement, checkpoint every (events)
-  "tiny": dict(steps={"diloco": 1500, "async_local_sgd": 4000}, period=8.0, rejoin=3.0, checkpoint_every=200),
+  # outer steps per method (DiLoCo's and all-reduce's rounds, asynchronous local SGD's pushes: about 4
+  # minutes each at the default size without churn), seconds between kills, seconds to the replacement,
+  # checkpoint every (events)
+  "tiny": dict(
+    steps={"diloco": 1500, "async_local_sgd": 4000, "allreduce": 3000},
+    period=8.0,
+    rejoin=3.0,
+    checkpoint_every=200,
+  ),
   "default": dict(
-    steps={"diloco": 30000, "async_local_sgd": 110000}, period=60.0, rejoin=20.0, checkpoint_every=1000
+    steps={"diloco": 30000, "async_local_sgd": 110000, "allreduce": 24000},
+    period=60.0,
+    rejoin=20.0,
+    checkpoint_every=1000,
   ),
   "full": dict(
-    steps={"diloco": 60000, "async_local_sgd": 220000}, period=60.0, rejoin=20.0, checkpoint_every=1000
+    steps={"diloco": 60000, "async_local_sgd": 220000, "allreduce": 48000},
+    period=60.0,
+    rejoin=20.0,
+    checkpoint_every=1000,
   ),
 }
 
 
 def _same_run(method: str, membership: str) -> str:
-  """The membership whose runs this one's are: asynchronous local SGD is one run either way without churn."""
-  return "elastic" if method == "async_local_sgd" else membership
+  """The membership whose runs this one's are without churn: asynchronous local SGD is one run either way,
+  and a shrinking run without churn is the fixed one."""
+  if method == "async_local_sgd":
+    return "elastic"
+  return "fixed" if membership == "shrink" else membership
 
 
 def _processes(method: str, membership: str) -> int:
-  """A server and the workers, or (DiLoCo's all-reduce) the workers alone."""
-  return WORKERS if method == "diloco" and membership == "fixed" else WORKERS + 1
+  """A server and the workers, or (an all-reduce run: DiLoCo's fixed or shrinking one) the workers alone."""
+  return WORKERS if method == "allreduce" or (method == "diloco" and membership != "elastic") else WORKERS + 1
 
 
 def _overrides(method: str, membership: str, size: dict[str, Any]) -> list[str]:
-  strategy, options = METHODS[method]
+  strategy, options, local_steps = METHODS[method]
   if method == "diloco" and membership == "elastic":
     options = options[:-1] + ", membership: elastic}"
-  # A round is every worker's H steps (DiLoCo); an asynchronous push is one worker's H.
-  per_step = 10 * (WORKERS if method == "diloco" else 1)
+  # A round is every worker's H steps (DiLoCo; all-reduce's H is 1); an asynchronous push is one worker's H.
+  per_step = local_steps * (1 if method == "async_local_sgd" else WORKERS)
   sets = {
     "model.name": "mlp",
     "strategy.name": strategy,
-    "strategy.options": options,
+    **({} if options is None else {"strategy.options": options}),
     "cluster.num_workers": WORKERS,
     "run.gradients": size["steps"][method] * per_step,
     "run.chunk": 100,
@@ -114,8 +151,9 @@ def _run(
 ) -> dict[str, Any]:
   """One run, its churn injected; what it measured (a row of the store)."""
   overrides = _overrides(method, membership, size)
-  elastic = membership == "elastic" and churn == "kills"
-  extra = ["--max-restarts", "100", "--rejoin-delay", f"{size['rejoin']:g}"] if elastic else []
+  supervised = membership in ("elastic", "shrink") and churn == "kills"  # the launcher restarts the workers
+  extra = ["--max-restarts", "100", "--rejoin-delay", f"{size['rejoin']:g}"] if supervised else []
+  extra += ["--min-workers", str(WORKERS - 1)] if membership == "shrink" else []
   n = _processes(method, membership)
   if run_dir.exists():
     shutil.rmtree(run_dir)
@@ -160,6 +198,12 @@ def _run(
     raise RuntimeError(f"{method} {membership} {churn}: no end within an hour; log:\n{run.log[-3000:]}")
   wall = time.monotonic() - started
   summary = json.loads((run_dir / "summary.json").read_text())
+  local_steps = METHODS[method][2]
+  members = None
+  if method == "diloco" and membership == "elastic":  # the worker steps a round averaged, over H
+    members = (summary["gradients"] - 10 * summary.get("dropped_gradients", 0)) / (10 * summary["events"])
+  elif method != "async_local_sgd":  # the workers of each stretch of rounds (membership.jsonl)
+    members = _members_per_round(run_dir, summary["events"])
   return {
     "method": method,
     "membership": membership,
@@ -167,20 +211,26 @@ def _run(
     "wall_seconds": round(wall, 2),
     "events": summary["events"],
     # Applied: a pseudo-gradient dropped for coming late stood for H worker steps the model never got.
-    "worker_steps": summary["gradients"] - 10 * summary.get("dropped_gradients", 0),
+    "worker_steps": summary["gradients"] - local_steps * summary.get("dropped_gradients", 0),
     "final_accuracy": summary["final_accuracy"],
     "dropped": summary.get("dropped_gradients", 0),
     "lost_workers": len(summary.get("lost_workers", [])),
     "kills": len([k for k in kills if k["process"]]),
     "resumes": resumes,
-    "restarts": len(processes.read_restarts(run_dir)),
-    "members_per_round": round(
-      (summary["gradients"] - 10 * summary.get("dropped_gradients", 0)) / (10 * summary["events"]), 3
-    )
-    if method == "diloco"
-    else None,
+    # A shrinking run's grows (its replacements joining) are lines of restarts.jsonl, not restarts.
+    "restarts": len([r for r in processes.read_restarts(run_dir) if r["scope"] != "grow"]),
+    "members_per_round": None if members is None else round(members, 3),
     "code": harness.code_version(),
   }
+
+
+def _members_per_round(run_dir: pathlib.Path, rounds: int) -> float:
+  """The mean workers of a synchronous run's rounds, from the sizes ``membership.jsonl`` records."""
+  from jaxsync._src.distributed import membership
+
+  segments = membership.read(run_dir, WORKERS)
+  ends = [s.from_event for s in segments[1:]] + [rounds]
+  return sum(s.workers * (end - s.from_event) for s, end in zip(segments, ends)) / rounds
 
 
 def _store_rows(path: pathlib.Path) -> list[dict[str, Any]]:
@@ -193,7 +243,7 @@ def _report(rows: list[dict[str, Any]], size: str, args_text: str, elapsed: floa
   by = {(r["method"], r["membership"], r["churn"]): r for r in rows}
   table_rows = []
   for method in METHODS:
-    for membership, churn in CASES:
+    for membership, churn in CASES[method]:
       r = by.get((method, _same_run(method, membership) if churn == "none" else membership, churn))
       if r is None:
         table_rows.append([method, membership, churn] + ["missing"] * 9)
@@ -215,7 +265,7 @@ def _report(rows: list[dict[str, Any]], size: str, args_text: str, elapsed: floa
     f"- Wall time: {sum(r['wall_seconds'] for r in rows) / 60:.1f} min, the runs' own (from"
     f" `{NAME}_runs.jsonl`; {elapsed / 60:.1f} min measured by this invocation)",
     f"- Schedule ({size}): a worker process SIGKILLed every {SIZES[size]['period']:g} s (the processes but"
-    " process 0 in turn: 1, 2, 3 with a server; 1 and 2 of fixed DiLoCo's 3, whose process 0 writes the"
+    " process 0 in turn: 1, 2, 3 with a server; 1 and 2 of an all-reduce run's 3, whose process 0 writes the"
     f" checkpoints), its replacement {SIZES[size]['rejoin']:g} s later; 3 workers, H = 10, quickstart MLP on digits,"
     f" `jaxsync launch` on 127.0.0.1, a lost process noticed after {HEARTBEAT_TIMEOUT} s without a heartbeat"
     " (`JAXSYNC_HEARTBEAT_TIMEOUT`)",
@@ -247,7 +297,11 @@ def _report(rows: list[dict[str, Any]], size: str, args_text: str, elapsed: floa
     " after the delay and the run goes on meanwhile (DiLoCo with `membership: elastic`, through the"
     " parameter server). Fixed: each kill stops the job (DiLoCo's all-reduce saves its completed rounds and"
     " exits; the asynchronous job is stopped with SIGTERM, which checkpoints), and it resumes from its"
-    " checkpoint once the replacement is there. Members/round: DiLoCo's worker steps per round over H."
+    " checkpoint once the replacement is there. Shrink: each kill restarts the two survivors at once as a run"
+    " of two (`jaxsync launch --min-workers 2`, each worker's batch 48 instead of 32), and the run stops at a"
+    " chunk's end and restarts with three when the replacement arrives; its worker steps are counted in"
+    " batches of 32. Members/round: elastic DiLoCo's worker steps per round over H; a synchronous run's"
+    " workers per round from its `membership.jsonl`."
     " On these 2 cores the server and the 3 workers share the CPU, so a round with fewer members computes"
     " faster; on machines of their own it would not, and the elastic goodput would be lower (about the"
     " members' share of the rounds).",
@@ -271,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
   began = time.monotonic()
   if not args.report_only:
     for method in METHODS:
-      for membership, churn in CASES:
+      for membership, churn in CASES[method]:
         membership = _same_run(method, membership) if churn == "none" else membership
         key = (method, membership, churn)
         if any((r["method"], r["membership"], r["churn"]) == key for r in rows) and not args.fresh:
