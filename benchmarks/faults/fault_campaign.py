@@ -1,6 +1,6 @@
 """A fault campaign against every runtime: fuzzed frames, killed, stopped and preempted processes.
 
-Ten parts, each counted, none of them trusted to the process under test:
+Eleven parts, each counted, none of them trusted to the process under test:
 
 1. **Fuzzing** (``fuzz``). A :class:`ParameterServer` (``asp``, two workers, one
    1,000-element float32 vector) served in this process, and a separate client
@@ -56,6 +56,12 @@ Ten parts, each counted, none of them trusted to the process under test:
     membership and on asynchronous local SGD (H = 10), whose server goes on
     without a worker that is gone and takes back a restarted one; checked as
     the supervised runs are, with DiLoCo's rounds (or the pushes) as events.
+11. **SLURM** (``slurm``): ``examples/slurm``'s all-reduce, asp and DiLoCo
+    jobs on a three-node SLURM cluster of this machine, sent preemption
+    notices the two ways SLURM gives them (``scancel --signal=TERM`` to the
+    batch shell or to the tasks); each must requeue itself once per notice,
+    lose no event and end COMPLETED, the all-reduce job with the final
+    parameters of the same job uninterrupted (``benchmarks/faults/slurm_jobs.py``).
 
 Sizes: tiny (``--quick``: 1,000 frames, one worker-fault run, one synchronous
 run with one killed peer; about 3 minutes on 2 CPU cores), default (50,000
@@ -70,7 +76,7 @@ skips the runs the store holds, so an interrupted campaign loses at most the
 run in progress, and ``--report-only`` writes the results from the store alone.
 
     python -m benchmarks.faults.fault_campaign [--size tiny|default|full] [--quick] [--seed N]
-        [--parts fuzz,workers,rejoin,server,supervised,sharded,inhad,sync,preempt,churn]
+        [--parts fuzz,workers,rejoin,server,supervised,sharded,inhad,sync,preempt,churn,slurm]
         [--frames N] [--runs N] [--server-kills N] [--report-only] [--fresh] [--store PATH]
 
 It exits 1 when a check failed (the results file lists which), or when
@@ -152,7 +158,10 @@ def main(argv: list[str]) -> int:
     )
     if stored is not None:
       result = decode(planned.part, stored)
-      if planned.part == "preempt":  # its index is its label (stored ones before this fix lacked the twin's)
+      if planned.part in (
+        "preempt",
+        "slurm",
+      ):  # its index is its label (older preempt rows lacked the twin's)
         result.label = planned.index
       reused += 1
     elif args.report_only:

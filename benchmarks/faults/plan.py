@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 
 from benchmarks.faults.fuzzing import fuzz
+from benchmarks.faults.settings import GRADIENTS_SLURM
+from benchmarks.faults.slurm_jobs import slurm_run
 from benchmarks.faults.supervised import Layout, SupervisedRun, supervised_run
 from benchmarks.faults.unsupervised import random_faults, rejoin_run, server_kill_run, worker_fault_run
 
@@ -176,6 +178,28 @@ def _preempt_planned(name: str, reference: bool, gradients: int) -> list[Planned
   return planned
 
 
+def _slurm_planned(strategy: str, notices: int) -> list[Planned]:
+  """A SLURM job of ``strategy``'s example sent ``notices`` preemption notices (and, for all-reduce, the
+  same job uninterrupted: its final parameters must be the same)."""
+  gradients = GRADIENTS_SLURM[strategy]
+  spec = {"strategy": strategy, "gradients": gradients, "version": 1}
+
+  def make(count: int, label: str):
+    def run(rng: np.random.Generator, runs_dir: pathlib.Path) -> SupervisedRun:
+      slug = re.sub(r"[^a-z0-9]+", "_", label).strip("_")
+      r = slurm_run(runs_dir / f"slurm_{slug}", strategy, gradients, count, rng)
+      r.label = label
+      return r
+
+    return run
+
+  planned = [Planned("slurm", strategy, {**spec, "notices": notices}, make(notices, strategy))]
+  if strategy == "allreduce":
+    label = f"{strategy} (uninterrupted)"
+    planned.append(Planned("slurm", label, {**spec, "notices": 0}, make(0, label)))
+  return planned
+
+
 def plan_campaign(size: dict[str, Any], parts: tuple[str, ...], tiny: bool) -> list[Planned]:
   """Every run of the campaign, in order."""
   planned: list[Planned] = []
@@ -212,4 +236,7 @@ def plan_campaign(size: dict[str, Any], parts: tuple[str, ...], tiny: bool) -> l
   if "preempt" in parts:
     for name in size["preempt"]:
       planned += _preempt_planned(name, True, size["gradients_preempt"][PREEMPT[name][0] == "allreduce"])
+  if "slurm" in parts:
+    for strategy in size["slurm"]:
+      planned += _slurm_planned(strategy, size["notices_slurm"])
   return planned

@@ -21,6 +21,7 @@ from benchmarks.faults.report_parts import (
   _workers_text,
 )
 from benchmarks.faults.settings import HEARTBEAT_TIMEOUT, NAME, PARTS, RUN_TIMEOUT, TITLE
+from benchmarks.faults.slurm_jobs import JOB_TIMEOUT, compared_with_uninterrupted
 from benchmarks.faults.supervised import MAX_RESTARTS, Layout, SupervisedRun, _may_lose
 from benchmarks.faults.unsupervised import RejoinRun, ServerKill, WorkerRun
 
@@ -30,10 +31,27 @@ RUNTIMES = {
   "inhad": "InHAD (2 nodes of 2 workers)",
   "sync": "synchronous loop (allreduce, bsp)",
   "elastic": "elastic DiLoCo and asynchronous local SGD (single server)",
+  "slurm": "SLURM jobs (examples/slurm on 3 nodes, --requeue)",
 }
 
 
+_SLURM_INTRO = (
+  "A three-node SLURM cluster on this machine (`scripts/slurm_cluster.sh`: munged, slurmctld, one slurmd per"
+  " network namespace), started for each job; `examples/slurm`'s batch scripts (`--requeue`) submitted with"
+  " `sbatch`, the quickstart MLP on digits. Once a job makes progress it is sent preemption notices a few"
+  " seconds apart, in turn to the batch shell (`scancel --signal=TERM --batch`, what `--signal=B:TERM@60`"
+  " sends before a time limit) and to the tasks (`scancel --signal=TERM`). Every process stops at its next"
+  " chunk with a checkpoint and exits 75; the batch script requeues the job, whose next start resumes from"
+  " the run directory. Checked: the job ends COMPLETED with its full count of events (a hang: not within"
+  f" {JOB_TIMEOUT:.0f} s), SLURM's restart count equals the notices, no event done before a notice is done"
+  " again ('lost past the checkpoint'), no Python traceback, and the all-reduce job ends with the final"
+  " parameters of the same job uninterrupted."
+)
+
+
 def _fault_label(kind: str, role: str) -> str:
+  if role in ("batch shell", "tasks"):  # a SLURM job's notice
+    return f"{SIGNALS[kind]} to a job's {role}"
   return f"{SIGNALS[kind]} of the launcher" if kind == "launcher_term" else f"{SIGNALS[kind]} of a {role}"
 
 
@@ -92,9 +110,12 @@ def _runtime_rows(results: dict[str, list]) -> list[list[str]]:
             faults[_fault_label(f.kind, f.role)] += 1
             if f.scope is not None:
               restarts[
-                {"process": "alone", "run": "all processes", "resume": "`jaxsync resume` after exit 75"}[
-                  f.scope
-                ]
+                {
+                  "process": "alone",
+                  "run": "all processes",
+                  "resume": "`jaxsync resume` after exit 75",
+                  "requeue": "requeued by SLURM after exit 75",
+                }[f.scope]
               ] += 1
             down.append(f.down_seconds)
             recovered.append(f.recovered_seconds)
@@ -164,6 +185,7 @@ def write_results(
   kills = results.get("server", [])
   supervised = {p: results.get(p, []) for p in ("supervised", "sharded", "inhad", "sync", "churn")}
   preempt = results.get("preempt", [])
+  slurm = results.get("slurm", [])
   real = sum(len(v) for k, v in results.items() if k != "fuzz")
   bench.run_count = real + len(kills)  # a server kill is a run and its resume
   bench.keeps_run_dirs = False
@@ -173,11 +195,14 @@ def write_results(
     problems += [f"{part} {r.label or i}: {p}" for i, r in enumerate(runs) for p in r.problems]
   preempt_text, preempt_problems = _preempt_text(preempt) if preempt else ("", [])
   problems += preempt_problems
+  problems += [f"slurm {r.label}: {p}" for r in slurm for p in r.problems]
+  slurm_rows, slurm_problems = compared_with_uninterrupted(slurm)
+  problems += slurm_problems
   process_faults = (
     sum(len(r.faults) for r in worker_runs)
     + (2 if rejoin else 0)
     + len(kills)
-    + sum(len(r.faults) for runs in [*supervised.values(), preempt] for r in runs)
+    + sum(len(r.faults) for runs in [*supervised.values(), preempt, slurm] for r in runs)
   )
   complete = not missing
   if args.size != "tiny" and complete and set(results) >= set(PARTS) and process_faults < 100:
@@ -233,6 +258,15 @@ def write_results(
   if supervised["churn"]:
     intro = _PART_INTRO["churn"].format(restarts=MAX_RESTARTS, hb=HEARTBEAT_TIMEOUT)
     bench.section(titles["churn"], intro + "\n\n" + _supervised_text("churn", supervised["churn"]))
+  if slurm:
+    table = harness.table(
+      ["job", "notices", "requeues", "exit", "events / planned", "final parameters as uninterrupted", "s"],
+      slurm_rows,
+    )
+    bench.section(
+      "11. SLURM: jobs preempted (`scancel --signal=TERM`) and requeued",
+      _SLURM_INTRO + "\n\n" + table + "\n\n" + _supervised_text("slurm", slurm),
+    )
   if missing:
     bench.section("Runs not in the store yet", "\n".join(f"- {m}" for m in missing))
   if problems:

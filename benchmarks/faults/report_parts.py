@@ -347,7 +347,9 @@ SIGNALS = {"kill": "SIGKILL", "stop": "SIGSTOP/SIGCONT", "term": "SIGTERM", "lau
 
 
 def _fault_text(f: Injected) -> str:
-  who = "the launcher" if f.process is None else f"p{f.process} ({f.role})"
+  who = f"p{f.process} ({f.role})" if f.process is not None else "the launcher"
+  if f.role in ("batch shell", "tasks"):  # a SLURM job's notice
+    who = f"the job's {f.role}"
   stop = f" {f.seconds:.1f} s" if f.kind == "stop" else ""
   return f"{SIGNALS[f.kind]}{stop} {who} @ event {f.event}"
 
@@ -359,6 +361,8 @@ def _outcome_text(f: Injected) -> str:
     return f"{f.ended}; every process restarted from checkpoint {f.checkpoint} (restart {f.restart})"
   if f.scope == "resume":
     return f"exit 75; `jaxsync resume` from checkpoint {f.checkpoint}"
+  if f.scope == "requeue":
+    return f"exit 75; the job requeued itself (SLURM restart {f.restart}) and resumed from checkpoint {f.checkpoint}"
   return "no restart"
 
 

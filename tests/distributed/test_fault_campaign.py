@@ -160,3 +160,45 @@ def test_a_run_with_a_killed_and_a_stopped_worker_finishes_with_every_update(tmp
   assert r.rejections.get("version", 0) == 0 and s["rejected_messages"] == {}
   assert stopped.stale_push is not None and stopped.stale_push > 0
   assert np.isfinite(s["final_loss"])
+
+
+def _slurm_job(label: str, params: str, notices: int, *, requeued: bool = True):
+  from benchmarks.faults.supervised import Injected, SupervisedRun
+
+  faults = [
+    Injected(
+      kind="term", role=("batch shell", "tasks")[i % 2], process=None, at=100.0 + i, since_start=10.0 * (i + 1),
+      event=400 * (i + 1), updates=400 * (i + 1), scope="requeue" if requeued else None,
+      restart=i + 1 if requeued else None, checkpoint=400 * (i + 1) + 50 if requeued else None, lost=0,
+    )
+    for i in range(notices)
+  ]  # fmt: skip
+  return SupervisedRun(
+    part="slurm", runtime="slurm", strategy="allreduce", processes=3, gradients=9000, events=3000,
+    faults=faults, planned=notices, restarts=[{"restart": f.restart, "scope": "requeue"} for f in faults if f.restart],
+    resumes=[], code=0, summary={"events": 3000, "updates": 3000}, consistent=None, unexplained=[], after_end=[],
+    tracebacks=0, params=params, seconds=80.0, problems=[], label=label,
+  )  # fmt: skip
+
+
+def test_the_slurm_part_reports_each_notice_and_compares_the_preempted_job_with_the_uninterrupted_one(
+  tmp_path,
+):
+  args = argparse.Namespace(size="tiny", runs_dir=tmp_path / "runs", results_dir=tmp_path)
+  jobs = [_slurm_job("allreduce", "ab12", 2), _slurm_job("allreduce (uninterrupted)", "ab12", 0)]
+  text, failed = report.write_results(args, ["--parts", "slurm"], 7, {"slurm": jobs}, 1.0)
+  assert failed == 0, text
+  assert "## 11. SLURM: jobs preempted (`scancel --signal=TERM`) and requeued" in text
+  assert "| allreduce | 2 | 2 | 0 | 3000 / 3000 | yes | 80 |" in text
+  assert "SIGTERM the job's batch shell @ event 400" in text and "SIGTERM the job's tasks @ event 800" in text
+  assert "the job requeued itself (SLURM restart 2) and resumed from checkpoint 850" in text
+  assert (
+    "| SLURM jobs (examples/slurm on 3 nodes, --requeue) | 2: 1 SIGTERM to a job's batch shell, 1 SIGTERM to a job's tasks"
+    in text
+  )
+  # Other final parameters than the uninterrupted job's: a failed check that names both.
+  jobs[1] = _slurm_job("allreduce (uninterrupted)", "cd34", 0)
+  text, failed = report.write_results(args, ["--parts", "slurm"], 7, {"slurm": jobs}, 1.0)
+  assert (
+    failed == 1 and "slurm allreduce: final parameters ab12 differ from the uninterrupted job's cd34" in text
+  )
