@@ -345,13 +345,9 @@ def _launch(args: argparse.Namespace, run_args: list[str], run_dir: pathlib.Path
   from jaxsync._src.distributed import launch
 
   policy = launch.RestartPolicy(
-    max_restarts=args.max_restarts,
     run_dir=run_dir,
-    alone=roles.alone,
-    kept_down=roles.kept_down,
-    settle=roles.settle,
-    rejoin_delay=args.rejoin_delay,
-    min_workers=args.min_workers,
+    **roles._asdict(),
+    **_supervision(args),  # alone, kept_down, settle, host_service
   )
   return launch.launch(args.num_processes, run_args, bind=args.bind, restarts=policy)
 

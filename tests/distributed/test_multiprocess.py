@@ -591,3 +591,38 @@ def test_churn_sync_allreduce_shrinks_to_its_survivors_and_grows_back_when_the_r
   assert set(fingerprints) == {"0", "1", "2"} and len(set(fingerprints.values())) == 1, log[-2000:]
   summary = _summary(out)
   assert summary["events"] == 5000 and summary["final_accuracy"] > 0.9, summary
+
+
+def test_a_sync_run_that_loses_process_0_restarts_from_process_1s_checkpoint_of_every_completed_round(
+  tmp_path,
+):
+  """Process 0 of an all-reduce run is SIGKILLed mid-run, with no periodic checkpoint: process 1, which holds
+  the same state, writes the checkpoint of every completed round, and the restarted run (`--max-restarts`)
+  continues from it to the final parameters of an uninterrupted run, bit for bit."""
+  overrides = ["strategy.name=allreduce", "cluster.num_workers=3", "run.gradients=3000", "run.chunk=50"]
+  code, log = _launch(3, tmp_path / "whole", overrides)
+  assert code == 0, log[-3000:]
+  reference = _fingerprints(log)
+
+  out, log_path = tmp_path / "faulted", tmp_path / "faulted.log"
+  with _launched(3, overrides, out, log_path, "--max-restarts", "1") as launcher:
+    _wait_for_rows(out, "train", 3, 180)
+    _process(launcher, 0).send_signal(signal.SIGKILL)
+    launcher.wait(timeout=300)
+  log = log_path.read_text()
+  assert launcher.returncode == 0, log[-3000:]
+  restart = json.loads((out / "restarts.jsonl").read_text())
+  assert {k: restart[k] for k in ("process", "ended", "scope")} == {
+    "process": 0,
+    "ended": "signal 9",
+    "scope": "run",
+  }
+  assert "process 0 is lost: this process writes the run's checkpoint" in log, log[-3000:]
+  # Rows of at least 3 chunks were written before the kill: none of those rounds is redone.
+  assert restart["checkpoint"] is not None and restart["checkpoint"] >= 150, restart
+  assert _fingerprints(log) == reference, log[-2000:]
+  assert _summary(out)["updates"] == 1000
+  events = [
+    json.loads(r)["event"] for r in (out / "metrics.jsonl").read_text().splitlines() if '"train"' in r
+  ]
+  assert events == sorted(set(events)) and events[-1] == 1000, events  # each chunk's row once

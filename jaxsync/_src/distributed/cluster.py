@@ -20,13 +20,14 @@ on without it) and reports it in ``get_live_nodes``.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable
 
 import jax
 
-from jaxsync._src.distributed import wire
+from jaxsync._src.distributed import coordination_service, wire
 
 ENV_COORDINATOR = "JAXSYNC_COORDINATOR"
 ENV_NUM_PROCESSES = "JAXSYNC_NUM_PROCESSES"
@@ -212,15 +213,16 @@ def initialize(
     local = host in ("127.0.0.1", "localhost", "::1")
     bind = bind or os.environ.get(ENV_BIND) or ("127.0.0.1" if local else "0.0.0.0")
     port = address.rsplit(":", 1)[1]
-    jax.distributed.initialize(
-      coordinator_address=address,
-      num_processes=count,
-      process_id=index,
-      coordinator_bind_address=f"{bind}:{port}",
-      heartbeat_timeout_seconds=heartbeat_timeout(),
-      initialization_timeout=120,
-      local_device_ids=None,
-    )
+    with _service_hosted_by_the_launcher(os.environ.get(coordination_service.ENV) == "launcher"):
+      jax.distributed.initialize(
+        coordinator_address=address,
+        num_processes=count,
+        process_id=index,
+        coordinator_bind_address=f"{bind}:{port}",
+        heartbeat_timeout_seconds=heartbeat_timeout(),
+        initialization_timeout=120,
+        local_device_ids=None,
+      )
   else:
     bind = bind or os.environ.get(ENV_BIND) or "0.0.0.0"
     jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout(), initialization_timeout=300)
@@ -243,6 +245,33 @@ def initialize(
     f"{jax.local_device_count()} local {jax.default_backend()} device(s))"
   )
   return group
+
+
+class _ServedElsewhere:
+  """What process 0 holds for a coordination service another process runs: nothing to shut down."""
+
+  def shutdown(self) -> None:
+    pass
+
+
+@contextlib.contextmanager
+def _service_hosted_by_the_launcher(hosted: bool):
+  """Inside, ``jax.distributed.initialize`` in process 0 starts no coordination service when ``hosted``:
+  the launcher runs it (:mod:`coordination_service`), so that process 0's death is a peer's death.
+
+  JAX 0.10 starts the service in process 0 unconditionally; its factory is replaced for the call.
+  """
+  if not hosted:
+    yield
+    return
+  from jax._src import distributed
+
+  factory = distributed._jax.get_distributed_runtime_service
+  distributed._jax.get_distributed_runtime_service = lambda *args, **kwargs: _ServedElsewhere()
+  try:
+    yield
+  finally:
+    distributed._jax.get_distributed_runtime_service = factory
 
 
 def _is_local_address(host: str) -> bool:

@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 
-from jaxsync._src.distributed import cluster, membership
+from jaxsync._src.distributed import cluster, coordination_service, membership
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -111,6 +111,10 @@ class RestartPolicy:
     rejoin_delay: seconds between a process's failure and its restart alone
       (``0``: at once). Stands for a replacement machine that arrives later:
       an elastic run goes on without the failed worker meanwhile.
+    host_service: the launcher runs the ``jax.distributed`` coordination
+      service in a process of its own (:mod:`coordination_service`), not
+      process 0: a synchronous run's process 0 may then die like any other,
+      and its successor writes the run.
     min_workers: a synchronous run (no ``alone`` processes) that loses
       processes goes on with the survivors as a smaller run while at least
       this many are left, and grows back when the replacements arrive
@@ -133,6 +137,7 @@ class RestartPolicy:
   settle: float = 90.0
   rejoin_delay: float = 0.0
   min_workers: int | None = None
+  host_service: bool = False
 
   def __post_init__(self):
     if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
@@ -187,6 +192,7 @@ class _Supervisor:
     self.arriving: list[float] = []  # when each lost worker's replacement arrives (--min-workers)
     self.growing: float | None = None  # when it was told to stop at its next chunk, to grow
     self.notices: list[int] = []  # SIGTERM / SIGINT received
+    self.service: subprocess.Popen | None = None  # the coordination service (host_service)
 
   def say(self, line: str) -> None:
     self.out.write(f"jaxsync launch: {line}\n")
@@ -196,6 +202,8 @@ class _Supervisor:
     coordinator = f"{self.bind}:{free_port(self.bind)}"
     self.say(f"{self.n} processes, coordinator {coordinator}")
     self.processes, self.commands = [], []
+    if self.policy.host_service:
+      self.start_service(coordinator)
     for i in range(self.n):
       process_env = {
         **os.environ,
@@ -205,11 +213,35 @@ class _Supervisor:
         cluster.ENV_PROCESS_ID: str(i),
         cluster.ENV_BIND: self.bind,
         "PYTHONUNBUFFERED": "1",
+        **({coordination_service.ENV: "launcher"} if self.policy.host_service else {}),
       }
       if self.policy.max_restarts and self.policy.alone:  # the server waits for a restarted worker
         process_env.setdefault(cluster.ENV_REJOIN_WAIT, str(REJOIN_WAIT))
       self.commands.append(([sys.executable, "-m", "jaxsync.cli", *args], process_env))
       self.processes.append(self._start(i))
+
+  def start_service(self, address: str) -> None:
+    """Runs the coordination service of a start of the run at ``address`` (the one before it stops)."""
+    self.stop_service()
+    self.service = subprocess.Popen(
+      [sys.executable, "-m", "jaxsync._src.distributed.coordination_service", address, str(self.n),
+       str(cluster.heartbeat_timeout())],
+      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, start_new_session=True,
+    )  # fmt: skip  # its library notes (the recoverable tasks it serves) say nothing to the run's user
+    ready = self.service.stdout.readline().strip()
+    if ready != "ready":
+      self.service.kill()
+      raise RuntimeError(f"launch: the coordination service at {address} did not start: {ready!r}")
+
+  def stop_service(self) -> None:
+    if self.service is not None and self.service.poll() is None:
+      self.service.terminate()
+      try:
+        self.service.wait(timeout=10)
+      except subprocess.TimeoutExpired:
+        self.service.kill()
+        self.service.wait()
+    self.service = None
 
   def _start(self, i: int) -> subprocess.Popen:
     command, env = self.commands[i]
@@ -308,11 +340,16 @@ class _Supervisor:
     survivors alone, under ``min_workers``)."""
     noticed = time.monotonic()
     self.say(f"process {i} ended with {describe_exit(code)}; stopping the others to restart the run")
-    if not _stopped(self.processes[0]):  # a stopped process 0 saves nothing: do not wait for it
-      try:
-        self.processes[0].wait(timeout=self.policy.settle)  # a synchronous run's saves its rounds
-      except subprocess.TimeoutExpired:
-        pass
+    # A synchronous run's process 0 saves its completed rounds when it loses a peer, and its successor
+    # (process 1) does when process 0 is the one lost: every process still running gets `settle` seconds
+    # (together) to leave. A stopped one saves nothing and is not waited for.
+    deadline = noticed + self.policy.settle
+    for p in self.processes:
+      if p.poll() is None and not _stopped(p):
+        try:
+          p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+          break
     # Lost: the process that failed, and any other a signal ended or stopped (the rest ended on the loss).
     lost = {i} | {j for j, p in enumerate(self.processes) if (p.poll() or 0) < 0 or _stopped(p)}
     self.signal_all(signal.SIGKILL)
@@ -521,6 +558,7 @@ def launch(
   finally:
     if previous is not None:
       signal.signal(signal.SIGTERM, previous)
+  run.stop_service()
   for t in run.streams:
     t.join(timeout=5)
   run.report_ends()

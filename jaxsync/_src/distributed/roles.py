@@ -100,11 +100,16 @@ class RestartRoles(NamedTuple):
     settle: seconds to wait for process 0 to save and leave before every
       process restarts (a synchronous run's process 0 checkpoints every
       completed round when it loses a peer; a server saves what it can).
+    host_service: whether the launcher hosts the coordination service (a
+      synchronous run: its process 1 holds process 0's state, and writes the
+      run in its place when process 0 dies, which a service inside process 0
+      would not survive).
   """
 
   alone: frozenset[int]
   kept_down: frozenset[int]
   settle: float
+  host_service: bool = False
 
 
 def restart_roles(strategy: Strategy, num_processes: int, servers: int) -> RestartRoles:
@@ -121,7 +126,7 @@ def restart_roles(strategy: Strategy, num_processes: int, servers: int) -> Resta
   """
   workers = frozenset(range(servers, num_processes))
   if not serves(strategy):
-    return RestartRoles(frozenset(), frozenset(), settle=90.0)
+    return RestartRoles(frozenset(), frozenset(), settle=90.0, host_service=True)
   if node_aggregator.aggregates(strategy):
     return RestartRoles(frozenset(), workers, settle=15.0)
   return RestartRoles(workers, frozenset(), settle=15.0)

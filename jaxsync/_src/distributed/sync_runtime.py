@@ -44,7 +44,7 @@ from jax.sharding import PartitionSpec as P
 
 from jaxsync._src.core import validation
 from jaxsync._src.data.worker_data import WorkerData
-from jaxsync._src.distributed import bucketed_all_reduce, quantized_all_reduce
+from jaxsync._src.distributed import bucketed_all_reduce, cluster, quantized_all_reduce
 from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.interface.history import RunTotals
 from jaxsync._src.interface.runtime import FaultAfterProgress, RuntimeBase
@@ -565,7 +565,7 @@ class SyncRuntime(RuntimeBase):
       # both mean a lost process.
       if isinstance(err, ValueError) and not _collective_failed(err):
         raise
-      lost = ProcessLostError(self._lost_message(err, int(state.event) + len(rows)))
+      lost = self._lost(err, int(state.event) + len(rows))
       lost.completed = self._completed(s, rows)
       raise lost from None
     self._rounds_done = int(local.event)
@@ -617,7 +617,7 @@ class SyncRuntime(RuntimeBase):
       if isinstance(err, ValueError) and not _collective_failed(err):
         raise
       # Between chunks: the rounds done are those of the last chunk, which the host loop saves.
-      raise ProcessLostError(self._lost_message(err, self._rounds_done)) from None
+      raise self._lost(err, self._rounds_done) from None
     return bool(np.any(votes))
 
   @staticmethod
@@ -628,27 +628,33 @@ class SyncRuntime(RuntimeBase):
       digest.update(np.ascontiguousarray(np.asarray(leaf)).tobytes())
     return digest.hexdigest()[:16]
 
-  def _lost_message(self, err: Exception, rounds: int | None) -> str:
-    lost = ""
+  def _lost(self, err: Exception, rounds: int | None) -> ProcessLostError:
+    """The error of a round (or a vote) that failed because a process is gone, naming it when the
+    coordination service says which; ``writes_run`` in the survivor that writes the run in a lost process
+    0's place (the lowest-numbered one: every survivor holds the same state of the completed rounds)."""
+    gone: list[int] = []
     if self._liveness is not None:
-      # get_live_nodes returns once every survivor asks (they all hit the failed collective) or the
-      # dead are declared dead; a survivor blocked elsewhere must not hang this one: ask in a thread.
+      # get_live_nodes returns once every survivor asks (they all hit the failed collective) and the dead
+      # are declared dead (a heartbeat timeout); a survivor blocked elsewhere must not hang this one: ask
+      # in a thread. With several survivors the answer can take a minute: the checkpoint of the completed
+      # rounds, and the restart, do not wait that long for a name (the launcher names the process).
       import threading
 
       answer: list = []
       asking = threading.Thread(target=lambda: answer.append(self._liveness()), daemon=True)
       asking.start()
-      # With several survivors the answer can take a minute: the checkpoint of the completed rounds, and
-      # the restart, do not wait that long for a name (the launcher names the process that ended).
-      asking.join(timeout=_LIVENESS_WAIT)
+      asking.join(timeout=_LIVENESS_WAIT + cluster.heartbeat_timeout())
       if answer:
         gone = sorted(set(range(jax.process_count())) - set(answer[0]))
-        if gone:
-          lost = f"process {', '.join(map(str, gone))} is lost; "
+    survivors = sorted(set(range(jax.process_count())) - set(gone))
+    lost = f"process {', '.join(map(str, gone))} is lost; " if gone else ""
     first = str(err).splitlines()[0] if str(err) else type(err).__name__
     after = "" if rounds is None else f" after {rounds} completed rounds"
-    return (
+    error = ProcessLostError(
       f"{lost}a synchronous round cannot complete without every process{after} ({first}). The completed "
-      "rounds are in the run's checkpoint (process 0 writes it unless it is the process lost); resume with "
-      "`jaxsync resume RUN_DIR`, or let `jaxsync launch --max-restarts N` restart the run."
+      "rounds are in the run's checkpoint (process 0 writes it, or the first survivor when process 0 is "
+      "the one lost); resume with `jaxsync resume RUN_DIR`, or let `jaxsync launch --max-restarts N` "
+      "restart the run."
     )
+    error.writes_run = 0 in gone and bool(survivors) and jax.process_index() == survivors[0]
+    return error

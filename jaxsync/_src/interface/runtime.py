@@ -51,9 +51,14 @@ class FaultAfterProgress(Exception):
   events' rows and saves a checkpoint of them (or, with None, of the last
   chunk's end) before the error goes on, so that a restart redoes no completed
   event (with None: none of the completed chunks).
+
+  ``writes_run`` is True in the process that writes the run directory in the
+  place of a lost process 0 (a synchronous run's process 1, which holds the
+  same state): it writes those rows and that checkpoint itself.
   """
 
   completed: tuple[Any, EventRecord] | None = None
+  writes_run: bool = False
 
 
 @runtime_checkable

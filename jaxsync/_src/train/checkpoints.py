@@ -42,6 +42,29 @@ def fingerprint(state: Any) -> str:
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
+@contextlib.contextmanager
+def _as_process_zero(writes: bool):
+  """Inside, orbax takes this process for process 0 when it ``writes``.
+
+  orbax writes a replicated NumPy array's data from process 0 only (its
+  ``NumpyHandler`` asks ``process_index() == 0``), whatever process saves.
+  In a multi-process run exactly one process saves, alone: process 0, or
+  the process that writes the run when process 0 is lost (a synchronous
+  run's successor, which holds the same state). For orbax it is process 0.
+  """
+  if not writes or jax.process_index() == 0:
+    yield
+    return
+  from orbax.checkpoint._src.multihost import multihost
+
+  real = multihost.process_index
+  multihost.process_index = lambda: 0
+  try:
+    yield
+  finally:
+    multihost.process_index = real
+
+
 class RunCheckpoints:
   """The checkpoints of one run, in ``directory`` (one sub-directory per saved event count).
 
@@ -60,14 +83,16 @@ class RunCheckpoints:
   def __init__(self, directory: str | pathlib.Path, *, max_to_keep: int = 2, read_only: bool = False):
     _ignore_operations_left_in_flight()
     self.directory = pathlib.Path(directory).absolute()
-    # In a multi-process run only process 0 saves (the server's state, or the
-    # replicated state of a synchronous run); no manager waits for the others.
-    me = jax.process_index()
+    # In a multi-process run one process saves (process 0: the server's state, or the replicated state of
+    # a synchronous run; or process 0's successor); no manager waits for the others.
+    self._writes = not read_only
+    me = 0 if self._writes else jax.process_index()  # a writer is process 0 to orbax (_as_process_zero)
     if not read_only:  # orbax refuses create=True with active_processes
       self.directory.mkdir(parents=True, exist_ok=True)
     else:  # orbax warns that a read-only manager's directory "is read only": that is the point of it
       logging.getLogger("absl").addFilter(_ReadOnlyNoteFilter())
-    with _step_metadata_notes_dropped(self.directory):  # the manager reads every step's metadata here
+    # The manager reads every step's metadata here.
+    with _step_metadata_notes_dropped(self.directory), _as_process_zero(self._writes):
       self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -95,7 +120,7 @@ class RunCheckpoints:
     progress = {**progress, "events": int(events), "fingerprint": fingerprint(state)}
     if jax.process_count() > 1:  # orbax refuses host-local jax.Arrays in a multi-process run
       state = jax.tree.map(np.asarray, state)
-    with _interrupts_deferred():
+    with _interrupts_deferred(), _as_process_zero(True):
       if int(events) in self._manager.all_steps():  # the same events again, now marked finished
         self._manager.delete(int(events))
       self._manager.save(
@@ -191,7 +216,8 @@ class RunCheckpoints:
 
   def close(self) -> None:
     """Releases orbax's resources."""
-    self._manager.close()
+    with _as_process_zero(self._writes):
+      self._manager.close()
 
 
 def _first_line(err: BaseException, limit: int = 300) -> str:

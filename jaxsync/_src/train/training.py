@@ -17,6 +17,7 @@ plots), with :class:`RunWriters` behind every row written.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import pathlib
 import time
 from collections.abc import Callable
@@ -37,6 +38,7 @@ from jaxsync._src.train.progress import Reporter
 from jaxsync._src.train.summary import summarize
 from jaxsync._src.train.writers import RunWriters, eval_rows, time_key, train_row
 
+log = logging.getLogger("jaxsync.train")
 _WHAT = "train"
 _ROW_KEYS = ("kind", "event", "updates", "simulated_time", "wall_time")
 
@@ -124,12 +126,15 @@ def _run_chunks(
   reporter: Reporter,
   stop_requested: Callable[[], bool] | None = None,
   stop_when_diverged: bool = False,
+  take_over: Callable[[int], Callable] | None = None,
 ) -> _Progress:
   """Advances ``run`` chunk by chunk until ``num_events`` or ``max_time``; writes rows, saves checkpoints.
 
   Between two chunks (a safe point: the rows written, nothing in flight) a true ``stop_requested()``
   saves a checkpoint there and raises :class:`PreemptedError`. ``stop_when_diverged``: stop after a chunk
   that leaves a non-finite parameter (nothing after it can recover: every later gradient is NaN).
+  ``take_over(done)``: makes this process write the run directory from event ``done`` on (it is the
+  successor of a lost process 0, :attr:`FaultAfterProgress.writes_run`); returns the new ``write``.
   """
   state, records, done, stopped_by = run.state, list(run.records), run.done, run.stopped_by
   last_eval = dict(run.initial_metrics)
@@ -183,7 +188,10 @@ def _run_chunks(
         raise PreemptedError(done)
   except FaultAfterProgress as fault:
     # A peer lost mid-chunk: the events that completed before it are written and saved, so that the
-    # restart (by hand or by `jaxsync launch --max-restarts`) redoes none of them.
+    # restart (by hand or by `jaxsync launch --max-restarts`) redoes none of them. When the peer is
+    # process 0, its successor, which holds the same state, writes them.
+    if fault.writes_run and take_over is not None:
+      write = take_over(done)
     if fault.completed is not None:
       state, rec = fault.completed
       absorb(rec)
@@ -338,8 +346,10 @@ def train(
   def wall_seconds() -> float:
     return run.wall_before + time.perf_counter() - start_wall
 
+  writing = {"primary": primary, "checkpoints": checkpoints}
+
   def save(done, state, records, stopped_by):
-    if not primary:
+    if not writing["primary"]:
       return
     progress = {
       "initial_metrics": run.initial_metrics,
@@ -348,7 +358,17 @@ def train(
       "stopped_by": stopped_by,
     }
     records = jax.tree.map(lambda *xs: np.concatenate(xs), *records)
-    checkpoints.save(done, runtime.saved_state(state), records, progress)
+    writing["checkpoints"].save(done, runtime.saved_state(state), records, progress)
+
+  def take_over(done: int):
+    """Process 0 is lost and this process writes the run directory in its place: rows after ``done``
+    (those process 0 wrote end at its last chunk) and the checkpoint of every completed round."""
+    log.warning("process 0 is lost: this process writes the run's checkpoint of %d completed events", done)
+    writing["primary"] = True
+    writing["checkpoints"] = RunCheckpoints(run_dir / "checkpoints")
+    successor_writers = RunWriters(run_dir, resume_from=done or None, primary=True, tensorboard=False)
+    writing["writers"] = successor_writers
+    return successor_writers.write
 
   reporter.start(label, num_events, run.done)
   try:
@@ -364,10 +384,14 @@ def train(
       reporter=reporter,
       stop_requested=stop_requested,
       stop_when_diverged=stop_when_diverged,
+      take_over=None if primary else take_over,
     )
   except BaseException:
     writers.close()
     checkpoints.close()
+    if "writers" in writing:  # a successor's, after process 0's loss
+      writing["writers"].close()
+      writing["checkpoints"].close()
     reporter.close()
     raise
   result = _finish(
