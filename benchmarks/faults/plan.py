@@ -112,7 +112,14 @@ def _supervised_planned(part: str, index: int, gradients: int, tiny: bool = Fals
   else:
     strategy = ("allreduce", "bsp")[index % 2]
     layout = Layout("sync", n)
-  spec = {"strategy": strategy, "processes": n, "gradients": gradients, "tiny": tiny, "version": 1}
+  # version 2 of the synchronous part: process 0's successor writes the checkpoint when process 0 is lost.
+  spec = {
+    "strategy": strategy,
+    "processes": n,
+    "gradients": gradients,
+    "tiny": tiny,
+    "version": 2 if part == "sync" else 1,
+  }
 
   def plan(rng: np.random.Generator) -> list[tuple[str, str]]:
     if part == "supervised":

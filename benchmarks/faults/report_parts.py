@@ -458,8 +458,9 @@ _PART_INTRO = {
     "other than 0 killed, process 0 killed, a process stopped 1-5 s, a process sent SIGTERM (the processes "
     "agree to stop at the chunk's end with a checkpoint: exit 75, then `jaxsync resume`), and SIGTERM to "
     "the launcher. A death restarts every process from the last checkpoint; when a process other than 0 "
-    "dies, process 0 first saves every completed round ('rounds complete': what the survivors said), so "
-    "nothing is lost; process 0's own death loses what came after the last periodic checkpoint."
+    "dies, process 0 first saves every completed round ('rounds complete': what the survivors said), and "
+    "when process 0 dies, process 1 does (the launcher hosts the coordination service, so process 0's death "
+    "does not end the others): nothing is lost."
   ),
   "churn": (
     "`jaxsync launch -n 4 --max-restarts {restarts}`, DiLoCo with `membership: elastic` and asynchronous "

@@ -449,8 +449,10 @@ def supervised_run(
 
 def _may_lose(fault: Injected, layout: Layout) -> bool:
   """Whether a fault may cost work past the last periodic checkpoint: the death of the process that writes
-  the checkpoints (process 0, a server shard). A worker's fault, a preemption (SIGTERM) must cost none."""
-  return fault.kind in ("kill", "stop") and fault.process is not None and fault.process < layout.servers
+  the checkpoints (process 0, a server shard), except in a synchronous run, whose process 1 writes them when
+  process 0 is lost. A worker's fault, a preemption (SIGTERM) must cost none."""
+  writer = fault.process is not None and fault.process < layout.servers and layout.runtime != "sync"
+  return fault.kind in ("kill", "stop") and writer
 
 
 def _attribute(
