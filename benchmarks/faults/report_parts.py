@@ -473,22 +473,27 @@ _PART_INTRO = {
 }
 
 
-def _preempt_text(runs: list[SupervisedRun]) -> tuple[str, list[str]]:
-  """The preempted runs against their uninterrupted twins; returns the text and the failed checks."""
+def against_uninterrupted(runs: list[SupervisedRun], part: str, problems: list[str]):
+  """Each interrupted run, and whether its final parameters are its uninterrupted twin's (label ``X
+  (uninterrupted)``): "yes", "no" (a failed check, added to ``problems``), or None without a twin."""
   by_label = {r.label: r for r in runs}
-  rows, problems = [], []
   for r in runs:
     if r.label.endswith("(uninterrupted)"):
       continue
     ref = by_label.get(f"{r.label} (uninterrupted)")
+    same = None if ref is None else "yes" if r.params is not None and r.params == ref.params else "no"
+    if same == "no":
+      problems.append(
+        f"{part} {r.label}: final parameters {r.params} differ from the uninterrupted run's {ref.params}"
+      )
+    yield r, same
+
+
+def _preempt_text(runs: list[SupervisedRun]) -> tuple[str, list[str]]:
+  """The preempted runs against their uninterrupted twins; returns the text and the failed checks."""
+  rows, problems = [], []
+  for r, same in against_uninterrupted(runs, "preempt", problems):
     stop = next((f for f in r.faults if f.kind == "launcher_term"), None)
-    same = "-"
-    if ref is not None:
-      same = "yes" if r.params is not None and r.params == ref.params else "no"
-      if same == "no":
-        problems.append(
-          f"preempt {r.label}: final parameters {r.params} differ from the uninterrupted run's {ref.params}"
-        )
     rows.append(
       [
         r.label,
@@ -497,7 +502,7 @@ def _preempt_text(runs: list[SupervisedRun]) -> tuple[str, list[str]]:
         "-" if stop is None or stop.lost is None else str(stop.lost),
         "hang" if r.hung else str(r.code),
         f"{(r.summary or {}).get('events', '-')} / {(r.summary or {}).get('updates', '-')}",
-        same if ref is not None else "not deterministic: totals checked instead",
+        same or "not deterministic: totals checked instead",
         "-" if r.consistent is None else "yes" if r.consistent else "no",
         f"{r.seconds:.0f}",
       ]

@@ -35,6 +35,7 @@ import numpy as np
 
 from benchmarks.common import harness
 from benchmarks.faults import processes
+from benchmarks.faults.report_parts import against_uninterrupted
 from benchmarks.faults.settings import HEARTBEAT_TIMEOUT
 from benchmarks.faults.supervised import Injected, SupervisedRun
 
@@ -199,22 +200,11 @@ def _result(strategy, n, gradients, events, faults, planned, code, problems, sta
 
 def compared_with_uninterrupted(runs: list[SupervisedRun]) -> tuple[list[list[str]], list[str]]:
   """The preempted jobs against their uninterrupted twins (label ``X (uninterrupted)``); rows, problems."""
-  by_label = {r.label: r for r in runs}
   rows, problems = [], []
-  for r in runs:
-    if r.label.endswith("(uninterrupted)"):
-      continue
-    ref = by_label.get(f"{r.label} (uninterrupted)")
-    same = "not deterministic: totals checked instead"
-    if ref is not None:
-      same = "yes" if r.params is not None and r.params == ref.params else "no"
-      if same == "no":
-        problems.append(
-          f"slurm {r.label}: final parameters {r.params} differ from the uninterrupted job's {ref.params}"
-        )
+  for r, same in against_uninterrupted(runs, "slurm", problems):
     s: dict[str, Any] = r.summary or {}
     rows.append([
       r.label, str(len(r.faults)), str(len(r.restarts)), "hang" if r.hung else str(r.code),
-      f"{s.get('events', '-')} / {r.events}", same, f"{r.seconds:.0f}",
+      f"{s.get('events', '-')} / {r.events}", same or "not deterministic: totals checked instead", f"{r.seconds:.0f}",
     ])  # fmt: skip
   return rows, problems

@@ -200,5 +200,5 @@ def test_the_slurm_part_reports_each_notice_and_compares_the_preempted_job_with_
   jobs[1] = _slurm_job("allreduce (uninterrupted)", "cd34", 0)
   text, failed = report.write_results(args, ["--parts", "slurm"], 7, {"slurm": jobs}, 1.0)
   assert (
-    failed == 1 and "slurm allreduce: final parameters ab12 differ from the uninterrupted job's cd34" in text
+    failed == 1 and "slurm allreduce: final parameters ab12 differ from the uninterrupted run's cd34" in text
   )
