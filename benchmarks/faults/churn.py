@@ -266,7 +266,7 @@ def _report(rows: list[dict[str, Any]], size: str, args_text: str, elapsed: floa
     f" `{NAME}_runs.jsonl`; {elapsed / 60:.1f} min measured by this invocation)",
     f"- Schedule ({size}): a worker process SIGKILLed every {SIZES[size]['period']:g} s (the processes but"
     " process 0 in turn: 1, 2, 3 with a server; 1 and 2 of an all-reduce run's 3, whose process 0 writes the"
-    f" checkpoints), its replacement {SIZES[size]['rejoin']:g} s later; 3 workers, H = 10, quickstart MLP on digits,"
+    f" checkpoints), its replacement {SIZES[size]['rejoin']:g} s later; 3 workers, H = 10 for DiLoCo and asynchronous local SGD, quickstart MLP on digits,"
     f" `jaxsync launch` on 127.0.0.1, a lost process noticed after {HEARTBEAT_TIMEOUT} s without a heartbeat"
     " (`JAXSYNC_HEARTBEAT_TIMEOUT`)",
     "",
@@ -301,7 +301,8 @@ def _report(rows: list[dict[str, Any]], size: str, args_text: str, elapsed: floa
     " of two (`jaxsync launch --min-workers 2`, each worker's batch 48 instead of 32), and the run stops at a"
     " chunk's end and restarts with three when the replacement arrives; its worker steps are counted in"
     " batches of 32. Members/round: elastic DiLoCo's worker steps per round over H; a synchronous run's"
-    " workers per round from its `membership.jsonl`."
+    " workers per round from its `membership.jsonl`. The kills come every 60 s of a run's own wall time, so a"
+    " run that recovers sooner also ends sooner and sees fewer of them (the kills column)."
     " On these 2 cores the server and the 3 workers share the CPU, so a round with fewer members computes"
     " faster; on machines of their own it would not, and the elastic goodput would be lower (about the"
     " members' share of the rounds).",
