@@ -32,14 +32,14 @@ SIZES = {
   "default": {
     "frames": 50000, "runs": 8, "server_kills": 2, "gradients": 4000,
     "supervised": 3, "sharded": 3, "inhad": 3, "sync": 3, "preempt": ALL_PREEMPT,
-    "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 4500,
+    "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 30000,
     "gradients_preempt": (4000, 1500), "churn": 2, "gradients_churn": 300000, "parts": PARTS,
     "slurm": ALL_SLURM, "notices_slurm": 2,
   },
   "full": {
     "frames": 100000, "runs": 20, "server_kills": 5, "gradients": 6000,
     "supervised": 8, "sharded": 8, "inhad": 8, "sync": 8, "preempt": ALL_PREEMPT,
-    "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 4500,
+    "gradients_supervised": 24000, "gradients_sharded": 8000, "gradients_inhad": 10000, "gradients_sync": 30000,
     "gradients_preempt": (4000, 1500), "churn": 4, "gradients_churn": 300000, "parts": PARTS,
     "slurm": ALL_SLURM, "notices_slurm": 3,
   },
