@@ -186,8 +186,8 @@ def _preempt_planned(name: str, reference: bool, gradients: int) -> list[Planned
 
 
 def _slurm_planned(strategy: str, notices: int) -> list[Planned]:
-  """A SLURM job of ``strategy``'s example sent ``notices`` preemption notices (and, for all-reduce, the
-  same job uninterrupted: its final parameters must be the same)."""
+  """A SLURM job of ``strategy``'s example sent ``notices`` preemption notices (and, for a synchronous one,
+  the same job uninterrupted: its final parameters must be the same)."""
   gradients = GRADIENTS_SLURM[strategy]
   spec = {"strategy": strategy, "gradients": gradients, "version": 1}
 
@@ -201,7 +201,7 @@ def _slurm_planned(strategy: str, notices: int) -> list[Planned]:
     return run
 
   planned = [Planned("slurm", strategy, {**spec, "notices": notices}, make(notices, strategy))]
-  if strategy == "allreduce":
+  if strategy in ("allreduce", "diloco"):  # synchronous: resumed, the same parameters as uninterrupted
     label = f"{strategy} (uninterrupted)"
     planned.append(Planned("slurm", label, {**spec, "notices": 0}, make(0, label)))
   return planned

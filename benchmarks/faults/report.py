@@ -44,8 +44,8 @@ _SLURM_INTRO = (
   " chunk with a checkpoint and exits 75; the batch script requeues the job, whose next start resumes from"
   " the run directory. Checked: the job ends COMPLETED with its full count of events (a hang: not within"
   f" {JOB_TIMEOUT:.0f} s), SLURM's restart count equals the notices, no event done before a notice is done"
-  " again ('lost past the checkpoint'), no Python traceback, and the all-reduce job ends with the final"
-  " parameters of the same job uninterrupted."
+  " again ('lost past the checkpoint'), no Python traceback, and the synchronous jobs (all-reduce, DiLoCo)"
+  " end with the final parameters of the same job uninterrupted."
 )
 
 

@@ -17,9 +17,9 @@ PARTS = (
   "churn",
   "slurm",
 )
-ALL_SLURM = ("allreduce", "asp", "diloco")  # examples/slurm's jobs; all-reduce's also run uninterrupted
-# gradients per SLURM job: all-reduce 3,000 rounds, asp 6,000 arrivals, DiLoCo 1,000 rounds of 3 x 4 steps
-GRADIENTS_SLURM = {"allreduce": 9000, "asp": 6000, "diloco": 12000}
+ALL_SLURM = ("allreduce", "asp", "diloco")  # examples/slurm's jobs; the synchronous ones also uninterrupted
+# gradients per SLURM job: all-reduce 3,000 rounds, asp 6,000 arrivals, DiLoCo 3,000 rounds of 3 x 4 steps
+GRADIENTS_SLURM = {"allreduce": 9000, "asp": 6000, "diloco": 36000}
 ALL_PREEMPT = ("asp, 1 worker", "asp, 2 shards, 1 worker", "allreduce, 3 processes", "asp, 3 workers")
 SIZES = {
   "tiny": {

@@ -14,8 +14,8 @@ the job, whose next start resumes from the run directory. Checked per run: the j
 its timeout (else a hang), with the run's full count of events; SLURM's restart count equals the notices
 (each requeued the job once, none was lost, nothing else requeued it); no event done before a notice was
 done again (the checkpoint it resumed from is at or past the last event logged before it); no Python
-traceback in the job's output; and the all-reduce job's final parameters equal an uninterrupted job's,
-bit for bit.
+traceback in the job's output; and the synchronous jobs' (all-reduce, DiLoCo) final parameters equal the
+same job's uninterrupted, bit for bit.
 """
 
 from __future__ import annotations
