@@ -227,3 +227,63 @@ def test_a_slurm_example_outside_a_slurm_job_stops_at_once_saying_how_to_submit_
   assert done.returncode != 0
   assert "SLURM_JOB_ID: not a SLURM job: submit this script with sbatch" in done.stderr, done.stderr
   assert not run.exists()
+
+
+def _task(env: dict[str, str], job: str, procid: int, timeout: float = 120):
+  """The running `jaxsync` task ``procid`` of ``job`` (the nodes' processes share this machine's PIDs)."""
+  import psutil
+
+  deadline = time.monotonic() + timeout
+  while time.monotonic() < deadline:
+    for p in psutil.process_iter(["cmdline"]):
+      try:
+        e = p.environ()
+      except psutil.Error:
+        continue
+      if (
+        e.get("SLURM_JOB_ID") == job
+        and e.get("SLURM_PROCID") == str(procid)
+        and "jaxsync" in " ".join(p.info["cmdline"] or [])
+      ):
+        return p
+    time.sleep(0.2)
+  raise TimeoutError(f"no task {procid} of job {job}")
+
+
+@pytest.mark.heavy
+def test_a_slurm_job_whose_process_0_is_killed_requeues_itself_and_loses_no_completed_round(slurm, tmp_path):
+  """The all-reduce example, its process 0 SIGKILLed mid-run (no periodic checkpoint yet): the batch shell
+  hosts the coordination service, so the others go on to the end of the failed round; process 1 writes the
+  checkpoint of every completed round, the job requeues itself and ends with the final parameters of the
+  same job uninterrupted, bit for bit."""
+  env, _ = slurm
+  env = _job_env(env)
+  sets = [*SHORT, "--set=run.gradients=3000"]
+  _submit(env, "allreduce.sbatch", tmp_path / "whole", tmp_path / "whole.out", *sets, wait=True)
+  reference = _fingerprints((tmp_path / "whole.out").read_text())
+  assert set(reference) == {"0", "1", "2"} and len(set(reference.values())) == 1, reference
+
+  run, out = tmp_path / "killed", tmp_path / "killed.out"
+  job = _submit(env, "allreduce.sbatch", run, out, *sets)
+  deadline = time.monotonic() + 240
+  while not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text().count('"train"') < 3:
+    assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else "no output"
+    time.sleep(0.5)
+  _task(env, job, 0).kill()
+  deadline = time.monotonic() + 420
+  while (state := _job(env, job)).get("JobState") != "COMPLETED":
+    assert state.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), (state, out.read_text()[-3000:])
+    assert time.monotonic() < deadline, (state, out.read_text()[-3000:])
+    time.sleep(1.0)
+  text = out.read_text()
+  assert state["Restarts"] == "1", state
+  assert "process 0 is lost: this process writes the run's checkpoint of" in text, text[-3000:]
+  assert "a process failed" in text and "requeueing job" in text, text[-3000:]
+  # The checkpoint the requeued job resumed from holds the rounds of the 3 rows or more logged before the kill
+  # (the first periodic checkpoint would be at round 500, after 10 chunks).
+  saved = int(re.search(r"writes the run's checkpoint of (\d+) completed events", text)[1])
+  assert 150 <= saved < 1000, text[-3000:]
+  rows = [json.loads(r) for r in (run / "metrics.jsonl").read_text().splitlines()]
+  events = [r["event"] for r in rows if r["kind"] == "train"]
+  assert events == sorted(set(events)) and events[-1] == 1000, events
+  assert _fingerprints(text) == reference, text[-3000:]

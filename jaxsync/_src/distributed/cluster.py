@@ -213,7 +213,7 @@ def initialize(
     local = host in ("127.0.0.1", "localhost", "::1")
     bind = bind or os.environ.get(ENV_BIND) or ("127.0.0.1" if local else "0.0.0.0")
     port = address.rsplit(":", 1)[1]
-    with _service_hosted_by_the_launcher(os.environ.get(coordination_service.ENV) == "launcher"):
+    with _service_hosted_elsewhere():
       jax.distributed.initialize(
         coordinator_address=address,
         num_processes=count,
@@ -225,7 +225,8 @@ def initialize(
       )
   else:
     bind = bind or os.environ.get(ENV_BIND) or "0.0.0.0"
-    jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout(), initialization_timeout=300)
+    with _service_hosted_elsewhere():
+      jax.distributed.initialize(heartbeat_timeout_seconds=heartbeat_timeout(), initialization_timeout=300)
     address = str(_jax_distributed_state().coordinator_address)
   wire.keep_freed_memory()  # payload-sized buffers come and go with every message
   advertise = os.environ.get(ENV_ADVERTISE) or _advertised_host(bind, address)
@@ -255,13 +256,14 @@ class _ServedElsewhere:
 
 
 @contextlib.contextmanager
-def _service_hosted_by_the_launcher(hosted: bool):
-  """Inside, ``jax.distributed.initialize`` in process 0 starts no coordination service when ``hosted``:
-  the launcher runs it (:mod:`coordination_service`), so that process 0's death is a peer's death.
+def _service_hosted_elsewhere():
+  """Inside, ``jax.distributed.initialize`` in process 0 starts no coordination service when
+  ``JAXSYNC_COORDINATION_SERVICE=launcher``: ``jaxsync launch`` (or a SLURM batch script) runs it
+  (:mod:`coordination_service`), so that process 0's death is a peer's death.
 
   JAX 0.10 starts the service in process 0 unconditionally; its factory is replaced for the call.
   """
-  if not hosted:
+  if os.environ.get(coordination_service.ENV) != "launcher":
     yield
     return
   from jax._src import distributed
