@@ -240,11 +240,10 @@ def _task(env: dict[str, str], job: str, procid: int, timeout: float = 120):
         e = p.environ()
       except psutil.Error:
         continue
-      if (
-        e.get("SLURM_JOB_ID") == job
-        and e.get("SLURM_PROCID") == str(procid)
-        and "jaxsync" in " ".join(p.info["cmdline"] or [])
-      ):
+      command = p.info["cmdline"] or []
+      # A step's task runs `jaxsync train` (or resume); the batch shell and the service it runs are not tasks.
+      task = any(c.endswith("jaxsync") for c in command[:2]) and ("train" in command or "resume" in command)
+      if task and e.get("SLURM_JOB_ID") == job and e.get("SLURM_PROCID") == str(procid):
         return p
     time.sleep(0.2)
   raise TimeoutError(f"no task {procid} of job {job}")
