@@ -183,6 +183,29 @@ def test_the_slurm_examples_run_an_asynchronous_and_a_diloco_job_to_the_end(slur
   assert summary["gradients"] >= 300, summary
 
 
+def _faulted_allreduce_job(env, tmp_path, name: str, fault):
+  """The all-reduce example run to its end, then again with ``fault(job)`` once 3 rows are logged (no
+  periodic checkpoint yet); returns the faulted run's directory, output file, final job state, and the
+  uninterrupted job's final parameters' fingerprints."""
+  sets = [*SHORT, "--set=run.gradients=3000"]
+  _submit(env, "allreduce.sbatch", tmp_path / "whole", tmp_path / "whole.out", *sets, wait=True)
+  reference = _fingerprints((tmp_path / "whole.out").read_text())
+  assert set(reference) == {"0", "1", "2"} and len(set(reference.values())) == 1, reference
+  run, out = tmp_path / name, tmp_path / f"{name}.out"
+  job = _submit(env, "allreduce.sbatch", run, out, *sets)
+  deadline = time.monotonic() + 240
+  while not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text().count('"train"') < 3:
+    assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else "no output"
+    time.sleep(0.5)
+  fault(job)
+  deadline = time.monotonic() + 420
+  while (state := _job(env, job)).get("JobState") != "COMPLETED":
+    assert state.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), (state, out.read_text()[-3000:])
+    assert time.monotonic() < deadline, (state, out.read_text()[-3000:])
+    time.sleep(1.0)
+  return run, out, state, reference
+
+
 @pytest.mark.heavy
 def test_a_slurm_job_preempted_by_its_notice_requeues_itself_and_ends_as_an_uninterrupted_one(
   slurm, tmp_path
@@ -190,25 +213,12 @@ def test_a_slurm_job_preempted_by_its_notice_requeues_itself_and_ends_as_an_unin
   """The all-reduce example twice: once to the end, once sent SLURM's notice (SIGTERM to the batch shell)
   mid-run. The notice reaches every process, which checkpoint and exit 75; the job requeues itself,
   resumes from its run directory, and ends with the same final parameters, bit for bit."""
-  env, _ = slurm
-  env = _job_env(env)
-  sets = [*SHORT, "--set=run.gradients=3000"]
-  _submit(env, "allreduce.sbatch", tmp_path / "whole", tmp_path / "whole.out", *sets, wait=True)
-  reference = _fingerprints((tmp_path / "whole.out").read_text())
-  assert set(reference) == {"0", "1", "2"} and len(set(reference.values())) == 1, reference
+  env = _job_env(slurm[0])
 
-  run, out = tmp_path / "preempted", tmp_path / "preempted.out"
-  job = _submit(env, "allreduce.sbatch", run, out, *sets)
-  deadline = time.monotonic() + 240
-  while not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text().count('"train"') < 3:
-    assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else "no output"
-    time.sleep(0.5)
-  subprocess.run(["scancel", "--signal=TERM", "--batch", job], env=env, check=True, timeout=30)
-  deadline = time.monotonic() + 420
-  while (state := _job(env, job)).get("JobState") != "COMPLETED":
-    assert state.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), (state, out.read_text()[-3000:])
-    assert time.monotonic() < deadline, (state, out.read_text()[-3000:])
-    time.sleep(1.0)
+  def notice(job):
+    subprocess.run(["scancel", "--signal=TERM", "--batch", job], env=env, check=True, timeout=30)
+
+  run, out, state, reference = _faulted_allreduce_job(env, tmp_path, "preempted", notice)
   text = out.read_text()
   assert state["Restarts"] == "1", state
   assert "requeueing job" in text and "preempted (SIGTERM)" in text, text[-3000:]
@@ -255,25 +265,10 @@ def test_a_slurm_job_whose_process_0_is_killed_requeues_itself_and_loses_no_comp
   hosts the coordination service, so the others go on to the end of the failed round; process 1 writes the
   checkpoint of every completed round, the job requeues itself and ends with the final parameters of the
   same job uninterrupted, bit for bit."""
-  env, _ = slurm
-  env = _job_env(env)
-  sets = [*SHORT, "--set=run.gradients=3000"]
-  _submit(env, "allreduce.sbatch", tmp_path / "whole", tmp_path / "whole.out", *sets, wait=True)
-  reference = _fingerprints((tmp_path / "whole.out").read_text())
-  assert set(reference) == {"0", "1", "2"} and len(set(reference.values())) == 1, reference
-
-  run, out = tmp_path / "killed", tmp_path / "killed.out"
-  job = _submit(env, "allreduce.sbatch", run, out, *sets)
-  deadline = time.monotonic() + 240
-  while not (run / "metrics.jsonl").exists() or (run / "metrics.jsonl").read_text().count('"train"') < 3:
-    assert time.monotonic() < deadline, out.read_text()[-3000:] if out.exists() else "no output"
-    time.sleep(0.5)
-  _task(env, job, 0).kill()
-  deadline = time.monotonic() + 420
-  while (state := _job(env, job)).get("JobState") != "COMPLETED":
-    assert state.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), (state, out.read_text()[-3000:])
-    assert time.monotonic() < deadline, (state, out.read_text()[-3000:])
-    time.sleep(1.0)
+  env = _job_env(slurm[0])
+  run, out, state, reference = _faulted_allreduce_job(
+    env, tmp_path, "killed", lambda job: _task(env, job, 0).kill()
+  )
   text = out.read_text()
   assert state["Restarts"] == "1", state
   assert "process 0 is lost: this process writes the run's checkpoint of" in text, text[-3000:]

@@ -202,6 +202,7 @@ class _Supervisor:
     coordinator = f"{self.bind}:{free_port(self.bind)}"
     self.say(f"{self.n} processes, coordinator {coordinator}")
     self.processes, self.commands = [], []
+    self.started = time.time()
     if self.policy.host_service:
       self.start_service(coordinator)
     for i in range(self.n):
@@ -394,13 +395,21 @@ class _Supervisor:
   def grow_when_due(self) -> None:
     """Tells a shrunk run to stop at its next chunk once a replacement has arrived (:meth:`grow`)."""
     due = [t for t in self.arriving if t <= time.monotonic()]
-    if due and self.growing is None and self.n < self.full and self.processes[0].poll() is None:
+    if due and self.growing is None and self.n < self.full and self.progressed():
       self.growing = time.monotonic()
       self.say(
         f"{'a replacement' if len(due) == 1 else f'{len(due)} replacements'} arrived: every process stops at "
         f"its next chunk, with a checkpoint, and the run goes on with {min(self.full, self.n + len(due))} workers"
       )
       self.signal_all(signal.SIGTERM)
+
+  def progressed(self) -> bool:
+    """Whether process 0 is running and has written a metrics row since the run last started: every
+    process is then past its start-up and stops at a notice with a checkpoint (a notice during start-up
+    would end one before it can)."""
+    metrics = pathlib.Path(self.policy.run_dir, "metrics.jsonl")
+    written = metrics.stat().st_mtime if metrics.exists() else 0.0
+    return self.processes[0].poll() is None and written > self.started
 
   def grow(self) -> None:
     """Restarts a run that stopped for its replacements with them, from its checkpoint."""
@@ -523,7 +532,8 @@ def launch(
       if not notices:
         run.start_due()
         run.grow_when_due()
-      if code == EXIT_PREEMPTED and run.growing is not None and not notices:
+      # Stopped for its replacements (exit 75; a process that had no handler yet ends by the signal).
+      if code is not None and code != 0 and run.growing is not None and not notices:
         run.grow()
         continue
       if not notices and run.can_restart():
