@@ -345,6 +345,10 @@ class _Supervisor:
     # (process 1) does when process 0 is the one lost: every process still running gets `settle` seconds
     # (together) to leave. A stopped one saves nothing and is not waited for.
     deadline = noticed + self.policy.settle
+    if not self.wrote_since_start():  # still starting up: the processes may wait at a start-up barrier
+      # for the lost one, and hold no more than the checkpoint (but the rounds of a first chunk, which a
+      # survivor saves once the service names the lost process: a heartbeat timeout).
+      deadline = noticed + min(self.policy.settle, 15.0 + cluster.heartbeat_timeout())
     for p in self.processes:
       if p.poll() is None and not _stopped(p):
         try:
@@ -407,9 +411,15 @@ class _Supervisor:
     """Whether process 0 is running and has written a metrics row since the run last started: every
     process is then past its start-up and stops at a notice with a checkpoint (a notice during start-up
     would end one before it can)."""
+    return self.processes[0].poll() is None and self.wrote_since_start()
+
+  def wrote_since_start(self) -> bool:
+    """Whether a metrics row was written since the run last started (nothing is known without a run
+    directory: True)."""
+    if self.policy.run_dir is None:
+      return True
     metrics = pathlib.Path(self.policy.run_dir, "metrics.jsonl")
-    written = metrics.stat().st_mtime if metrics.exists() else 0.0
-    return self.processes[0].poll() is None and written > self.started
+    return (metrics.stat().st_mtime if metrics.exists() else 0.0) > self.started
 
   def grow(self) -> None:
     """Restarts a run that stopped for its replacements with them, from its checkpoint."""
