@@ -245,6 +245,20 @@ def _parser() -> argparse.ArgumentParser:
     "--link-to", metavar="tcp://HOST:PORT", help="measure the link to this echo (default: loopback)"
   )
   calibrate.add_argument(
+    "--link-senders",
+    type=int,
+    default=1,
+    metavar="K",
+    help="also measure the --link-to echo's card shared by K senders at once, this host and K - 1 "
+    "--stream-peer hosts (what a parameter server's card moves when its workers push at once): "
+    "cluster.server_link (default: 1, not measured)",
+  )
+  calibrate.add_argument(
+    "--stream-peer",
+    metavar="tcp://HOST:PORT",
+    help="only be another sender of a --link-senders measurement to this echo, until the echo stops",
+  )
+  calibrate.add_argument(
     "--check",
     metavar="STRATEGY",
     help="then run STRATEGY on real processes of this machine (jaxsync launch) and its simulation, and keep "
@@ -411,7 +425,9 @@ def _dispatch(args: argparse.Namespace) -> int:
     print(_config(args), end="")
     return 0
   if args.command == "calibrate":
-    return _calibrate(args)
+    from jaxsync._src.app import calibrate
+
+    return calibrate.command(args)
   if args.command == "plan":
     return _plan(args)
   commands.check_restarts(getattr(args, "max_restarts", 0), getattr(args, "rejoin_delay", 0.0))  # first
@@ -489,64 +505,6 @@ def _dispatch(args: argparse.Namespace) -> int:
     from jaxsync._src.train.summary import final_line
 
     print(final_line(result.summary, result.run_dir))
-  return 0
-
-
-def _calibrate(args: argparse.Namespace) -> int:
-  from jaxsync._src.app import calibrate
-  from jaxsync._src.app import config as config_lib
-
-  if args.serve_echo is not None:
-    from jaxsync._src.calibration.probes import EchoServer
-
-    echo = EchoServer(args.bind, args.serve_echo)
-    print(f"jaxsync calibrate: echoing at {echo.address} until stopped (Ctrl-C)", file=sys.stderr, flush=True)
-    echo.serve_forever()
-    return 0
-  if args.collective_peer is not None:
-    n, i = args.collective_processes, args.process_id
-    if n is None or n < 2 or i is None or not 1 <= i < n:
-      raise config_lib.ConfigError(
-        f"--collective-peer needs --collective-processes N >= 2 and --process-id between 1 and N - 1 "
-        f"(got --collective-processes={n}, --process-id={i}); process 0 is the calibrating host's."
-      )
-    if args.config is not None:
-      raise config_lib.ConfigError(
-        f"--collective-peer takes no CONFIG (got {str(args.config)!r}): process 0 sends the sizes to time."
-      )
-    calibrate.check_address("--collective-peer", args.collective_peer)
-    calibrate.collective_member([args.collective_peer, str(n), str(i)])
-    return 0
-  if args.process_id is not None:
-    raise config_lib.ConfigError(
-      f"--process-id={args.process_id} is only for --collective-peer HOST:PORT (another host's collective probe)."
-    )
-  if args.config is None:
-    raise config_lib.ConfigError(
-      "calibrate needs a CONFIG (or --serve-echo PORT); e.g. configs/quickstart.yaml"
-    )
-  if args.out is not None and args.out.exists() and args.out.resolve() == args.config.resolve():
-    raise config_lib.ConfigError(f"--out={str(args.out)!r} is the config itself; give another file.")
-  cal, raw = calibrate.calibrate(
-    args.config,
-    args.overrides,
-    processes=args.processes,
-    steps=args.steps,
-    link_to=args.link_to,
-    check_strategy=args.check,
-    check_gradients=args.check_gradients,
-    collective_processes=args.collective_processes,
-    collective_coordinator=args.collective_coordinator,
-    say=lambda line: print(f"jaxsync calibrate: {line}", file=sys.stderr, flush=True),
-  )
-  print(calibrate.dump({"cluster": cal.cluster_section()}), end="")
-  if args.out is not None:
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(
-      f"# {args.config} with its cluster measured by `jaxsync calibrate` (see cluster.calibration)\n"
-      + calibrate.dump(raw)
-    )
-    print(f"jaxsync calibrate: wrote {args.out}", file=sys.stderr)
   return 0
 
 

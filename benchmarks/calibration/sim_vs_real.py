@@ -98,11 +98,13 @@ PROTOCOL = 3
 # Each card's burst, in seconds at its rate (netns.Hosts): 1 ms, 125 KB at 1 Gbit/s and 32 KB (the least) at
 # 100 Mbit/s, where 10 ms let a whole 605 KB message through at once after a worker's compute at 1 Gbit/s.
 CARD_BURST = 0.001
-# The calibration the simulated side uses, and the pairs compared under it: 2, the compute probe's process
+# The calibration the simulated side uses, and the pairs compared under it: 3, as 2 and the server's card
+# shared by 3 senders at once (cluster.server_link: at 100 Mbit/s three flows into one card moved 0.78x what
+# two did, measured 2026-11-28); 2, the compute probe's process
 # standing for the run's slow worker sleeps between its steps as that worker does (the cores shared as in
 # the runs); 1 (stored before 2 existed), every probe process computing without a pause. The real runs do not
 # depend on it (a slow worker's factor is the config's), so a new calibration reuses them.
-CALIBRATION = 2
+CALIBRATION = 3
 ECHO_PORT = 4399  # the link probe's echo in host 1
 COLLECTIVE_PORT = 4398  # the collective probe's coordinator in host 0 (netns.PORT is a run's)
 TIMEOUT = 900  # seconds a real run (or a calibration) may take
@@ -164,11 +166,12 @@ def _stop(p: subprocess.Popen) -> None:
 
 
 def calibrate_on_hosts(rate: float, overrides: list[str], out: pathlib.Path) -> dict:
-  """``jaxsync calibrate`` in host 0 of three hosts with cards of ``rate`` Mbit/s: its link to an echo in
-  host 1, its collective probe across the three (peers in hosts 1 and 2, process ids 1 and 2, started when
-  calibrate reaches the probe: a peer waits for the coordinator 120 s at most); returns the written config
-  as plain data."""
-  hosts = netns.Hosts(3, rate_mbit=rate, burst_seconds=CARD_BURST)
+  """``jaxsync calibrate`` in host 0 of four hosts with cards of ``rate`` Mbit/s: its link to an echo in
+  host 1, that echo's card shared by 3 senders (host 0 and ``--stream-peer``s in hosts 2 and 3, as a
+  parameter server's 3 workers push at once: ``--link-senders 3``), its collective probe across hosts 0-2
+  (peers in hosts 1 and 2, process ids 1 and 2, started when calibrate reaches the probe: a peer waits for
+  the coordinator 120 s at most); returns the written config as plain data."""
+  hosts = netns.Hosts(4, rate_mbit=rate, burst_seconds=CARD_BURST)
   env = netns.run_env()
   started: list[subprocess.Popen] = []
   peers: list[subprocess.Popen] = []
@@ -185,10 +188,20 @@ def calibrate_on_hosts(rate: float, overrides: list[str], out: pathlib.Path) -> 
         start_new_session=True,
       )
     )
+    echo = f"tcp://{hosts.addresses[1]}:{ECHO_PORT}"
+    for i in (2, 3):  # idle until calibrate turns the shared-card probe on at the echo
+      started.append(
+        subprocess.Popen(
+          hosts.exec(i, *_python_cli("calibrate", "--stream-peer", echo)),
+          env=env,
+          stderr=subprocess.DEVNULL,
+          start_new_session=True,
+        )
+      )
     time.sleep(5.0)  # the echo imports jaxsync and binds
     coordinator = f"{hosts.addresses[0]}:{COLLECTIVE_PORT}"
     argv = _python_cli("calibrate", str(CONFIG), *[f"--set={o}" for o in overrides], "--processes", "3")
-    argv += ["--link-to", f"tcp://{hosts.addresses[1]}:{ECHO_PORT}", "--out", str(out)]
+    argv += ["--link-to", echo, "--link-senders", "3", "--out", str(out)]
     argv += ["--collective-processes", "3", "--collective-coordinator", coordinator]
     main = subprocess.Popen(
       hosts.exec(0, *argv),
@@ -614,6 +627,11 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       + (
         f" + memory at {cluster['server_bandwidth'] / 1e9:.2f} GB/s"
         if cluster.get("server_bandwidth")
+        else ""
+      )
+      + (
+        f", the server's card shared by 3 senders {8 * cluster['server_link']['bandwidth'] / 1e6:.0f} Mbit/s"
+        if cluster.get("server_link")
         else ""
       )
       + f", collective overhead {1e3 * overheads[rate]:.2f} ms per all-reduce (3 hosts)"

@@ -192,6 +192,7 @@ def calibrate(
   processes: int = 1,
   steps: int = 100,
   link_to: str | None = None,
+  link_senders: int = 1,
   check_strategy: str | None = None,
   check_gradients: int = 400,
   workdir: pathlib.Path | None = None,
@@ -201,6 +202,10 @@ def calibrate(
 ) -> tuple[calibration.Calibration, dict[str, Any]]:
   """Measures the config's model on this machine; returns the calibration and the whole config with its
   ``cluster:`` section replaced by the measured one (as plain data, validated).
+
+  With ``link_senders`` ``K > 1`` (and ``link_to``), the echo's card shared
+  by ``K`` senders at once (this process and ``K - 1`` ``--stream-peer``
+  processes on other hosts) is kept as ``cluster.server_link``.
 
   With ``collective_processes`` ``P``, all-reduces across ``P`` processes
   (:func:`collective_probe`: on this machine, or with ``collective_coordinator``
@@ -239,6 +244,13 @@ def calibrate(
     )
   if collective_coordinator is not None:
     check_address("--collective-coordinator", collective_coordinator)
+  if not isinstance(link_senders, int) or isinstance(link_senders, bool) or link_senders < 1:
+    raise config_lib.ConfigError(f"--link-senders={link_senders!r} is invalid; expected an integer >= 1.")
+  if link_senders > 1 and link_to is None:
+    raise config_lib.ConfigError(
+      f"--link-senders={link_senders} needs --link-to tcp://HOST:PORT: an echo on another host "
+      "(`jaxsync calibrate --serve-echo PORT`) that the other senders (`--stream-peer`) reach too."
+    )
   if collective_coordinator is not None and collective_processes is None:
     raise config_lib.ConfigError(
       f"--collective-coordinator={collective_coordinator!r} needs --collective-processes N (the processes of "
@@ -287,6 +299,7 @@ def calibrate(
     probe_slowdowns=slowdowns,
     link_to=link_to,
     eval_fn=exp.eval_fn,
+    link_senders=link_senders,
   )
   if collective_processes is not None:
     say(f"collectives: all-reduces across {collective_processes} processes")
@@ -421,3 +434,74 @@ def describe_check(c: dict, *, strategy: str, gradients: int, processes: int, se
 def dump(raw: dict[str, Any]) -> str:
   """A config as YAML, sections in their usual order."""
   return yaml.safe_dump(raw, sort_keys=False, width=110)
+
+
+def command(args) -> int:
+  """``jaxsync calibrate``'s command line (``args`` from ``jaxsync.cli``): an echo, a peer of another
+  host's probe, or the calibration of a config, printed and written to ``--out``."""
+  if args.serve_echo is not None:
+    from jaxsync._src.calibration.probes import EchoServer
+
+    echo = EchoServer(args.bind, args.serve_echo)
+    print(f"jaxsync calibrate: echoing at {echo.address} until stopped (Ctrl-C)", file=sys.stderr, flush=True)
+    echo.serve_forever()
+    return 0
+  if args.stream_peer is not None:
+    from jaxsync._src.calibration.probes import stream_peer
+
+    if args.config is not None:
+      raise config_lib.ConfigError(
+        f"--stream-peer takes no CONFIG (got {str(args.config)!r}): the calibrating host sets the message size."
+      )
+    print(
+      f"jaxsync calibrate: a sender to {args.stream_peer} when its probe is on", file=sys.stderr, flush=True
+    )
+    sent = stream_peer(args.stream_peer)
+    print(f"jaxsync calibrate: sent {sent} messages to {args.stream_peer}", file=sys.stderr)
+    return 0
+  if args.collective_peer is not None:
+    n, i = args.collective_processes, args.process_id
+    if n is None or n < 2 or i is None or not 1 <= i < n:
+      raise config_lib.ConfigError(
+        f"--collective-peer needs --collective-processes N >= 2 and --process-id between 1 and N - 1 "
+        f"(got --collective-processes={n}, --process-id={i}); process 0 is the calibrating host's."
+      )
+    if args.config is not None:
+      raise config_lib.ConfigError(
+        f"--collective-peer takes no CONFIG (got {str(args.config)!r}): process 0 sends the sizes to time."
+      )
+    check_address("--collective-peer", args.collective_peer)
+    collective_member([args.collective_peer, str(n), str(i)])
+    return 0
+  if args.process_id is not None:
+    raise config_lib.ConfigError(
+      f"--process-id={args.process_id} is only for --collective-peer HOST:PORT (another host's collective probe)."
+    )
+  if args.config is None:
+    raise config_lib.ConfigError(
+      "calibrate needs a CONFIG (or --serve-echo PORT); e.g. configs/quickstart.yaml"
+    )
+  if args.out is not None and args.out.exists() and args.out.resolve() == args.config.resolve():
+    raise config_lib.ConfigError(f"--out={str(args.out)!r} is the config itself; give another file.")
+  cal, raw = calibrate(
+    args.config,
+    args.overrides,
+    processes=args.processes,
+    steps=args.steps,
+    link_to=args.link_to,
+    link_senders=args.link_senders,
+    check_strategy=args.check,
+    check_gradients=args.check_gradients,
+    collective_processes=args.collective_processes,
+    collective_coordinator=args.collective_coordinator,
+    say=lambda line: print(f"jaxsync calibrate: {line}", file=sys.stderr, flush=True),
+  )
+  print(dump({"cluster": cal.cluster_section()}), end="")
+  if args.out is not None:
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(
+      f"# {args.config} with its cluster measured by `jaxsync calibrate` (see cluster.calibration)\n"
+      + dump(raw)
+    )
+    print(f"jaxsync calibrate: wrote {args.out}", file=sys.stderr)
+  return 0

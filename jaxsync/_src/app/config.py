@@ -254,6 +254,11 @@ class ClusterConfig:
     meaning="the network between workers and server: 100mbps, 1gbps, 10gbps, 100gbps, or a measured "
     "{latency: seconds, bandwidth: bytes/s}",
   )
+  server_link: str | LinkConfig | None = _key(
+    None,
+    meaning="the parameter server's network card as its workers' pushes share it (jaxsync calibrate "
+    "--link-senders measures it): a preset or {latency, bandwidth}; null: link",
+  )
   apply_time: float = _key(
     0.0, meaning="seconds the server takes per applied update, on top of server_bandwidth"
   )
@@ -335,6 +340,14 @@ class ClusterConfig:
       self.link,
       f"one of {', '.join(LINK_PRESETS)}, or a mapping {{latency: seconds, bandwidth: bytes per second}}",
     )
+    _require(
+      self.server_link is None
+      or isinstance(self.server_link, LinkConfig)
+      or self.server_link in LINK_PRESETS,
+      "cluster.server_link",
+      self.server_link,
+      f"null, one of {', '.join(LINK_PRESETS)}, or a mapping {{latency: seconds, bandwidth: bytes per second}}",
+    )
     if self.calibration is not None:
       for key, source in self.calibration.items():
         _require(
@@ -372,6 +385,11 @@ class ClusterConfig:
       slow_fraction=self.slow_fraction,
       slowdown=self.slowdown,
       link=Link(self.link.latency, self.link.bandwidth) if isinstance(self.link, LinkConfig) else self.link,
+      server_link=(
+        Link(self.server_link.latency, self.server_link.bandwidth)
+        if isinstance(self.server_link, LinkConfig)
+        else self.server_link
+      ),
       apply_time=self.apply_time,
       message_bytes=self.message_bytes,
       server_bandwidth=self.server_bandwidth,

@@ -35,6 +35,7 @@ class Calibration:
     sources: for each of them, how it was measured (what ``cluster.calibration`` holds).
     eval_time: seconds of one evaluation on the held-out data (0: not measured).
     collective_overhead: seconds an all-reduce takes beyond the ring formula on ``link`` (0: not measured).
+    server_link: the server's card as several workers share it (None: not measured; the clock uses ``link``).
   """
 
   compute_time: float
@@ -45,6 +46,7 @@ class Calibration:
   sources: dict[str, str]
   eval_time: float = 0.0
   collective_overhead: float = 0.0
+  server_link: Link | None = None
 
   def cluster_section(self) -> dict[str, Any]:
     """The ``cluster:`` keys of a config (``train``, ``compare`` and ``advise`` take them as they are)."""
@@ -52,6 +54,16 @@ class Calibration:
       "compute_time": _round(self.compute_time),
       "jitter_shape": _round(self.jitter_shape),
       "link": {"latency": _round(self.link.latency), "bandwidth": _round(self.link.bandwidth)},
+      **(
+        {}
+        if self.server_link is None
+        else {
+          "server_link": {
+            "latency": _round(self.server_link.latency),
+            "bandwidth": _round(self.server_link.bandwidth),
+          }
+        }
+      ),
       "apply_time": _round(self.apply_time),
       "server_bandwidth": None if self.server_bandwidth is None else _round(self.server_bandwidth),
       "eval_time": _round(self.eval_time),
@@ -119,6 +131,25 @@ def measure_link(message_bytes: int, *, link_to: str | None = None, rounds: int 
   return link, source
 
 
+def measure_shared_card(
+  message_bytes: int, link: Link, *, link_to: str, senders: int, seconds: float = 5.0
+) -> tuple[Link, str]:
+  """The echo's card at ``link_to`` shared by ``senders`` hosts at once (:func:`probes.shared_card`: this
+  one and ``senders - 1`` ``jaxsync calibrate --stream-peer`` processes), each with one message of
+  ``message_bytes`` in flight: a :class:`Link` with ``link``'s latency and the bandwidth the card moved."""
+  senders = validation.check_int(_WHAT, "senders", senders, low=2)
+  got = probes.shared_card(link_to, message_bytes, senders, seconds=seconds)
+  shared = Link(latency=link.latency, bandwidth=got["bytes"] / got["seconds"])
+  source = (
+    f"measured: {got['senders']} senders at once (this host and `jaxsync calibrate --stream-peer` on the others) "
+    f"pushing {message_bytes:,}-byte messages to the echo at {link_to}, each waiting for its echo as a worker "
+    f"waits for its reply: {got['messages']} messages in {got['seconds']:.2f} s, "
+    f"{shared.bandwidth * 8e-6:.0f} Mbit/s each way ({shared.bandwidth / link.bandwidth:.2f}x one stream's); "
+    f"from {machine()}"
+  )
+  return shared, source
+
+
 def measure_server(message_bytes: int, *, rounds: int = 30) -> tuple[float, float | None, str]:
   """``(apply_time, server_bandwidth, source)``: the real parameter server's seconds per arrival of an
   ``asp`` push at the model's size and 8 times it, less an echo's of the same sockets, fitted to
@@ -158,6 +189,7 @@ def calibrate(
   link_to: str | None = None,
   rounds: int = 20,
   eval_fn: Callable[[Any], Any] | None = None,
+  link_senders: int = 1,
 ) -> Calibration:
   """Measures this machine (and the link to ``link_to``) for the time model.
 
@@ -181,6 +213,10 @@ def calibrate(
     rounds: round trips per message size.
     eval_fn: ``params -> metrics`` on the held-out data; its jitted time is
       ``eval_time`` (what a run pays per evaluation). None: not measured (0).
+    link_senders: above 1 (with ``link_to``), also the echo's card shared by
+      that many senders at once, kept as ``server_link``
+      (:func:`measure_shared_card`): what a parameter server's interface
+      moves when its workers push at once.
 
   Returns:
     A :class:`Calibration`; ``.cluster_section()`` is a config's ``cluster:`` keys.
@@ -195,9 +231,18 @@ def calibrate(
     step_seconds, processes=processes, batch_size=batch_size, probe_slowdowns=probe_slowdowns
   )
   message_bytes = int(sum(np.dtype(x.dtype).itemsize * np.size(x) for x in jax.tree.leaves(params)))
+  link_senders = validation.check_int(_WHAT, "link_senders", link_senders, low=1)
+  if link_senders > 1 and link_to is None:
+    raise ValueError(
+      f"{_WHAT}: {link_senders=} needs link_to (an echo on another host, which the other senders reach too)"
+    )
   link, link_source = measure_link(message_bytes, link_to=link_to, rounds=rounds)
+  sources, shared = {}, None
+  if link_senders > 1:
+    shared, sources["server_link"] = measure_shared_card(
+      message_bytes, link, link_to=link_to, senders=link_senders
+    )
   apply_time, bandwidth, server_source = measure_server(message_bytes)
-  sources = {}
   eval_time = 0.0
   if eval_fn is not None:
     times = probes.evaluation_times(eval_fn, params)
@@ -221,4 +266,5 @@ def calibrate(
       **sources,
     },
     eval_time=eval_time,
+    server_link=shared,
   )

@@ -96,6 +96,19 @@ def evaluation_times(eval_fn: Callable[[Any], Any], params: Any, *, rounds: int 
   return times
 
 
+# A control message of the shared-card probe: this prefix, then a verb and its argument.
+_CONTROL = b"jaxsync-echo:"
+
+
+def _control(frames) -> tuple[str, str] | None:
+  """``(verb, argument)`` of a control message to the :class:`EchoServer` (a routed frame and one short
+  frame with the prefix), None for any other message (echoed)."""
+  if len(frames) != 2 or len(frames[1].buffer) > 64 or not bytes(frames[1].buffer).startswith(_CONTROL):
+    return None
+  verb, _, argument = bytes(frames[1].buffer)[len(_CONTROL) :].decode().partition(" ")
+  return verb, argument
+
+
 class EchoServer:
   """A ZeroMQ ROUTER that sends every message back as it came: the far end of :func:`round_trips`.
 
@@ -119,6 +132,7 @@ class EchoServer:
     self.address = f"tcp://{bind}:{port}"
     self._stopping = threading.Event()
     self._thread = threading.Thread(target=self._serve, daemon=True)
+    self._window: dict[str, Any] | None = None  # the shared-card probe's count, while it is on
 
   def start(self) -> EchoServer:
     self._thread.start()
@@ -133,7 +147,49 @@ class EchoServer:
     poller.register(self._socket, zmq.POLLIN)
     while not self._stopping.is_set():
       if poller.poll(100):
-        self._socket.send_multipart(self._socket.recv_multipart(copy=False), copy=False)
+        frames = self._socket.recv_multipart(copy=False)
+        control = _control(frames)
+        if control is None:
+          self._count(frames)
+          self._socket.send_multipart(frames, copy=False)
+        else:
+          self._socket.send_multipart([frames[0], self._answer(control)])
+
+  def _count(self, frames) -> None:
+    """Counts a message echoed while the shared-card probe is on: its sender and bytes (:func:`shared_card`)."""
+    if self._window is not None:
+      self._window["messages"] += 1
+      self._window["bytes"] += sum(len(f.buffer) for f in frames[1:])
+      self._window["senders"].add(bytes(frames[0].buffer))
+
+  def _answer(self, control: tuple[str, str]) -> bytes:
+    """The echo's side of :func:`shared_card` and :func:`stream_peer`: ``go SIZE`` starts the probe
+    (peers polling ``state`` start pushing messages of SIZE bytes), ``state`` reports it, ``stop`` ends it."""
+    verb, argument = control
+    if verb == "go":
+      self._window = {
+        "size": int(argument),
+        "messages": 0,
+        "bytes": 0,
+        "senders": set(),
+        "since": time.perf_counter(),
+      }
+    elif verb == "stop":
+      self._window = None
+    window = self._window
+    state = (
+      {"on": False}
+      if window is None
+      else {
+        "on": True,
+        "size": window["size"],
+        "messages": window["messages"],
+        "bytes": window["bytes"],
+        "senders": len(window["senders"]),
+        "seconds": time.perf_counter() - window["since"],
+      }
+    )
+    return _CONTROL + json.dumps(state).encode()
 
   def stop(self) -> None:
     self._stopping.set()
@@ -211,6 +267,97 @@ def stream_seconds(address: str, size: int, count: int) -> float:
     raise TimeoutError(f"{_WHAT}: the echo at {address} stopped answering within 120 s") from None
   finally:
     socket.close(linger=0)
+
+
+def _ask(socket, verb: str, argument: str = "") -> dict[str, Any]:
+  """Sends a control message to the echo on ``socket`` (a DEALER) and returns its state."""
+  socket.send(_CONTROL + f"{verb} {argument}".encode())
+  answer = bytes(socket.recv())
+  return json.loads(answer[len(_CONTROL) :])
+
+
+def _dealer(address: str, timeout_ms: int = 60_000):
+  socket = zmq.Context.instance().socket(zmq.DEALER)
+  socket.setsockopt(zmq.LINGER, 0)
+  socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
+  socket.connect(address)
+  return socket
+
+
+def stream_peer(address: str, *, lifetime: float = 3600.0, poll: float = 0.05) -> int:
+  """Another sender of :func:`shared_card` (``jaxsync calibrate --stream-peer``): waits until the probe
+  is on at the :class:`EchoServer` at ``address``, then sends it messages of the probe's size, each as
+  soon as the previous one's echo is back (a worker's push and pull), until the probe ends; again for
+  the next probe, for ``lifetime`` seconds or until the echo stops answering. Returns the messages sent."""
+  lifetime = validation.check_real(_WHAT, "lifetime", lifetime, low=0.0, low_open=True)
+  socket = _dealer(address)
+  sent, payload, until = 0, None, time.monotonic() + lifetime
+  try:
+    while time.monotonic() < until:
+      state = _ask(socket, "state")
+      if not state["on"]:
+        time.sleep(poll)
+        continue
+      if payload is None or payload.size != state["size"]:
+        payload = np.ones(state["size"], np.uint8)
+      for _ in range(10):  # ten round trips between polls: the probe's own messages dominate
+        socket.send(payload, copy=False)
+        socket.recv(copy=False)
+        sent += 1
+  except zmq.Again:
+    pass  # the echo is gone: the calibration is over
+  finally:
+    socket.close(linger=0)
+  return sent
+
+
+def shared_card(address: str, size: int, senders: int, *, seconds: float = 5.0, warmup: float = 1.0) -> dict:
+  """The echo's card shared by ``senders`` hosts at once, each with one message of ``size`` bytes in
+  flight (as a parameter server's workers push and pull): this process and ``senders - 1``
+  :func:`stream_peer` processes on other hosts. Turns the probe on at the :class:`EchoServer` at
+  ``address``, sends for ``warmup + seconds``, and reads the echo's count over the last ``seconds``.
+
+  Several TCP flows into one card lose throughput a single stream does not (a switch's or a shaper's
+  queue overflows and the flows back off: incast); what the card moves here is what a parameter server's
+  interface moves when its workers push at once.
+
+  Returns:
+    ``{"messages", "bytes", "seconds", "senders"}`` over the measured window (``senders``: the distinct
+    hosts whose messages the echo saw).
+
+  Raises:
+    RuntimeError: fewer than ``senders`` hosts sent (a peer not started, or started against another echo).
+  """
+  size = validation.check_int(_WHAT, "size", size, low=1)
+  senders = validation.check_int(_WHAT, "senders", senders, low=1)
+  seconds = validation.check_real(_WHAT, "seconds", seconds, low=0.0, low_open=True)
+  socket = _dealer(address)
+  payload = np.ones(size, np.uint8)
+  try:
+    _ask(socket, "go", str(size))
+    began, first = time.monotonic(), None
+    while time.monotonic() - began < warmup + seconds:
+      socket.send(payload, copy=False)
+      socket.recv(copy=False)
+      if first is None and time.monotonic() - began >= warmup:
+        first = _ask(socket, "state")
+    last = _ask(socket, "state")
+    _ask(socket, "stop")
+  except zmq.Again:
+    raise TimeoutError(f"{_WHAT}: the echo at {address} stopped answering within 60 s") from None
+  finally:
+    socket.close(linger=0)
+  if last["senders"] < senders:
+    raise RuntimeError(
+      f"{_WHAT}: the shared-card probe expected {senders} senders at {address} but {last['senders']} sent; start "
+      f"`jaxsync calibrate --stream-peer {address}` on {senders - 1} other host(s) first."
+    )
+  return {
+    "messages": last["messages"] - first["messages"],
+    "bytes": last["bytes"] - first["bytes"],
+    "seconds": last["seconds"] - first["seconds"],
+    "senders": last["senders"],
+  }
 
 
 # A worker's side of push and pull, without its compute: pushes a gradient of ``count`` float32 values

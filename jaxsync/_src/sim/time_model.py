@@ -177,7 +177,10 @@ class TimeModel:
   interface moves one message at a time in each direction (pushes queue on
   arrival, replies queue on departure), and under a lock the server applies one
   arrival at a time. That queue is what makes a parameter server the
-  bottleneck of many fast workers.
+  bottleneck of many fast workers. Its interface moves ``B_s`` bytes per second
+  (``server_link``; default ``link``'s ``B``): several workers' flows into one
+  card can move less than one stream does (a queue overflows and the flows back
+  off: incast), which ``jaxsync calibrate --link-senders`` measures.
 
   **The server's own time.** Applying an arrival costs the server
   ``apply_time`` plus its memory traffic at ``server_bandwidth`` ``M``: a
@@ -212,7 +215,7 @@ class TimeModel:
     T_{ring}(P) &= 2 (P-1) \left(l + \frac{n}{P B}\right) \\
     T_{hier}(P, G) &= \underbrace{(G-1)\left(l_i + \frac{n}{G B_i}\right)}_{\text{reduce}}
         + T_{ring}(P/G) + \underbrace{(G-1)\left(l_i + \frac{n}{G B_i}\right)}_{\text{broadcast}} \\
-    T_{ps}(P, k) &= 2 l + \frac{(k + P)\, n}{B} + t_{apply}
+    T_{ps}(P, k) &= 2 l + \frac{(k + P)\, n}{B_s} + t_{apply}
 
   where ``T_ps`` is a synchronous round through a parameter server: ``k``
   pushes (``P``, or fastest-k's ``k``) and ``P`` replies through its interface.
@@ -245,6 +248,9 @@ class TimeModel:
     message_bytes: bytes of one model or gradient message; ``None`` means
       "from the model's parameters" (the simulator fills it in).
     apply_time: fixed seconds the server takes per arrival, ``>= 0``.
+    server_link: the parameter server's interface as its workers share it:
+      a :class:`Link` or a preset name whose bandwidth ``B_s`` each push and
+      reply occupies it for (``n / B_s``); ``None`` (default): ``link``.
     server_bandwidth: the server's effective memory bandwidth for applying
       updates, bytes per second, or a preset of :data:`SERVER_PRESETS`
       (``"10GB/s"``: a typical server); ``None`` (default): memory traffic
@@ -275,6 +281,7 @@ class TimeModel:
   intra_link: Link | str | None = None
   message_bytes: int | None = None
   apply_time: float = 0.0
+  server_link: Link | str | None = None
   compute_times: Sequence[float] | None = None
   server_bandwidth: float | str | None = None
   eval_time: float = 0.0
@@ -295,6 +302,8 @@ class TimeModel:
     else:
       intra = link(self.intra_link)
     object.__setattr__(self, "intra_link", intra)
+    if self.server_link is not None:  # None stays None: ``link`` then, even after a replace(link=...)
+      object.__setattr__(self, "server_link", link(self.server_link))
     if self.message_bytes is not None:
       validation.check_int(_WHAT, "message_bytes", self.message_bytes, low=0)
     validation.check_real(_WHAT, "apply_time", self.apply_time, low=0.0)
@@ -367,8 +376,8 @@ class TimeModel:
     return arrays * self._bytes() / self.server_bandwidth
 
   def transfer_time(self) -> float:
-    """``n/B``: how long one message occupies the server's interface."""
-    return self.link.transfer(self._bytes())
+    """``n/B_s``: how long one message occupies the server's interface (``server_link``)."""
+    return (self.server_link or self.link).transfer(self._bytes())
 
   def ring_allreduce_time(self, participants: int, over: Link | None = None) -> float:
     """``2 (P-1) (l + n/(P B))``: a bandwidth-optimal ring all-reduce."""
@@ -388,7 +397,7 @@ class TimeModel:
     return 2 * intra + self.ring_allreduce_time(leaders)
 
   def parameter_server_round_time(self, participants: int, pushes: int | None = None) -> float:
-    """``2 l + (k + P) n/B + t_apply``: ``k`` pushes (default ``P``) and ``P`` replies through one server."""
+    """``2 l + (k + P) n/B_s + t_apply``: ``k`` pushes (default ``P``) and ``P`` replies through one server."""
     pushes = participants if pushes is None else pushes
     return 2 * self.link.latency + (pushes + participants) * self.transfer_time() + self.apply_time
 
@@ -593,9 +602,9 @@ class TimeModel:
 
     .. math::
 
-      t_{in} = \max(q_{in}, t + l) + \frac{n}{B}, \quad
+      t_{in} = \max(q_{in}, t + l) + \frac{n}{B_s}, \quad
       t_{server} = t_{in} + t_{apply} + \frac{(a + r\,[\text{released}])\, n}{M}, \quad
-      q_{out}' = \max(q_{out}, t_{server}) + \text{replies} \cdot \frac{n}{B}
+      q_{out}' = \max(q_{out}, t_{server}) + \text{replies} \cdot \frac{n}{B_s}
 
     and a reply lands at ``q_out' + l``; a locked server's receive side is
     free again at ``t_server`` (``q_in' = t_server``), a lock-free one's at ``t_in``.
