@@ -609,7 +609,7 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
     "  accuracy stays at or above the target; rates over each run's second half of events.",
     "",
   ]
-  errors, shown, rankings, overheads = [], [], {}, {}
+  errors, shown, rankings, overheads, cards = [], [], {}, {}, {}
   for rate in rates:
     cal = store.find("calibration", rate_mbit=rate, size=size, calibration=CALIBRATION)
     if cal is None:
@@ -618,6 +618,8 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
     cluster = cal["config"]["cluster"]
     link = cluster["link"]
     overheads[rate] = cluster.get("collective_overhead", 0.0)
+    if cluster.get("server_link"):
+      cards[rate] = cluster
     lines += [
       f"## Cards of {rate:g} Mbit/s",
       "",
@@ -702,6 +704,21 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       + ", ".join(f"{1e3 * x:.2f} ms at {r:g} Mbit/s" for r, x in overheads.items())
       + ".",
     ]
+    shared = [p for p in pairs if p.get("card_at_one_stream")]
+    if shared:
+      lines.append(
+        "- The server's card shared by its 3 workers (`cluster.server_link`, measured with 3 senders at once: "
+        + ", ".join(
+          f"{8e-6 * c['server_link']['bandwidth']:.0f} Mbit/s against one stream's "
+          f"{8e-6 * c['link']['bandwidth']:.0f} at {r:g} Mbit/s"
+          for r, c in cards.items()
+        )
+        + f"): over the {len(shared)} pairs through a server, the median |error| of gradients/s is "
+        f"{100 * statistics.median(abs(p['comparison']['gradients_per_second']['error']) for p in shared):.0f}% "
+        f"with it and {100 * statistics.median(abs(p['card_at_one_stream']['gradients_per_second']['error']) for p in shared):.0f}% "
+        f"at one stream's rate; of time to target {100 * statistics.median(_time_errors(shared, 'comparison')):.0f}% "
+        f"and {100 * statistics.median(_time_errors(shared, 'card_at_one_stream')):.0f}%."
+      )
     lines += [
       _why(rate, cell.name, p["comparison"])
       for rate, cell, p in shown
@@ -746,9 +763,74 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
         for r, (tau, tied, n) in rankings.items()
       )
       + ".",
+      _floor_line(store, shown, size, len(errors)),
     ]
     lines += [SUMMARY[1], ""]
   return "\n".join(lines) + "\n"
+
+
+def _times_to_target(store: Store, rate: float, cell: Cell, pair: dict, size: str) -> tuple[list, list]:
+  """(each real run's time to target, each simulated run's), the runs that did not hold it left out."""
+  target = pair["comparison"]["time_to_target"]["target"]
+  real = [_measures(row["real"]) for row in _real_rows(store, rate, cell, size).values()]
+  times = [
+    [agreement.time_to_hold(m.eval_time, m.accuracy, target) for m in side]
+    for side in (real, [_measures(x) for x in pair["simulated"]])
+  ]
+  return [t for t in times[0] if t], [t for t in times[1] if t]
+
+
+# Draws of the noise floor's Monte Carlo, and real runs per cell it is also given for.
+FLOOR_DRAWS = 4000
+FLOOR_RUNS = (3, 5, 10, 20)
+
+
+def noise_floor(
+  log_sd: float, pairs: int, real_runs: int, simulated_runs: int, *, draws: int = FLOOR_DRAWS, seed: int = 0
+) -> tuple[float, float, float]:
+  """What a perfect clock would score: the median over ``pairs`` cells of |error| of the median of
+  ``simulated_runs`` draws against the median of ``real_runs`` draws, every draw of one cell from the same
+  log-normal spread (``log_sd``, the runs' standard deviation of log time to target); its median and the
+  5th and 95th percentiles over ``draws`` repetitions.
+
+  Example:
+    >>> round(noise_floor(0.0, 22, 3, 5)[0], 6)
+    0.0
+  """
+  rng = np.random.default_rng(seed)
+  real = np.median(rng.normal(0.0, log_sd, (draws, pairs, real_runs)), axis=-1)
+  simulated = np.median(rng.normal(0.0, log_sd, (draws, pairs, simulated_runs)), axis=-1)
+  scores = np.median(np.abs(np.exp(simulated - real) - 1.0), axis=-1)
+  return float(np.median(scores)), float(np.quantile(scores, 0.05)), float(np.quantile(scores, 0.95))
+
+
+def _floor_line(store: Store, shown: list[tuple[float, Cell, dict]], size: str, pairs: int) -> str:
+  """The targets' line on the noise floor: the runs' pooled spread, what a perfect clock would score with
+  this many runs per cell, and with more."""
+  deviations, freedom = 0.0, 0
+  for rate, cell, pair in shown:
+    for side in _times_to_target(store, rate, cell, pair, size):
+      if len(side) >= 2:
+        logs = np.log(side)
+        deviations += float(((logs - logs.mean()) ** 2).sum())
+        freedom += len(side) - 1
+  if not freedom:
+    return "- Noise floor: no cell has two runs that held the target."
+  log_sd = (deviations / freedom) ** 0.5
+  runs, sims = REAL_RUNS[size], SIM_SEEDS[size]
+  here = noise_floor(log_sd, pairs, runs, sims)
+  more = ", ".join(
+    f"{n} real and {max(n, sims)} simulated: {100 * noise_floor(log_sd, pairs, n, max(n, sims))[0]:.0f}%"
+    for n in FLOOR_RUNS
+    if n > runs
+  )
+  return (
+    f"- Noise floor: one cell's runs (real or simulated, seeds 0, 1, ...) spread by {log_sd:.2f} in log time to "
+    f"target (pooled over the {pairs} pairs' runs, {freedom} degrees of freedom), so a clock that made no error "
+    f"at all would score a median |error| of {100 * here[0]:.0f}% (90% of draws {100 * here[1]:.0f}-"
+    f"{100 * here[2]:.0f}%) with {runs} real and {sims} simulated runs per cell: the medians' own sampling "
+    f"error. With more runs per cell: {more}."
+  )
 
 
 def _time_errors(pairs: list[dict], key: str) -> list[float]:
@@ -836,6 +918,14 @@ def run_real(store: Store, runs: pathlib.Path, size: str, rates: list[float], na
         shutil.rmtree(out, ignore_errors=True)  # the store holds what the report needs
 
 
+def _through_server(cfg: config_lib.Config, cell: Cell) -> bool:
+  """Whether the cell's strategy exchanges through a parameter server (whose card ``server_link`` is)."""
+  from jaxsync._src.distributed import roles
+
+  exp = experiment.build(config_lib.load(CONFIG, [*strategy_overrides(cfg, cell.strategy), *cell.overrides]))
+  return roles.serves(exp.strategy)
+
+
 def run_simulated(store: Store, runs: pathlib.Path, size: str, rates: list[float], names: list[str]) -> None:
   """The simulated runs of each cell whose real runs are all stored, and their comparison."""
   n = REAL_RUNS[size]
@@ -860,6 +950,14 @@ def run_simulated(store: Store, runs: pathlib.Path, size: str, rates: list[float
       )
       measured = [_measures(reals[i]["real"]) for i in range(n)]
       comparison = agreement.compare_runs(measured, sims, target=target)
+      # Through a server, the same calibration with the server's card at one stream's rate: what the clock
+      # charged before the shared card was measured.
+      one_stream = None
+      if cfg.cluster.server_link is not None and _through_server(cfg, cell):
+        unshared = calibrate.simulated_measures(
+          config_lib.load(calibrated, [*chosen, "cluster.server_link=null"]), PLAIN_SEEDS[size]
+        )
+        one_stream = agreement.compare_runs(measured, unshared, target=target)
       store.add(
         {
           "kind": "pair",
@@ -874,6 +972,7 @@ def run_simulated(store: Store, runs: pathlib.Path, size: str, rates: list[float
           "simulated": [_summary(m) for m in sims],
           "comparison": comparison,
           "without_evaluation_cost": agreement.compare_runs(measured, plain, target=target),
+          "card_at_one_stream": one_stream,
           "real_wall": [reals[i]["real_wall"] for i in range(n)],
           "worker_compute_ms": [x for i in range(n) for x in reals[i]["worker_compute_ms"]],
         }

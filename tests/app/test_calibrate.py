@@ -92,6 +92,13 @@ def _run(capsys, *argv):
       ["cluster.collective_overhead=-1"],
     ),
     (["calibrate", QUICKSTART, "--process-id", "1"], ["--process-id=1 is only for --collective-peer"]),
+    (["calibrate", QUICKSTART, "--link-senders", "3"], ["--link-senders=3 needs --link-to", "--stream-peer"]),
+    (["calibrate", QUICKSTART, "--link-senders", "0"], ["--link-senders=0 is invalid", "integer >= 1"]),
+    (["calibrate", QUICKSTART, "--stream-peer", "tcp://h:1"], ["--stream-peer takes no CONFIG"]),
+    (
+      ["calibrate", QUICKSTART, "--set", "cluster.server_link=5gbps"],
+      ["cluster.server_link='5gbps'", "100mbps"],
+    ),
     (
       ["calibrate", QUICKSTART, "--collective-processes", "3", "--collective-coordinator", "hostA"],
       ["--collective-coordinator='hostA'", "HOST:PORT"],
@@ -217,3 +224,49 @@ def test_round_trips_after_an_idle_pause_wait_it_out_before_each_and_time_only_t
       probes.round_trips(address, [4096], pause=-1.0)
   finally:
     echo.stop()
+
+
+def test_the_shared_card_probe_counts_what_the_echo_moved_while_every_sender_sent_and_a_run_charges_it():
+  import threading
+
+  from jaxsync._src.calibration import calibration, probes
+  from jaxsync._src.sim.time_model import Link
+
+  echo = probes.EchoServer().start()
+  try:
+    peer = threading.Thread(
+      target=probes.stream_peer, args=(echo.address,), kwargs={"lifetime": 30.0, "timeout": 1.0}
+    )
+    peer.start()
+    got = probes.shared_card(echo.address, 100_000, 2, seconds=0.5, warmup=0.2)
+    assert got["senders"] == 2 and got["messages"] > 4 and 0.45 < got["seconds"] < 1.5
+    assert got["bytes"] == got["messages"] * 100_000  # only the probe's own messages, each counted once
+    # Off again: the peer idles, and a probe waiting for a third sender names what is missing.
+    with pytest.raises(
+      RuntimeError, match=r"expected 3 senders .* but 2 sent; start `jaxsync calibrate --stream-peer"
+    ):
+      probes.shared_card(echo.address, 100_000, 3, seconds=0.2, warmup=0.1)
+    link = Link(latency=1e-4, bandwidth=got["bytes"] / got["seconds"] * 2)
+    shared, source = calibration.measure_shared_card(
+      100_000, link, link_to=echo.address, senders=2, seconds=0.5
+    )
+  finally:
+    echo.stop()
+    peer.join(timeout=10)
+  assert shared.latency == link.latency and 0 < shared.bandwidth
+  assert (
+    "2 senders at once" in source and f"({shared.bandwidth / link.bandwidth:.2f}x one stream's)" in source
+  )
+  # Kept in the cluster section, which a config reads back as the server's card.
+  cal = calibration.Calibration(
+    compute_time=0.01,
+    jitter_shape=50.0,
+    link=link,
+    apply_time=0.0,
+    server_bandwidth=None,
+    sources={},
+    server_link=shared,
+  )
+  section = cal.cluster_section()
+  exp = experiment.build(config_lib.load(QUICKSTART, [f"cluster.server_link={section['server_link']}"]))
+  assert exp.time_model.server_link.bandwidth == pytest.approx(shared.bandwidth, rel=1e-3)

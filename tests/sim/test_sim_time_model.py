@@ -131,6 +131,36 @@ def test_parameter_server_interface_is_the_asp_bottleneck():
   assert slow.bytes_moved == pytest.approx(400 * 40_000_000)
 
 
+def test_a_slower_server_card_bounds_asp_at_its_own_bandwidth_and_leaves_all_reduce_alone():
+  """Three workers' flows into one card moved 0.78x what one stream did at 100 Mbit/s (incast): with
+  ``server_link`` at that rate an interface-bound ASP run updates at ``B_s / n``, not ``B / n``."""
+  k, n = 16, 1_000_000
+  link = jaxsync.sim.Link(latency=0.0, bandwidth=1e8)
+  card = jaxsync.sim.Link(latency=0.0, bandwidth=0.78e8)
+  runs = {}
+  for name, server in (("link", None), ("card", card)):
+    time = jaxsync.sim.TimeModel(
+      num_workers=k, compute_time=1e-5, link=link, message_bytes=n, server_link=server
+    )
+    _, history, _ = simulate("asp", k, events=300, options={"learning_rate": LR}, time=time)
+    runs[name] = (history.updates - 100) / (history.time[-1] - history.time[99])
+    assert time.transfer_time() == pytest.approx(n / (link if server is None else server).bandwidth)
+    # A ring all-reduce does not go through the server's card.
+    assert time.ring_allreduce_time(k) == pytest.approx(2 * (k - 1) * n / (k * link.bandwidth))
+  assert runs["link"] == pytest.approx(1e8 / n, rel=0.01)
+  assert runs["card"] == pytest.approx(0.78e8 / n, rel=0.01)
+  # A synchronous round through a server pays its card for every push and reply.
+  model = jaxsync.sim.TimeModel(num_workers=4, link=link, message_bytes=n, server_link=card)
+  assert model.parameter_server_round_time(4) == pytest.approx(8 * n / card.bandwidth)
+  # Unset, the card follows the link, also in a copy with another link.
+  import dataclasses
+
+  plain = dataclasses.replace(jaxsync.sim.TimeModel(num_workers=4, message_bytes=n), link=link)
+  assert plain.server_link is None and plain.transfer_time() == pytest.approx(n / link.bandwidth)
+  with pytest.raises(ValueError, match="5gbps"):
+    jaxsync.sim.TimeModel(num_workers=4, server_link="5gbps")
+
+
 FREE_NET = jaxsync.sim.Link(latency=0.0, bandwidth=1e15)  # the network costs nothing: only the server does
 
 

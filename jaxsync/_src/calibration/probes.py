@@ -284,13 +284,15 @@ def _dealer(address: str, timeout_ms: int = 60_000):
   return socket
 
 
-def stream_peer(address: str, *, lifetime: float = 3600.0, poll: float = 0.05) -> int:
+def stream_peer(address: str, *, lifetime: float = 3600.0, poll: float = 0.05, timeout: float = 60.0) -> int:
   """Another sender of :func:`shared_card` (``jaxsync calibrate --stream-peer``): waits until the probe
   is on at the :class:`EchoServer` at ``address``, then sends it messages of the probe's size, each as
   soon as the previous one's echo is back (a worker's push and pull), until the probe ends; again for
-  the next probe, for ``lifetime`` seconds or until the echo stops answering. Returns the messages sent."""
+  the next probe, for ``lifetime`` seconds or until the echo leaves an answer out for ``timeout`` seconds.
+  Returns the messages sent."""
   lifetime = validation.check_real(_WHAT, "lifetime", lifetime, low=0.0, low_open=True)
-  socket = _dealer(address)
+  timeout = validation.check_real(_WHAT, "timeout", timeout, low=0.0, low_open=True)
+  socket = _dealer(address, int(timeout * 1000))
   sent, payload, until = 0, None, time.monotonic() + lifetime
   try:
     while time.monotonic() < until:
