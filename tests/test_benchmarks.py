@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import math
 import pathlib
 import re
 import types
@@ -886,6 +887,9 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
   # (An unshaped veth moves 10-20 Gbit/s here; a busy machine's shaped one may fall below the rate.)
   assert 0.3e9 / 8 < cluster["link"]["bandwidth"] < 1.05e9 / 8
   assert cluster["eval_time"] > 0 and "to tcp://10.99.0.2:" in cluster["calibration"]["link"]
+  # The server's card shared by the run's 3 workers: 3 senders (2 of them --stream-peer hosts) at once.
+  assert "3 senders at once" in cluster["calibration"]["server_link"]
+  assert 0.3e9 / 8 < cluster["server_link"]["bandwidth"] < 1.05e9 / 8
   c = rows[2]["comparison"]
   assert c["gradients_per_second"]["real"] > 0 and c["gradients_per_second"]["simulated"] > 0
   assert 0 <= c["staleness"]["total_variation"] <= 1 and c["start"] > 0
@@ -898,6 +902,28 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
   assert tables((results / "sim_vs_real.md").read_text()) == found
   assert module.main(argv) == 0
   assert len((results / "sim_vs_real_runs.jsonl").read_text().splitlines()) == 4
+
+
+def test_sim_vs_real_noise_floor_is_the_sampling_error_of_two_medians_of_one_spread():
+  """A clock that makes no error still scores the difference of two medians of draws of one spread: for
+  log-normal runs of spread s, the median of 3 and of 5 normal draws vary by 0.4487 s^2 and 0.2868 s^2, so
+  one cell's log ratio is N(0, s sqrt(0.7355)); more runs per cell lower it as 1 / sqrt(n)."""
+  module = importlib.import_module("benchmarks.calibration.sim_vs_real")
+  assert module.noise_floor(0.0, 22, 3, 5) == (0.0, 0.0, 0.0, 0.0)
+  median, low, high, beyond = module.noise_floor(0.2, 22, 3, 5)
+  spread = 0.2 * 0.7355**0.5  # of the log ratio of the two medians
+
+  def within(t):  # P(|exp(X) - 1| <= t), X ~ N(0, spread)
+    phi = [0.5 * (1 + math.erf(math.log(1 + x * t) / (spread * 2**0.5))) for x in (1, -1)]
+    return phi[0] - phi[1]
+
+  expected = min(np.linspace(0.01, 0.5, 4901), key=lambda t: abs(within(t) - 0.5))
+  assert median == pytest.approx(expected, rel=0.03)
+  # A cell is beyond 25% where its log ratio is above log 1.25 or below log 0.75.
+  assert abs(beyond - 22 * (1 - within(0.25))) <= 1.5
+  assert low < median < high
+  assert module.noise_floor(0.2, 22, 20, 20)[0] < 0.5 * median
+  assert module.noise_floor(0.4, 22, 3, 5)[0] > 1.9 * median
 
 
 def test_sim_vs_real_store_reads_rows_from_before_calibrations_were_numbered_as_the_first(tmp_path):
