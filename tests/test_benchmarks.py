@@ -869,13 +869,15 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
   argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
   assert module.main(argv) == 0
   rows = [json.loads(line) for line in (results / "sim_vs_real_runs.jsonl").read_text().splitlines()]
-  assert [r["kind"] for r in rows] == ["calibration", "burst", "real", "pair"]
+  assert [r["kind"] for r in rows] == ["calibration", "burst", "compute_alone", "real", "pair"]
+  # One process alone, what a worker computes at while the others wait.
+  assert rows[2]["steps"] == module.ALONE_STEPS and 0 < rows[2]["mean_ms"] < 1000
   # The cards' burst: one model-sized message's round trips, back to back and after an idle spell.
   burst = rows[1]["round_trips"]
   assert set(burst) == {"0", str(module.BURST_PAUSE)} and all(
     len(t) == 20 and min(t) > 0 for t in burst.values()
   )
-  rows = [rows[0], *rows[2:]]
+  rows = [rows[0], *rows[3:]]
   cluster = rows[0]["config"]["cluster"]
   # The compute probe stood for the run's 3 workers, the third emulated 3x slower as in the run.
   assert rows[0]["calibration"] == rows[2]["calibration"] == module.CALIBRATION
@@ -901,7 +903,7 @@ def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and
   assert module.main([*argv, "--report-only"]) == 0
   assert tables((results / "sim_vs_real.md").read_text()) == found
   assert module.main(argv) == 0
-  assert len((results / "sim_vs_real_runs.jsonl").read_text().splitlines()) == 4
+  assert len((results / "sim_vs_real_runs.jsonl").read_text().splitlines()) == 5
 
 
 def test_sim_vs_real_noise_floor_is_the_sampling_error_of_two_medians_of_one_spread():

@@ -316,6 +316,53 @@ def _burst(store: Store, rate: float, size: str, message_bytes: int) -> None:
   )
 
 
+# Steps of the compute probe of one process alone.
+ALONE_STEPS = 300
+
+
+def _compute_alone(store: Store, size: str, calibrated: pathlib.Path) -> None:
+  """The config's gradient step timed in this one process, nothing else computing (an idle machine), once
+  and stored: what a worker computes at when the others wait, against the calibration's probes at once."""
+  if store.find("compute_alone", size=size) is not None:
+    return
+  print(f"[{NAME}] compute: one process alone", file=sys.stderr, flush=True)
+  exp = experiment.build(config_lib.load(calibrated))
+  steps = calibrate._step_seconds(exp, ALONE_STEPS, None)
+  store.add(
+    {
+      "kind": "compute_alone",
+      "size": size,
+      "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+      "machine": harness.machine(),
+      "code": harness.code_version(),
+      "steps": ALONE_STEPS,
+      "mean_ms": 1e3 * float(np.mean(steps)),
+      "median_ms": 1e3 * float(np.median(steps)),
+      "cv": float(np.std(steps, ddof=1) / np.mean(steps)),
+    }
+  )
+
+
+def _compute_line(store: Store, rates: list[float], size: str) -> list[str]:
+  """The report's line on compute on shared cores: one process alone against the calibration's probes."""
+  alone = store.find("compute_alone", size=size)
+  cals = {r: store.find("calibration", rate_mbit=r, size=size, calibration=CALIBRATION) for r in rates}
+  probed = [
+    f"{1e3 * c['config']['cluster']['compute_time']:.2f} ms at {r:g} Mbit/s" for r, c in cals.items() if c
+  ]
+  if alone is None or not probed:
+    return []
+  return [
+    f"- Compute on shared cores: the config's step in one process alone, nothing else computing, took "
+    f"{alone['mean_ms']:.2f} ms (mean of {alone['steps']}, coefficient of variation {alone['cv']:.2f}); the "
+    f"calibration's 3 probes at once, which the clock charges, {', '.join(probed)}. A synchronous round's fast "
+    "workers wait for the slow one without computing, so its steps run nearer the first (the real local SGD "
+    "and DiLoCo rounds above are shorter than simulated); an asynchronous worker computes while the others' "
+    "messages load the cores (the real fast workers' compute per step in the table, above the probes' at 100 "
+    "Mbit/s). On machines of their own, as on a real cluster, workers would not share cores at all."
+  ]
+
+
 def _burst_line(store: Store, rates: list[float], size: str) -> list[str]:
   """The report's line on the cards' burst, from the stored probes and calibrations."""
   said = []
@@ -733,6 +780,7 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
       or abs(p["comparison"]["time_to_target"]["error"]) > 0.25
     ]
     lines += _burst_line(store, rates, size)
+    lines += _compute_line(store, rates, size)
     lines += [
       "- Not modelled, reported apart: the real runs' start-up (processes starting, compiling), left out of both "
       "clocks.",
@@ -895,6 +943,7 @@ def run_real(store: Store, runs: pathlib.Path, size: str, rates: list[float], na
     calibrated = _calibrated(store, runs, rate, size)
     cfg = config_lib.load(calibrated)
     _burst(store, rate, size, time_model.message_bytes(experiment.build(cfg).model.params))
+    _compute_alone(store, size, calibrated)
     for repeat in range(REAL_RUNS[size]):
       for cell in cells(size, rate, names):
         if repeat in _real_rows(store, rate, cell, size):
