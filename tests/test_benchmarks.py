@@ -928,6 +928,23 @@ def test_sim_vs_real_noise_floor_is_the_sampling_error_of_two_medians_of_one_spr
   assert module.noise_floor(0.4, 22, 3, 5)[0] > 1.9 * median
 
 
+def test_sim_vs_real_explains_streaming_diloco_round_from_its_stored_rows_and_the_sync_overhead_store(
+  tmp_path,
+):
+  module = importlib.import_module("benchmarks.calibration.sim_vs_real")
+  store = module.Store(tmp_path / "sim_vs_real_runs.jsonl")
+  assert module._overlap_line(store, [100.0], "default") == []  # nothing stored: nothing said
+  updates = {"real": 1000 / 72, "simulated": 1000 / 51}
+  key = {"calibration": module.CALIBRATION, "rate_mbit": 100.0, "cell": "streaming_diloco", "size": "default"}
+  store.add({"kind": "pair", **key, "comparison": {"updates_per_second": updates}})
+  store.add({"kind": "no_overlap", **key, "updates_per_second": [1000 / 58, 1000 / 60, 1000 / 56]})
+  overhead = {"case": "diloco_int8", "role": "current", "rate": 100.0, "jaxsync_ms": [65.0, 66.0, 70.0]}
+  (tmp_path / "sync_overhead_runs.jsonl").write_text(json.dumps({**overhead, "bare_ms": [50.0, 52.0, 51.0]}))
+  (line,) = module._overlap_line(store, [100.0, 1000.0], "default")
+  assert "100 Mbit/s: 72 ms real, 51 simulated, 58 simulated without the overlap." in line
+  assert "it adds +15.0 ms at 100 Mbit/s a round." in line and "1000 Mbit/s" not in line
+
+
 def test_sim_vs_real_store_reads_rows_from_before_calibrations_were_numbered_as_the_first(tmp_path):
   module = importlib.import_module("benchmarks.calibration.sim_vs_real")
   path = tmp_path / "runs.jsonl"

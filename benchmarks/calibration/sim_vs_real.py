@@ -363,6 +363,50 @@ def _compute_line(store: Store, rates: list[float], size: str) -> list[str]:
   ]
 
 
+def _overlap_line(store: Store, rates: list[float], size: str) -> list[str]:
+  """The report's line on Streaming DiLoCo's round: the overlap the real round does not have, and what its
+  quantized exchange costs beyond a bare all-reduce (``sync_overhead_runs.jsonl``, beside this store)."""
+  said = []
+  for rate in rates:
+    row = store.find("no_overlap", rate_mbit=rate, size=size, calibration=CALIBRATION)
+    pair = (
+      store.find("pair", rate_mbit=rate, cell=row["cell"], size=size, calibration=CALIBRATION)
+      if row
+      else None
+    )
+    if pair is None:
+      continue
+    updates = pair["comparison"]["updates_per_second"]
+    said.append(
+      f"{rate:g} Mbit/s: {1e3 / updates['real']:.0f} ms real, {1e3 / updates['simulated']:.0f} simulated, "
+      f"{1e3 / statistics.median(row['updates_per_second']):.0f} simulated without the overlap"
+    )
+  if not said:
+    return []
+  added = []
+  overhead = store.path.parent / "sync_overhead_runs.jsonl"
+  if overhead.is_file():
+    for line in overhead.read_text().splitlines():
+      r = json.loads(line)
+      if r.get("case") == "diloco_int8" and r.get("role") == "current":
+        ms = statistics.median(r["jaxsync_ms"]) - statistics.median(r["bare_ms"])  # as sync_overhead reports
+        added.append(f"{ms:+.1f} ms at {r['rate']:g} Mbit/s")
+  return [
+    "- Streaming DiLoCo's round: the clock overlaps a fragment's exchange with the last local step, as the "
+    "method does; the real multi-controller round takes every local step and then the exchange (XLA on a CPU "
+    "runs one operation of a program at a time). A round (medians): "
+    + "; ".join(said)
+    + ". The rest is its quantized exchange (an all-to-all and an all-gather of packed bytes, quantizing on "
+    "either side), which the clock charges as three collectives' overhead"
+    + (
+      f"; measured beside a bare all-reduce of the same bytes (`sync_overhead.md`, DiLoCo's int8 exchange) it "
+      f"adds {', '.join(added)} a round."
+      if added
+      else "."
+    )
+  ]
+
+
 def _burst_line(store: Store, rates: list[float], size: str) -> list[str]:
   """The report's line on the cards' burst, from the stored probes and calibrations."""
   said = []
@@ -781,6 +825,7 @@ def report(store: Store, size: str, rates: list[float], names: list[str], comman
     ]
     lines += _burst_line(store, rates, size)
     lines += _compute_line(store, rates, size)
+    lines += _overlap_line(store, rates, size)
     lines += [
       "- Not modelled, reported apart: the real runs' start-up (processes starting, compiling), left out of both "
       "clocks.",
