@@ -100,6 +100,10 @@ def _run(capsys, *argv):
       ["cluster.server_link='5gbps'", "100mbps"],
     ),
     (
+      ["calibrate", QUICKSTART, "--set", 'cluster.server_link={"latency": 0, "bandwidth": -1}'],
+      ["cluster.server_link.bandwidth=-1.0 is invalid", "bytes per second > 0"],
+    ),
+    (
       ["calibrate", QUICKSTART, "--collective-processes", "3", "--collective-coordinator", "hostA"],
       ["--collective-coordinator='hostA'", "HOST:PORT"],
     ),

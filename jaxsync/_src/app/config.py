@@ -221,9 +221,10 @@ class LinkConfig:
   latency: float = _key(meaning="seconds per message, >= 0")
   bandwidth: float = _key(meaning="bytes per second, > 0 (1 Gbit/s is 1.25e8)")
 
-  def __post_init__(self):
-    _require(self.latency >= 0, "cluster.link.latency", self.latency, "seconds >= 0")
-    _require(self.bandwidth > 0, "cluster.link.bandwidth", self.bandwidth, "bytes per second > 0")
+  def check(self, name: str) -> None:
+    """Raises a ConfigError naming ``name`` (``cluster.link``, ``cluster.server_link``) for a bad value."""
+    _require(self.latency >= 0, f"{name}.latency", self.latency, "seconds >= 0")
+    _require(self.bandwidth > 0, f"{name}.bandwidth", self.bandwidth, "bytes per second > 0")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -340,6 +341,9 @@ class ClusterConfig:
       self.link,
       f"one of {', '.join(LINK_PRESETS)}, or a mapping {{latency: seconds, bandwidth: bytes per second}}",
     )
+    for name in ("link", "server_link"):
+      if isinstance(getattr(self, name), LinkConfig):
+        getattr(self, name).check(f"cluster.{name}")
     _require(
       self.server_link is None
       or isinstance(self.server_link, LinkConfig)
