@@ -447,6 +447,7 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
       against(s) for s in sorted(others, key=lambda s: -(others[s].mean("final_accuracy") or -1.0))
     ),
     "accuracy",
+    harness.Deciding(_closest_text(others, tests, adjusted)),
   )
   # 2. Who reaches the target sooner at the two ends of the ratio sweep (one family for Holm).
   ends = [(k, r) for k in workers for r in (ratios[0], ratios[-1])]
@@ -496,6 +497,18 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
     f"time to {target} (a win counts where it is significant after Holm over the {len(ends)} ends): "
     + " ".join(per_k),
     "time",
+    harness.Deciding(
+      f"EA-wild's time / sync's at ratio {ratios[0]:g}: "
+      + ", ".join(
+        f"{k} workers {_ratio_text(_time_ratio(part2[(k, ratios[0])]))}"
+        + (
+          ""
+          if speed_p[(k, ratios[0])] != speed_p[(k, ratios[0])]
+          else f" (p = {speed_p[(k, ratios[0])]:.3f})"
+        )
+        for k in workers
+      )
+    ),
   )
   # 3. Sync within 1 point of EA-wild's accuracy in every part-2 cell; a cell fails only where EA-wild is
   # more than 1 point ahead and significantly so (Holm over the cells).
@@ -519,8 +532,25 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
       + (", ".join(f"ratio {r:g} with {k} workers" for k, r in worse) or "none")
       + " (within 1 point counts as as accurate)",
       "accuracy",
+      harness.Deciding(
+        f"sync - EA-wild {min(diffs):+.2f} to {max(diffs):+.2f} points; EA-wild significantly ahead in "
+        f"{len(worse)} of {len(gaps)} cells"
+      ),
     )
   return out
+
+
+def _ratio_text(q: float | None) -> str:
+  return "- (a seed missed the target)" if q is None else f"{q:.2f}"
+
+
+def _closest_text(others: dict, tests: dict, adjusted: dict) -> str:
+  """EA-wild against the most accurate other solver, the comparison the claim turns on."""
+  s = max(others, key=lambda s: others[s].mean("final_accuracy") or -1.0)
+  p = adjusted[s]
+  return f"EA-wild {100 * tests[s]['diff']:+.2f} points against {SOLVERS[s]}" + (
+    "" if p != p else f" (p = {p:.3f} after Holm)"
+  )
 
 
 def _ends(part2, k: int, ratio: float, end: str, p: float) -> str:

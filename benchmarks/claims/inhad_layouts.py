@@ -321,6 +321,7 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
       )
       + ("" if ring_speed is None else f"; the flat ring all-reduce's: {ring_speed:.2f}x"),
       "time",
+      harness.Deciding(_best_speed_text(speed, adjusted)),
     )
   }
   gap = {}
@@ -338,6 +339,12 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
     + ", ".join(f"{layout} {x:+.2f}" for layout, x in gap.items())
     + " points",
     "accuracy",
+    harness.Deciding(
+      f"InHAD {max(gap.values()):+.2f} to {min(gap.values()):+.2f} points from Horovod's mode "
+      f"(near: within {NEAR_POINTS:g})"
+      if gap
+      else "not measured"
+    ),
   )
   between = {
     layout: (fast[layout]["InHAD"].mean("bytes_moved") or np.nan) / (asp.mean("bytes_moved") or np.nan)
@@ -349,8 +356,21 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
     "bytes between nodes as a share of ASP's: "
     + ", ".join(f"{layout} {x:.2f}" for layout, x in between.items()),
     "time",
+    harness.Deciding(
+      f"{between[layouts[-1]]:.2f} of ASP's bytes at {layouts[-1]}" if layouts else "not measured"
+    ),
   )
   return out
+
+
+def _best_speed_text(speed: dict, adjusted: dict) -> str:
+  """InHAD's best speed-up over ASP among the layouts, with its p after Holm."""
+  measured = {layout: (x, adjusted[layout]) for layout, (x, _) in speed.items() if x is not None}
+  if not measured:
+    return "no layout where both reached the target on every seed"
+  layout = max(measured, key=lambda k: measured[k][0])
+  x, p = measured[layout]
+  return f"at best {x:.2f}x ASP ({layout})" + ("" if np.isnan(p) else f", p = {p:.3f} after Holm")
 
 
 if __name__ == "__main__":

@@ -205,6 +205,10 @@ def decide(cells: dict[str, dict[str, harness.Cell]], rules) -> tuple[dict, dict
     "steps that hold in the mean (of the strict ones, significant after Holm): "
     + ", ".join(f"{c} {held[c]}/{total} ({significant[c]})" for c in cols)
     + (f"; the orderings that survive Holm: {'; '.join(surviving)}" if surviving else "; none survives Holm"),
+    harness.Deciding(
+      f"{sum(held.values())} of {total * len(cols)} steps hold in the mean, "
+      f"{sum(significant.values())} of {needed * len(cols)} strict ones significantly"
+    ),
   )
   if "naive_asgdm" in rules:
     diverged = {c: sum(bool(s.get("diverged")) for s in cells[c]["naive_asgdm"].summaries) for c in cols}
@@ -227,6 +231,10 @@ def decide(cells: dict[str, dict[str, harness.Cell]], rules) -> tuple[dict, dict
       + "; the noisiest rule: "
       + ", ".join(f"{c} {NAMES[noisiest[c]]}" for c in cols)
       + " (unstable: a diverged seed, or a std over 3x the others')",
+      harness.Deciding(
+        f"{sum(diverged.values())} diverged seeds; its spread at most "
+        f"{max(spread[c] / others[c] for c in cols):.1f}x the others' (unstable above 3x)"
+      ),
     )
   pairs = [(a, b) for a, b in (("16 hom.", "64 hom."), ("16 het.", "64 het.")) if a in cells and b in cells]
   if pairs and {"ormo", "asp"} <= set(rules):
@@ -259,6 +267,12 @@ def decide(cells: dict[str, dict[str, harness.Cell]], rules) -> tuple[dict, dict
         for a, b in pairs
       )
       + " (the paper: +1.2 -> +4.9 hom., +1.3 -> +3.8 het. on CIFAR-10)",
+      harness.Deciding(
+        "; ".join(
+          f"growth {100 * tested[(a, b)]['diff']:+.2f} points {a.split()[1]} (p = {adjusted[(a, b)]:.3f} after Holm)"
+          for a, b in pairs
+        )
+      ),
     )
   return out, steps
 

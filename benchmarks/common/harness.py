@@ -438,6 +438,8 @@ class Benchmark:
     at half the budget from ``half``; ``seeds`` and ``picks`` are text, or functions of ``(claim, rests)``.
     While the store lacks runs of the report, every verdict is "not decided yet"."""
     for claim, (verdict, evidence, *rests) in full.items():
+      number = next((r for r in rests if isinstance(r, Deciding)), None)
+      rests = [r for r in rests if not isinstance(r, Deciding)]
       at_half, half_evidence = half[claim][:2] if claim in half else (None, None)
       if self.missing:  # a partial store decides nothing: the runs it lacks could turn any verdict
         verdict = f"**not decided yet** ({len(self.missing)} runs missing; so far {verdict})"
@@ -454,6 +456,7 @@ class Benchmark:
           picks(claim, rests) if callable(picks) else picks,
           at_half,
           half_evidence,
+          None if number is None else str(number),
         )
       )
 
@@ -590,14 +593,20 @@ def gradients_to(result, accuracy: float) -> int | None:
   return int(history.eval_event[i]) if i < len(history.eval_event) else int(result.summary["gradients"])
 
 
+class Deciding(str):
+  """The one number a claim's verdict turns on, in words (e.g. "0.89x ASP at 10 Gbit/s, p = 0.667 after
+  Holm"): a claim's ``(verdict, evidence, ...)`` carries it among what it rests on, and the Results page's
+  summary table shows it."""
+
+
 @dataclasses.dataclass
 class Verdict:
   """One paper claim decided: the words the Results page shows, and what they rest on.
 
   ``budget`` (the run's length, e.g. "10 epochs"), ``seeds`` (per cell), ``picks`` (each method's tuned
   learning rate, per column), ``at_half`` (the verdict the same cells give at half the
-  budget; a different one marks the claim budget-sensitive) and ``half_evidence`` (what that verdict rests
-  on)."""
+  budget; a different one marks the claim budget-sensitive), ``half_evidence`` (what that verdict rests
+  on) and ``decides`` (:class:`Deciding`: the one number it turns on)."""
 
   paper: str
   claim: str
@@ -608,6 +617,7 @@ class Verdict:
   picks: str
   at_half: str | None = None
   half_evidence: str | None = None
+  decides: str | None = None
 
   @property
   def budget_sensitive(self) -> bool:

@@ -38,10 +38,27 @@ from jaxsync._src.train.summary import target_crossings
 _EVENT_FIELDS = ("time", "worker", "staleness", "version", "released", "k", "loss", "rejected", "step_size")
 
 
+# Config keys added after the committed stores were written, with the value every run had before the key
+# existed (its default): a config at that value hashes as it did then, so the stores' runs are still found;
+# any other value makes a new run. A key added to the config must be added here with its default.
+ADDED_KEYS: dict[tuple[str, str], Any] = {
+  ("cluster", "collective_overhead"): 0.0,
+  ("cluster", "absences"): [],
+  ("cluster", "shrink_keeps"): "global_batch",
+  ("cluster", "server_link"): None,
+}
+
+
 def config_key(config: Config, tag: str = "") -> str:
   """A 16-hex-digit hash of every field of ``config`` (and ``tag``: what else decides the run, when the
-  benchmark runs it outside ``training.train``): equal configs, and only they, share a key."""
-  text = json.dumps(config_lib.to_dict(config), sort_keys=True, default=repr) + tag
+  benchmark runs it outside ``training.train``): equal configs, and only they, share a key. A key of
+  :data:`ADDED_KEYS` at its default is left out, as it was before it existed."""
+  data = config_lib.to_dict(config)
+  for (section, key), default in ADDED_KEYS.items():
+    fields = data.get(section, {})
+    if key in fields and json.dumps(fields[key], default=repr) == json.dumps(default):
+      del fields[key]
+  text = json.dumps(data, sort_keys=True, default=repr) + tag
   return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
