@@ -94,8 +94,11 @@ def test_ormo_table_tiny(tmp_path):
       cell = yaml.safe_load((runs / column / row[0] / "seed0" / "config.yaml").read_text())
       assert cell["strategy"]["options"]["learning_rate"] == rate
   assert verdict[1][0].startswith("accuracy order")
-  assert verdict[1][3] == "4 hom. 240 gradients, 8 het. 240 gradients"
-  assert json.loads((results / "ormo_table_verdicts.json").read_text())[0]["at_half"] == verdict[1][6]
+  assert verdict[1][4] == "4 hom. 240 gradients, 8 het. 240 gradients"
+  recorded = json.loads((results / "ormo_table_verdicts.json").read_text())[0]
+  assert recorded["at_half"] == verdict[1][7]
+  # The number the verdict turns on, in its own column and in the file the Results page reads.
+  assert verdict[1][2] == recorded["decides"] and "steps hold in the mean" in recorded["decides"]
   assert main[0] == ["rule", "4 hom.", "8 het."] and [r[0] for r in main[1:]] == ["ASGD", "OrMo"]
   for row in main[1:]:
     for cell in row[1:]:
@@ -143,11 +146,12 @@ def test_adaptive_k_comparison_tiny(tmp_path):
   claims = [r[0] for r in verdict_table[1:]]
   assert claims == ["speed-up over ASP (up to 2.25x GPU, 1.58x CPU)", "k mostly below 5 (Fig. 13)",
                     "fixed k worse than adaptive k (Fig. 14)"]  # fmt: skip
-  assert all(r[3] == "240 gradients" and r[6] for r in verdict_table[1:])
+  assert all(r[4] == "240 gradients" and r[7] for r in verdict_table[1:])
   recorded = json.loads((results / "adaptive_k_comparison_verdicts.json").read_text())
   assert [v["claim"] for v in recorded] == claims
   speed = verdict_table[1]
-  assert ten[2][5] == "-" or f"10 Gbit/s, adaptive k: {ten[2][5]} ASP" in speed[2]
+  assert ten[2][5] == "-" or f"10 Gbit/s, adaptive k: {ten[2][5]} ASP" in speed[3]
+  assert speed[2] == recorded[0]["decides"] and "adaptive k" in speed[2]
   half = summary(runs, "10_Gbit_s_half_budget", "adaptive_k", "seed0")
   assert half["gradients"] == 120
 
@@ -222,10 +226,10 @@ def test_inhad_layouts_tiny(tmp_path):
     '"nearly the same accuracy as Horovod"',
     "node-local sums cut the bytes between nodes",
   ]
-  assert f"2 nodes x 2 {gap:+.2f}" in claims['"nearly the same accuracy as Horovod"'][2]
+  assert f"2 nodes x 2 {gap:+.2f}" in claims['"nearly the same accuracy as Horovod"'][3]
   near = [
     abs(float(x)) <= 1
-    for x in re.findall(r"nodes x \d ([+-]\d+\.\d+)", claims['"nearly the same accuracy as Horovod"'][2])
+    for x in re.findall(r"nodes x \d ([+-]\d+\.\d+)", claims['"nearly the same accuracy as Horovod"'][3])
   ]
   assert claims['"nearly the same accuracy as Horovod"'][1].startswith(
     "**reproduced**" if all(near) else "**partly**" if any(near) else "**not reproduced**"
@@ -534,8 +538,9 @@ def test_times_with_a_missed_seed_are_compared_by_ranks_and_never_called_signifi
     "speedup": None,
     "speedup_all": None,
   }
-  (verdict, evidence), _ = regimes.decide({(8, 25e6, "3GB/s"): point}).values()
+  (verdict, evidence, number), _ = regimes.decide({(8, 25e6, "3GB/s"): point}).values()
   assert verdict == "**nowhere**" and "significantly after Holm at 0" in evidence
+  assert number == "significantly faster than ASP at 0 of 1 settings"
   # Two equal constant cells are as close as can be: they get the extra seeds.
   assert _harness.too_close(
     _harness.Cell("a", [types.SimpleNamespace(summary={"t": 1.0})] * 3, ""),
@@ -727,8 +732,9 @@ def test_the_advisor_check_counts_hits_ties_and_confident_misses():
       "B", advice("asp", False, ["bsp"]), {0.1: advice("bsp"), 0.25: advice("asp"), 0.5: advice("asp")}
     ),
   ]
-  ((claim, (verdict, evidence)),) = advisor_check.decide(checks, scenarios=3).items()
+  ((claim, (verdict, evidence, number)),) = advisor_check.decide(checks, scenarios=3).items()
   assert verdict == "**0, 1, 2 of 2** scenarios from 10%, 25%, 50% of the runs"
+  assert number == "2 of 2 scenarios right from 50% of the runs"
   assert evidence.startswith("1, 1, 2 of 2 counting the candidates")
   assert "A at 0.25 (ormo_da for ormo); B at 0.1 (bsp for asp)" in evidence
   assert (
@@ -910,7 +916,7 @@ def test_sim_vs_real_noise_floor_is_the_sampling_error_of_two_medians_of_one_spr
   """A clock that makes no error still scores the difference of two medians of draws of one spread: for
   log-normal runs of spread s, the median of 3 and of 5 normal draws vary by 0.4487 s^2 and 0.2868 s^2, so
   one cell's log ratio is N(0, s sqrt(0.7355)); more runs per cell lower it as 1 / sqrt(n)."""
-  module = importlib.import_module("benchmarks.calibration.sim_vs_real")
+  module = importlib.import_module("benchmarks.calibration.sim_vs_real_errors")
   assert module.noise_floor(0.0, 22, 3, 5) == (0.0, 0.0, 0.0, 0.0)
   median, low, high, beyond = module.noise_floor(0.2, 22, 3, 5)
   spread = 0.2 * 0.7355**0.5  # of the log ratio of the two medians
@@ -931,7 +937,7 @@ def test_sim_vs_real_noise_floor_is_the_sampling_error_of_two_medians_of_one_spr
 def test_sim_vs_real_explains_streaming_diloco_round_from_its_stored_rows_and_the_sync_overhead_store(
   tmp_path,
 ):
-  module = importlib.import_module("benchmarks.calibration.sim_vs_real")
+  module = importlib.import_module("benchmarks.calibration.sim_vs_real_errors")
   store = module.Store(tmp_path / "sim_vs_real_runs.jsonl")
   assert module._overlap_line(store, [100.0], "default") == []  # nothing stored: nothing said
   updates = {"real": 1000 / 72, "simulated": 1000 / 51}
@@ -946,7 +952,7 @@ def test_sim_vs_real_explains_streaming_diloco_round_from_its_stored_rows_and_th
 
 
 def test_sim_vs_real_store_reads_rows_from_before_calibrations_were_numbered_as_the_first(tmp_path):
-  module = importlib.import_module("benchmarks.calibration.sim_vs_real")
+  module = importlib.import_module("benchmarks.calibration.sim_vs_real_store")
   path = tmp_path / "runs.jsonl"
   old = {
     "kind": "calibration",
@@ -997,15 +1003,20 @@ def test_adaptive_k_claims_count_only_what_survives_holm():
     },
   }
   said = akc.decide(cells, 0.84, 5)
-  verdict, evidence, _ = said["speed-up over ASP (up to 2.25x GPU, 1.58x CPU)"]
+  verdict, evidence, _, number = said["speed-up over ASP (up to 2.25x GPU, 1.58x CPU)"]
   assert verdict == "**partly**"  # significant at 1 Gbit/s only
+  assert (
+    number == "1 Gbit/s, adaptive k: 1.96x ASP (p = 0.000 after Holm)"
+  )  # the best of the paper's networks
   assert "1 Gbit/s, adaptive k: 1.96x ASP (p = 0.000 after Holm)" in evidence
   assert "10 Gbit/s, adaptive k: 1.01x ASP" in evidence
   assert "faster than ASP at no network" in evidence  # the other readings, 100 s later everywhere
-  verdict, evidence, _ = said["fixed k worse than adaptive k (Fig. 14)"]
+  verdict, evidence, _, number = said["fixed k worse than adaptive k (Fig. 14)"]
+  assert number.startswith("fixed k=") and "against adaptive k" in number and "after Holm" in number
   assert verdict == "**not reproduced**"
   assert "significantly sooner than adaptive k: fixed k=32; significantly later: fixed k=2" in evidence
-  verdict, evidence, _ = said["per-worker BB steps: 25% fewer steps, 27% less time"]
+  verdict, evidence, _, number = said["per-worker BB steps: 25% fewer steps, 27% less time"]
+  assert number.startswith("1 Gbit/s: ") and "x plain's speed (p = " in number  # the surest network
   assert verdict == "**partly**"
   assert "10 Gbit/s: updates 10 -> -, time 101 -> - s (BB reached it on 4 of 5 seeds) (p = " in evidence
   assert "sooner than plain adaptive k at 1 Gbit/s (significantly at 1 Gbit/s)" in evidence
@@ -1052,12 +1063,13 @@ def test_inhad_speed_claim_counts_a_layout_only_where_holm_keeps_it():
       "hierarchical all-reduce": cell([5.0] * 5),
     },
   }
-  verdict, evidence, _ = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
+  verdict, evidence, _, number = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
   assert verdict == "**partly**" and "4 nodes x 1 1.02x (p = 0.7" in evidence
+  assert number.startswith("at best ") and "x ASP (2 nodes x 2), p = " in number  # the fastest layout
   fast["2 nodes x 2"]["InHAD"] = cell([t - 0.2 for t in asp])
   assert inhad.decide(fast, fast)['"much higher acceleration than ASP"'][0] == "**not reproduced**"
   fast["any layout"]["ASP"] = cell([10.0, 10.5, 11.0, 11.5, None], moved=4.0)  # ASP missed once: ranks
-  verdict, evidence, _ = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
+  verdict, evidence, *_ = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
   assert verdict == "**not reproduced**" and "4 nodes x 1 - (p = " in evidence
 
 
@@ -1102,19 +1114,20 @@ def test_ea_wild_claims_count_only_what_survives_holm():
   assert decide(part1, part2)[next(iter(found))][0] == "**not reproduced**"
   # Async ahead at the low ratio in the mean only: the half that holds is sync's.
   part2[(8, 0.1)] = {"ea_wild": cell(base, [t - 0.1 for t in slow]), "sync": cell(base, slow)}
-  verdict, evidence, _ = list(decide(part1, part2).values())[1]
+  verdict, evidence, _, number = list(decide(part1, part2).values())[1]
   assert verdict == "**partly** (sync wins at the highest ratio at 8 workers)"
+  assert number.startswith("EA-wild's time / sync's at ratio 0.1: 8 workers ")
   assert "At the lowest ratio EA-wild is faster (1.01x, p = 0." in evidence
   # A seed sync missed is ranked the slowest; with 5 seeds a side every rank ahead separates.
   part2[(8, 0.1)] = {"ea_wild": cell(base, fast), "sync": cell(base, [*slow[:4], None])}
-  verdict, evidence, _ = list(decide(part1, part2).values())[1]
+  verdict, evidence, *_ = list(decide(part1, part2).values())[1]
   assert verdict == "**reproduced**" and "reached: sync on 4 of 5 seeds, EA-wild on 5 of 5 seeds" in evidence
   # Sync 1.5 points behind EA-wild in one cell of two, significantly: "partly"; behind by 0.5: as accurate.
   accuracy = {
     (8, 0.1): {"ea_wild": cell([a + 0.015 for a in base]), "sync": cell(base)},
     (8, 100.0): {"ea_wild": cell([a + 0.005 for a in base]), "sync": cell(base)},
   }
-  verdict, evidence, _ = list(decide(part1, part2, accuracy).values())[2]
+  verdict, evidence, *_ = list(decide(part1, part2, accuracy).values())[2]
   assert (
     verdict == "**partly**" and "at ratio 0.1 with 8 workers" in evidence and "-1.50 to -0.50" in evidence
   )

@@ -560,7 +560,7 @@ def decide(
       + (f" (significantly at {', '.join(sure)})" if sure else " (significantly nowhere)" if ahead else "")
       + tail,
       [ADAPTIVE, BB, UNBOUNDED_BB],
-      harness.Deciding(parts[min(range(len(with_bb)), key=lambda i: _or_one(bb_p[with_bb[i]]))]),
+      harness.Deciding(_bb_number(bb_tests, bb_p)),
     )
   return out
 
@@ -568,6 +568,14 @@ def decide(
 def _or_one(p: float) -> float:
   """A p-value, 1 where no test could be made (NaN)."""
   return 1.0 if np.isnan(p) else p
+
+
+def _bb_number(bb_tests: dict, bb_p: dict) -> str:
+  """BB against plain adaptive k where the test is surest (the least p after Holm), in a few words."""
+  n = min(bb_tests, key=lambda k: _or_one(bb_p[k]))
+  t, p = bb_tests[n], bb_p[n]
+  time = "one side missed the target on a seed" if t["ratio"] is None else f"{t['ratio']:.2f}x plain's speed"
+  return f"{n}: {time}" + ("" if np.isnan(p) else f" (p = {p:.3f} after Holm)")
 
 
 def _fixed_k_number(fixed_p: dict, beaten: dict, fixed: dict, adaptive, when) -> str:

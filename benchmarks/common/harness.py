@@ -550,6 +550,7 @@ class Benchmark:
         [
           v.claim,
           v.verdict + (" (**budget-sensitive**)" if v.budget_sensitive else ""),
+          v.decides or "-",
           v.evidence,
           v.budget,
           v.seeds,
@@ -562,7 +563,16 @@ class Benchmark:
         0,
         "## Verdicts\n\n"
         + table(
-          ["claim", "verdict", "evidence", "budget", "seeds", "learning rates", "at half the budget"],
+          [
+            "claim",
+            "verdict",
+            "the number it turns on",
+            "evidence",
+            "budget",
+            "seeds",
+            "learning rates",
+            "at half the budget",
+          ],
           rows,
           text=True,
         )

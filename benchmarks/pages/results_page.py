@@ -1,11 +1,12 @@
-"""The Results page's table of verdicts decided on the results stores, written from the benchmarks' own files.
+"""The Results page's summary of the verdicts decided on the results stores, written from the benchmarks' own files.
 
 Each paper benchmark that records its verdicts (``Benchmark.verdict``) writes
-``benchmarks/results/<name>_verdicts.json`` beside its results file: per claim, the verdict, the numbers it
-rests on, the budget, the seeds per cell, the tuned learning rates and the verdict at half the budget. This
-script writes those rows into ``docs/results.md`` between ``<!-- verdicts: generated -->`` and
-``<!-- /verdicts: generated -->``; ``tests/test_docs.py`` fails when the page and the files differ, so the
-table never quotes a number its results file does not hold.
+``benchmarks/results/<name>_verdicts.json`` beside its results file: per claim, the verdict, the one number it
+turns on, the evidence, the budget, the seeds per cell, the tuned learning rates and the verdict at half the
+budget. This script writes one summary row per claim (paper, claim, verdict, that number, a link to the
+results file, whose verdict table holds the rest) into ``docs/results.md`` between
+``<!-- verdicts: generated -->`` and ``<!-- /verdicts: generated -->``; ``tests/test_docs.py`` fails when the
+page and the files differ, so the table never quotes a number its results file does not hold.
 
 Run: ``python -m benchmarks.pages.results_page`` (after a benchmark's run or ``--report-only``).
 """
@@ -22,30 +23,28 @@ RESULTS = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
 MARKED = re.compile(r"(<!-- verdicts: generated -->\n)(.*?)(<!-- /verdicts: generated -->)", re.S)
 HEADER = (
-  "| paper | claim | verdict | evidence | budget | seeds per cell | learning rates (tuned per column) | results |",
-  "|---|---|---|---|---|---|---|---|",
+  "| paper | claim | verdict | the number it turns on | evidence |",
+  "|---|---|---|---|---|",
 )
 
 
 def rows(results: pathlib.Path = RESULTS) -> list[str]:
-  """One table row per recorded verdict, benchmark by benchmark (sorted by file name)."""
-  out = []
+  """One summary row per recorded verdict, benchmark by benchmark (sorted by file name): the paper (once per
+  paper), the claim, the verdict (budget-sensitive ones marked), the one number it turns on, and a link to
+  the results file whose verdict table holds the evidence, the budget, the seeds and the tuned rates."""
+  out, last_paper = [], None
   for path in sorted(results.glob("*_verdicts.json")):
     name = path.name.removesuffix("_verdicts.json")
     for v in json.loads(path.read_text()):
-      verdict = v["verdict"] + (
-        f" (**budget-sensitive**: at half the budget {v['at_half']})" if v.get("budget_sensitive") else ""
-      )
+      verdict = v["verdict"] + (" (budget-sensitive)" if v.get("budget_sensitive") else "")
       cells = [
-        v["paper"],
+        "" if v["paper"] == last_paper else v["paper"],
         v["claim"],
         verdict,
-        v["evidence"],
-        v["budget"],
-        v["seeds"],
-        v["picks"],
+        v.get("decides") or "-",
         f"[`{name}.md`](../benchmarks/results/{name}.md)",
       ]
+      last_paper = v["paper"]
       out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
   return out
 
