@@ -73,6 +73,7 @@ doctest_global_setup = "import os\nos.environ.setdefault('JAX_PLATFORMS', 'cpu')
 html_theme = "furo"
 html_title = f"jaxsync {release}"
 html_static_path = ["_static"]
+html_css_files = ["jaxsync.css"]
 html_show_sourcelink = False
 
 _pages.write_generated_pages(DOCS, ROOT)

@@ -8,7 +8,9 @@
 #      examples run in the test suite, tests/test_public_api.py);
 #   4. every page with math rendered in headless Chromium (scripts/check_math.py): a MathJax error
 #      ("Misplaced &") shows only in a browser, never in the build. Chromium comes from Debian's
-#      package, installed with apt-get when this runs as root or with password-less sudo.
+#      package, installed with apt-get when this runs as root or with password-less sudo;
+#   5. the Results page at 1,280 x 800 px in the same browser (scripts/check_first_screen.py): its summary
+#      table of verdicts must end within the first screen; the screenshot is docs/_build/results_1280.png.
 # Extra arguments go to both sphinx-build runs (scripts/docs.sh -E rebuilds from scratch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -27,4 +29,5 @@ if ! command -v chromium >/dev/null && command -v apt-get >/dev/null; then
   fi
 fi
 python scripts/check_math.py docs/_build/html
+python scripts/check_first_screen.py docs/_build/html --screenshot docs/_build/results_1280.png
 echo "docs.sh: the site is in docs/_build/html/index.html"

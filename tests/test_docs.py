@@ -546,21 +546,47 @@ def test_the_generated_verdicts_are_the_benchmarks_own():
   assert marked.group(2) == results_page.block(), "run `python -m benchmarks.pages.results_page`"
 
 
-def test_a_verdict_file_becomes_rows_and_marks_a_budget_sensitive_claim(tmp_path):
+def test_a_verdict_file_becomes_summary_rows_the_paper_once_a_budget_sensitive_claim_marked(tmp_path):
   import json
 
   verdict = {
     "paper": "P (2020)", "claim": "c", "verdict": "**reproduced**", "evidence": "1.5x | ASP", "budget": "10 epochs",
     "seeds": "3-5", "picks": "ASP 0.01", "at_half": "**not reproduced**", "budget_sensitive": True,
+    "decides": "1.5x | ASP (p = 0.010 after Holm)",
   }  # fmt: skip
-  (tmp_path / "bench_verdicts.json").write_text(json.dumps([verdict]))
+  second = {**verdict, "claim": "d", "budget_sensitive": False, "decides": None}
+  (tmp_path / "bench_verdicts.json").write_text(json.dumps([verdict, second]))
   results_page = _results_page()
-  (row,) = results_page.rows(tmp_path)
-  assert row == (
-    "| P (2020) | c | **reproduced** (**budget-sensitive**: at half the budget **not reproduced**) | 1.5x / ASP "
-    "| 10 epochs | 3-5 | ASP 0.01 | [`bench.md`](../benchmarks/results/bench.md) |"
-  )
+  assert results_page.rows(tmp_path) == [
+    "| P (2020) | c | **reproduced** (budget-sensitive) | 1.5x / ASP (p = 0.010 after Holm) "
+    "| [results](../benchmarks/results/bench.md) |",
+    "|  | d | **reproduced** | - | [results](../benchmarks/results/bench.md) |",
+  ]
   assert results_page.block(tmp_path / "none").startswith("No benchmark has recorded")
+
+
+def test_the_first_screen_check_measures_where_a_rendered_table_ends(tmp_path):
+  """scripts/check_first_screen.py renders the page in Chromium at 1,280 x 800 px and reads the first table's
+  bottom edge from the page's own layout: 5 rows of 30 px end within the screen, 40 do not."""
+  import importlib.util
+
+  spec = importlib.util.spec_from_file_location(
+    "check_first_screen", ROOT / "scripts" / "check_first_screen.py"
+  )
+  check = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(check)
+  chromium = check.browser()
+  if chromium is None:
+    pytest.skip("no Chromium here (scripts/docs.sh installs it)")
+  site = tmp_path / "html"
+  site.mkdir()
+  for rows, fits in ((5, True), (40, False)):
+    cells = "".join('<tr style="height:30px"><td>x</td></tr>' for _ in range(rows))
+    body = f'<body style="margin:0"><h1 style="margin:0;height:100px">R</h1><table>{cells}</table></body>'
+    (site / "results.html").write_text(f"<html>{body}</html>")
+    bottom, right = check.first_table_edges(chromium, site / "results.html")
+    assert bottom == pytest.approx(100 + rows * 30, abs=rows * 2 + 4) and 0 < right < 1280
+    assert check.main([str(site)]) == (0 if fits else 1)
 
 
 def test_the_math_check_reads_mathjax_errors_and_untypeset_math_from_a_rendered_page(tmp_path):

@@ -23,7 +23,7 @@ RESULTS = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
 MARKED = re.compile(r"(<!-- verdicts: generated -->\n)(.*?)(<!-- /verdicts: generated -->)", re.S)
 HEADER = (
-  "| paper | claim | verdict | the number it turns on | evidence |",
+  "| paper | claim | verdict | the number it turns on | |",
   "|---|---|---|---|---|",
 )
 
@@ -42,7 +42,7 @@ def rows(results: pathlib.Path = RESULTS) -> list[str]:
         v["claim"],
         verdict,
         v.get("decides") or "-",
-        f"[`{name}.md`](../benchmarks/results/{name}.md)",
+        f"[results](../benchmarks/results/{name}.md)",
       ]
       last_paper = v["paper"]
       out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
