@@ -36,7 +36,7 @@ def rows(results: pathlib.Path = RESULTS) -> list[str]:
   for path in sorted(results.glob("*_verdicts.json")):
     name = path.name.removesuffix("_verdicts.json")
     for v in json.loads(path.read_text()):
-      verdict = v["verdict"] + (" (budget-sensitive)" if v.get("budget_sensitive") else "")
+      verdict = _short(v["verdict"]) + (" (budget-sensitive)" if v.get("budget_sensitive") else "")
       cells = [
         "" if v["paper"] == last_paper else v["paper"],
         v["claim"],
@@ -47,6 +47,13 @@ def rows(results: pathlib.Path = RESULTS) -> list[str]:
       last_paper = v["paper"]
       out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
   return out
+
+
+def _short(verdict: str) -> str:
+  """A verdict's words without the parenthetical that follows its bold word: "**partly** (sync wins at ...)" is
+  "**partly**" here (its results file keeps the whole)."""
+  head, parenthetical, _ = verdict.partition("** (")
+  return head + "**" if verdict.startswith("**") and parenthetical else verdict
 
 
 def block(results: pathlib.Path = RESULTS) -> str:
