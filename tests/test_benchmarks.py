@@ -40,10 +40,15 @@ def tables(markdown: str) -> list[list[list[str]]]:
       assert re.fullmatch(r"\|(:?-{3,}:?\|)+", current[1]), current[1]
       assert len(current[1].split("|")) - 2 == len(rows[0])
       assert all(len(r) == len(rows[0]) for r in rows), current
-      if rows[0] != ["claim", "verdict", "evidence"]:  # the budget-sensitive verdicts at half: only some runs
+      if rows[0] != ["claim", "verdict", "comparisons that change", "evidence"]:  # at half: only some runs
         found.append([rows[0], *rows[2:]])
       current = []
   return found
+
+
+def _deciding(rests) -> str:
+  """The number a claim's verdict turns on, among what it rests on."""
+  return next(r for r in rests if isinstance(r, _harness.Deciding))
 
 
 def run_tiny(script: str, tmp_path: pathlib.Path) -> tuple[str, pathlib.Path, pathlib.Path]:
@@ -538,7 +543,8 @@ def test_times_with_a_missed_seed_are_compared_by_ranks_and_never_called_signifi
     "speedup": None,
     "speedup_all": None,
   }
-  (verdict, evidence, number), _ = regimes.decide({(8, 25e6, "3GB/s"): point}).values()
+  (verdict, evidence, *rest), _ = regimes.decide({(8, 25e6, "3GB/s"): point}).values()
+  number = _deciding(rest)
   assert verdict == "**nowhere**" and "significantly after Holm at 0" in evidence
   assert number == "significantly faster than ASP at 0 of 1 settings"
   # Two equal constant cells are as close as can be: they get the extra seeds.
@@ -572,7 +578,41 @@ def test_a_partial_store_marks_no_verdict_budget_sensitive_that_the_half_budget_
   )
   markdown = bench.write().read_text()
   at_half = markdown.split("At half the budget:")[1]
-  assert "| other | **not reproduced** | half's evidence |" in at_half and "| same |" not in at_half
+  assert "| other | **not reproduced** | none | half's evidence |" in at_half and "| same |" not in at_half
+
+
+def test_a_verdict_whose_comparison_changes_sign_or_significance_at_half_the_budget_is_budget_sensitive(
+  tmp_path,
+):
+  """The OrMo growth the issue named: the word "partly" at both budgets while its evidence swaps sides (equal
+  workers +0.75, p = 0.002 at the full budget, -0.17 at half; slow workers +0.43, not significant, then
+  +1.29, p = 0.004): budget-sensitive, each change shown; unchanged comparisons mark nothing."""
+  args = _harness.parser("").parse_args(["--size", "tiny", "--results-dir", str(tmp_path)])
+  bench = _harness.Benchmark("made_up", "Made up", args, [], seeds=1)
+  c, cs = _harness.Comparison, _harness.Comparisons
+
+  def claim(hom, het):
+    return ("**partly**", "e", cs([c("16 hom. -> 64 hom.", *hom), c("16 het. -> 64 het.", *het)]))
+
+  full = {"grows": claim((0.75, 0.002), (0.43, 0.075)), "steady": claim((0.75, 0.002), (0.43, 0.075))}
+  half = {"grows": claim((-0.17, 0.6), (1.29, 0.004)), "steady": claim((0.5, 0.01), (0.2, 0.3))}
+  bench.decided("Paper", full, half, budget="b", seeds="3", picks="p")
+  grows, steady = bench.verdicts
+  assert grows.budget_sensitive and not grows.word_changes and not steady.budget_sensitive
+  assert grows.evidence_changes == [
+    "16 hom. -> 64 hom.: +0.75 (p = 0.002) at the full budget, -0.17 (p = 0.600) at half (sign and significance)",
+    "16 het. -> 64 het.: +0.43 (p = 0.075) at the full budget, +1.29 (p = 0.004) at half (significance)",
+  ]
+  markdown = bench.write().read_text()
+  assert "| grows | **partly** (**budget-sensitive**) |" in markdown
+  at_half = markdown.split("At half the budget:")[1]
+  assert "| grows | **partly** | 16 hom. -> 64 hom.: +0.75 (p = 0.002) at the full budget" in at_half
+  assert "| steady |" not in at_half
+  # No effect measured on a side, or no test: no sign and no significance to change.
+  assert _harness.evidence_changes(cs([c("a", None, 0.01)]), cs([c("a", 0.3, 0.5)])) == [
+    "a: - (p = 0.010) at the full budget, +0.3 (p = 0.500) at half (significance)"
+  ]
+  assert _harness.evidence_changes(cs([c("a", 0.2)]), cs([c("a", float("nan"))])) == []
 
 
 def test_the_ormo_order_needs_every_strict_step_significant_not_the_at_least_step():
@@ -1003,7 +1043,8 @@ def test_adaptive_k_claims_count_only_what_survives_holm():
     },
   }
   said = akc.decide(cells, 0.84, 5)
-  verdict, evidence, _, number = said["speed-up over ASP (up to 2.25x GPU, 1.58x CPU)"]
+  verdict, evidence, *rest = said["speed-up over ASP (up to 2.25x GPU, 1.58x CPU)"]
+  number = _deciding(rest)
   assert verdict == "**partly**"  # significant at 1 Gbit/s only
   assert (
     number == "1 Gbit/s, adaptive k: 1.96x ASP (p = 0.000 after Holm)"
@@ -1011,11 +1052,13 @@ def test_adaptive_k_claims_count_only_what_survives_holm():
   assert "1 Gbit/s, adaptive k: 1.96x ASP (p = 0.000 after Holm)" in evidence
   assert "10 Gbit/s, adaptive k: 1.01x ASP" in evidence
   assert "faster than ASP at no network" in evidence  # the other readings, 100 s later everywhere
-  verdict, evidence, _, number = said["fixed k worse than adaptive k (Fig. 14)"]
+  verdict, evidence, *rest = said["fixed k worse than adaptive k (Fig. 14)"]
+  number = _deciding(rest)
   assert number.startswith("fixed k=") and "against adaptive k" in number and "after Holm" in number
   assert verdict == "**not reproduced**"
   assert "significantly sooner than adaptive k: fixed k=32; significantly later: fixed k=2" in evidence
-  verdict, evidence, _, number = said["per-worker BB steps: 25% fewer steps, 27% less time"]
+  verdict, evidence, *rest = said["per-worker BB steps: 25% fewer steps, 27% less time"]
+  number = _deciding(rest)
   assert number.startswith("1 Gbit/s: ") and "x plain's speed (p = " in number  # the surest network
   assert verdict == "**partly**"
   assert "10 Gbit/s: updates 10 -> -, time 101 -> - s (BB reached it on 4 of 5 seeds) (p = " in evidence
@@ -1063,7 +1106,8 @@ def test_inhad_speed_claim_counts_a_layout_only_where_holm_keeps_it():
       "hierarchical all-reduce": cell([5.0] * 5),
     },
   }
-  verdict, evidence, _, number = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
+  verdict, evidence, *rest = inhad.decide(fast, fast)['"much higher acceleration than ASP"']
+  number = _deciding(rest)
   assert verdict == "**partly**" and "4 nodes x 1 1.02x (p = 0.7" in evidence
   assert number.startswith("at best ") and "x ASP (2 nodes x 2), p = " in number  # the fastest layout
   fast["2 nodes x 2"]["InHAD"] = cell([t - 0.2 for t in asp])
@@ -1114,7 +1158,8 @@ def test_ea_wild_claims_count_only_what_survives_holm():
   assert decide(part1, part2)[next(iter(found))][0] == "**not reproduced**"
   # Async ahead at the low ratio in the mean only: the half that holds is sync's.
   part2[(8, 0.1)] = {"ea_wild": cell(base, [t - 0.1 for t in slow]), "sync": cell(base, slow)}
-  verdict, evidence, _, number = list(decide(part1, part2).values())[1]
+  verdict, evidence, *rest = list(decide(part1, part2).values())[1]
+  number = _deciding(rest)
   assert verdict == "**partly** (sync wins at the highest ratio at 8 workers)"
   assert number.startswith("EA-wild's time / sync's at ratio 0.1: 8 workers ")
   assert "At the lowest ratio EA-wild is faster (1.01x, p = 0." in evidence

@@ -482,6 +482,7 @@ def decide(
     + "; ".join(readings)
     + ".",
     ["ASP", *READINGS],
+    _comparisons(tests, adjusted, "speed-up over ASP"),
     harness.Deciding(said(best_network, ADAPTIVE)),
   )
   # 2. k stays small (Fig. 13).
@@ -524,6 +525,7 @@ def decide(
       + f"; significantly later: {', '.join(loses) or 'none'}"
       + (f" (Holm over the {len(beaten)} fixed k: {tested})" if tested else ""),
       [ADAPTIVE, *fixed],
+      _comparisons(beaten, fixed_p, "speed-up over adaptive k"),
       harness.Deciding(_fixed_k_number(fixed_p, beaten, fixed, row[ADAPTIVE], when)),
     )
   # 4. BB: fewer updates and less time than plain adaptive k, tested like the speed-up (Holm over networks).
@@ -560,6 +562,7 @@ def decide(
       + (f" (significantly at {', '.join(sure)})" if sure else " (significantly nowhere)" if ahead else "")
       + tail,
       [ADAPTIVE, BB, UNBOUNDED_BB],
+      _comparisons(bb_tests, bb_p, "BB's speed-up over plain adaptive k"),
       harness.Deciding(_bb_number(bb_tests, bb_p)),
     )
   return out
@@ -568,6 +571,18 @@ def decide(
 def _or_one(p: float) -> float:
   """A p-value, 1 where no test could be made (NaN)."""
   return 1.0 if np.isnan(p) else p
+
+
+def _comparisons(tests: dict, adjusted: dict, what: str) -> harness.Comparisons:
+  """Each test's speed-up (log of the ratio of mean times; None where a side missed) and its p after Holm."""
+  return harness.Comparisons(
+    harness.Comparison(
+      f"{', '.join(k) if isinstance(k, tuple) else k}: {what} (log)",
+      None if t["ratio"] is None else float(np.log(t["ratio"])),
+      adjusted[k],
+    )
+    for k, t in tests.items()
+  )
 
 
 def _bb_number(bb_tests: dict, bb_p: dict) -> str:

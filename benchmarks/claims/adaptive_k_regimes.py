@@ -173,6 +173,14 @@ def decide(found: dict) -> dict[str, tuple[str, str]]:
       f"of {len(found)} settings, {len(tested)} testable (either reaches the target); faster than ASP in the mean"
       f" at {len(faster)} ({where(faster)}), significantly after Holm at {len(sure)} ({where(sure)})"
       + (f"; speed-ups {min(ratios):.2f}x to {max(ratios):.2f}x where both reach it" if ratios else ""),
+      harness.Comparisons(
+        harness.Comparison(
+          f"{w} workers {m / 1e6:.0f} MB {sv or 'free'}: speed-up over ASP (log)",
+          None if not v[speed] else float(np.log(v[speed])),
+          adjusted[(w, m, sv)],
+        )
+        for (w, m, sv), v in found.items()
+      ),
       harness.Deciding(
         f"significantly faster than ASP at {len(sure)} of {len(tested)} settings"
         + (f"; at best {max(ratios):.2f}x" if ratios else "")

@@ -447,6 +447,10 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
       against(s) for s in sorted(others, key=lambda s: -(others[s].mean("final_accuracy") or -1.0))
     ),
     "accuracy",
+    harness.Comparisons(
+      harness.Comparison(f"EA-wild against {SOLVERS[s]} (points)", 100 * tests[s]["diff"], adjusted[s])
+      for s in others
+    ),
     harness.Deciding(_closest_text(others, tests, adjusted)),
   )
   # 2. Who reaches the target sooner at the two ends of the ratio sweep (one family for Holm).
@@ -497,6 +501,14 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
     f"time to {target} (a win counts where it is significant after Holm over the {len(ends)} ends): "
     + " ".join(per_k),
     "time",
+    harness.Comparisons(
+      harness.Comparison(
+        f"{k} workers, ratio {r:g}: EA-wild sooner (log of sync's time over EA-wild's)",
+        None if _time_ratio(part2[(k, r)]) is None else -math.log(_time_ratio(part2[(k, r)])),
+        speed_p[(k, r)],
+      )
+      for k, r in ends
+    ),
     harness.Deciding(
       f"EA-wild's time / sync's at ratio {ratios[0]:g}: "
       + ", ".join(
@@ -532,6 +544,12 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
       + (", ".join(f"ratio {r:g} with {k} workers" for k, r in worse) or "none")
       + " (within 1 point counts as as accurate)",
       "accuracy",
+      harness.Comparisons(
+        harness.Comparison(
+          f"{k} workers, ratio {r:g}: sync - EA-wild (points)", 100 * t["diff"], gap_p[(k, r)]
+        )
+        for (k, r), t in gaps.items()
+      ),
       harness.Deciding(
         f"sync - EA-wild {min(diffs):+.2f} to {max(diffs):+.2f} points; EA-wild significantly ahead in "
         f"{len(worse)} of {len(gaps)} cells"

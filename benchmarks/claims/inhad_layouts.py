@@ -321,6 +321,14 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
       )
       + ("" if ring_speed is None else f"; the flat ring all-reduce's: {ring_speed:.2f}x"),
       "time",
+      harness.Comparisons(
+        harness.Comparison(
+          f"{layout}: InHAD's speed-up over ASP (log)",
+          None if x is None else float(np.log(x)),
+          adjusted[layout],
+        )
+        for layout, (x, _) in speed.items()
+      ),  # fmt: skip
       harness.Deciding(_best_speed_text(speed, adjusted)),
     )
   }
@@ -339,6 +347,10 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
     + ", ".join(f"{layout} {x:+.2f}" for layout, x in gap.items())
     + " points",
     "accuracy",
+    harness.Comparisons(
+      harness.Comparison(f"{layout}: within {NEAR_POINTS:g} point of Horovod's mode", NEAR_POINTS - abs(x))
+      for layout, x in gap.items()
+    ),
     harness.Deciding(
       f"InHAD {max(gap.values()):+.2f} to {min(gap.values()):+.2f} points from Horovod's mode "
       f"(near: within {NEAR_POINTS:g})"

@@ -205,6 +205,12 @@ def decide(cells: dict[str, dict[str, harness.Cell]], rules) -> tuple[dict, dict
     "steps that hold in the mean (of the strict ones, significant after Holm): "
     + ", ".join(f"{c} {held[c]}/{total} ({significant[c]})" for c in cols)
     + (f"; the orderings that survive Holm: {'; '.join(surviving)}" if surviving else "; none survives Holm"),
+    harness.Comparisons(
+      harness.Comparison(f"{c}: {row[0]}", float(row[1].split(" ± ")[0]), float(row[3]))
+      for c, rows in steps.items()
+      for row in rows
+      if row[4] != "missing"
+    ),
     harness.Deciding(
       f"{sum(held.values())} of {total * len(cols)} steps hold in the mean, "
       f"{sum(significant.values())} of {needed * len(cols)} strict ones significantly"
@@ -267,6 +273,10 @@ def decide(cells: dict[str, dict[str, harness.Cell]], rules) -> tuple[dict, dict
         for a, b in pairs
       )
       + " (the paper: +1.2 -> +4.9 hom., +1.3 -> +3.8 het. on CIFAR-10)",
+      harness.Comparisons(
+        harness.Comparison(f"{a} -> {b} growth (points)", 100 * tested[(a, b)]["diff"], adjusted[(a, b)])
+        for a, b in pairs
+      ),
       harness.Deciding(
         "; ".join(
           f"growth {100 * tested[(a, b)]['diff']:+.2f} points {a.split()[1]} (p = {adjusted[(a, b)]:.3f} after Holm)"

@@ -27,6 +27,7 @@ import dataclasses
 import datetime
 import itertools
 import json
+import math
 import os
 import pathlib
 import platform
@@ -34,7 +35,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 
@@ -439,8 +440,11 @@ class Benchmark:
     While the store lacks runs of the report, every verdict is "not decided yet"."""
     for claim, (verdict, evidence, *rests) in full.items():
       number = next((r for r in rests if isinstance(r, Deciding)), None)
-      rests = [r for r in rests if not isinstance(r, Deciding)]
+      compared = next((r for r in rests if isinstance(r, Comparisons)), None)
+      rests = [r for r in rests if not isinstance(r, (Deciding, Comparisons))]
       at_half, half_evidence = half[claim][:2] if claim in half else (None, None)
+      half_compared = next((r for r in half.get(claim, ())[2:] if isinstance(r, Comparisons)), None)
+      changes = [] if self.missing else evidence_changes(compared, half_compared)
       if self.missing:  # a partial store decides nothing: the runs it lacks could turn any verdict
         verdict = f"**not decided yet** ({len(self.missing)} runs missing; so far {verdict})"
         if at_half is not None:  # worded alike, so that only a different verdict reads as budget-sensitive
@@ -457,15 +461,22 @@ class Benchmark:
           at_half,
           half_evidence,
           None if number is None else str(number),
+          changes,
         )
       )
 
   def _budget_sensitive_text(self) -> str:
-    """What each budget-sensitive verdict rests on at half the budget ("" when none is)."""
-    rows = [[v.claim, v.at_half, v.half_evidence or "-"] for v in self.verdicts if v.budget_sensitive]
+    """What each budget-sensitive verdict rests on at half the budget: its word there, the comparisons whose
+    sign or significance changes, and its evidence ("" when no verdict is budget-sensitive)."""
+    rows = [
+      [v.claim, v.at_half, "; ".join(v.evidence_changes) or "none", v.half_evidence or "-"]
+      for v in self.verdicts
+      if v.budget_sensitive
+    ]
     if not rows:
       return ""
-    return "\nAt half the budget:\n\n" + table(["claim", "verdict", "evidence"], rows, text=True) + "\n"
+    header = ["claim", "verdict", "comparisons that change", "evidence"]
+    return "\nAt half the budget:\n\n" + table(header, rows, text=True) + "\n"
 
   def section(self, heading: str, text: str) -> None:
     """A ``## heading`` and its text (a table, notes) in the results file, in order."""
@@ -576,8 +587,8 @@ class Benchmark:
           rows,
           text=True,
         )
-        + "\n\nA verdict that differs at half the budget (the same picks) is marked budget-sensitive.\n"
-        + self._budget_sensitive_text(),
+        + "\n\nA verdict is marked budget-sensitive where at half the budget (the same picks) its word differs,"
+        " or a comparison it rests on changes sign or significance.\n" + self._budget_sensitive_text(),
       )
       records = [{**dataclasses.asdict(v), "budget_sensitive": v.budget_sensitive} for v in self.verdicts]
       (self.results_dir / f"{self.name}_verdicts.json").write_text(json.dumps(records, indent=1) + "\n")
@@ -603,6 +614,51 @@ def gradients_to(result, accuracy: float) -> int | None:
   return int(history.eval_event[i]) if i < len(history.eval_event) else int(result.summary["gradients"])
 
 
+class Comparison(NamedTuple):
+  """One comparison a verdict rests on: ``effect`` signed (positive: the claim's way; None: not measured) and
+  ``p`` its p-value as the claim judges it (after Holm where the claim corrects; None: not tested)."""
+
+  label: str
+  effect: float | None
+  p: float | None = None
+
+  @property
+  def significant(self) -> bool | None:
+    return None if self.p is None or self.p != self.p else self.p < 0.05
+
+  def text(self) -> str:
+    effect = "-" if self.effect is None else f"{self.effect:+.3g}"
+    return effect + ("" if self.significant is None else f" (p = {self.p:.3f})")
+
+
+class Comparisons(tuple):
+  """The comparisons a claim's verdict rests on (:class:`Comparison`), carried among what it rests on as
+  :class:`Deciding` is: a verdict whose comparison changes sign or significance between the half and the full
+  budget is budget-sensitive, even where its word does not change."""
+
+
+def evidence_changes(full: Comparisons | None, half: Comparisons | None) -> list[str]:
+  """The comparisons present at both budgets whose sign or significance differs, in words."""
+  if not full or not half:
+    return []
+  at_half = {c.label: c for c in half}
+  changed = []
+  for c in full:
+    h = at_half.get(c.label)
+    if h is None:
+      continue
+    # A sign only where both effects were measured and are not zero (NaN: a side with no value).
+    signs = [None if e is None or not math.isfinite(e) or e == 0 else e > 0 for e in (c.effect, h.effect)]
+    sign = None not in signs and signs[0] != signs[1]
+    significance = c.significant is not None and h.significant is not None and c.significant != h.significant
+    if sign or significance:
+      what = {(True, False): "sign", (False, True): "significance"}.get(
+        (sign, significance), "sign and significance"
+      )
+      changed.append(f"{c.label}: {c.text()} at the full budget, {h.text()} at half ({what})")
+  return changed
+
+
 class Deciding(str):
   """The one number a claim's verdict turns on, in words (e.g. "0.89x ASP at 10 Gbit/s, p = 0.667 after
   Holm"): a claim's ``(verdict, evidence, ...)`` carries it among what it rests on, and the Results page's
@@ -616,7 +672,8 @@ class Verdict:
   ``budget`` (the run's length, e.g. "10 epochs"), ``seeds`` (per cell), ``picks`` (each method's tuned
   learning rate, per column), ``at_half`` (the verdict the same cells give at half the
   budget; a different one marks the claim budget-sensitive), ``half_evidence`` (what that verdict rests
-  on) and ``decides`` (:class:`Deciding`: the one number it turns on)."""
+  on), ``decides`` (:class:`Deciding`: the one number it turns on) and ``evidence_changes`` (the comparisons
+  of :class:`Comparisons` whose sign or significance differs at half the budget)."""
 
   paper: str
   claim: str
@@ -628,10 +685,16 @@ class Verdict:
   at_half: str | None = None
   half_evidence: str | None = None
   decides: str | None = None
+  evidence_changes: list[str] = dataclasses.field(default_factory=list)
+
+  @property
+  def word_changes(self) -> bool:
+    return self.at_half is not None and self.at_half != self.verdict
 
   @property
   def budget_sensitive(self) -> bool:
-    return self.at_half is not None and self.at_half != self.verdict
+    """The verdict's word differs at half the budget, or a comparison it rests on changes sign or significance."""
+    return self.word_changes or bool(self.evidence_changes)
 
 
 def seed_range(cells) -> str:
