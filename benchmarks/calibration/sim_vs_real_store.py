@@ -23,9 +23,8 @@ PROTOCOL = 3
 
 
 # The calibration the simulated side uses, and the pairs compared under it: 3, as 2 and the server's card
-# shared by 3 senders at once (cluster.server_link: at 100 Mbit/s three flows into one card moved 0.78x what
-# two did, measured 2026-11-28); 2, the compute probe's process
-# standing for the run's slow worker sleeps between its steps as that worker does (the cores shared as in
+# shared by 3 senders at once (cluster.server_link: at 100 Mbit/s three flows into one card moved 0.77x what
+# one stream did, calibrated 2026-11-28); 2, the compute probe's process standing for the run's slow worker sleeps between its steps as that worker does (the cores shared as in
 # the runs); 1 (stored before 2 existed), every probe process computing without a pause. The real runs do not
 # depend on it (a slow worker's factor is the config's), so a new calibration reuses them.
 CALIBRATION = 3

@@ -132,7 +132,7 @@ def test_parameter_server_interface_is_the_asp_bottleneck():
 
 
 def test_a_slower_server_card_bounds_asp_at_its_own_bandwidth_and_leaves_all_reduce_alone():
-  """Three workers' flows into one card moved 0.78x what one stream did at 100 Mbit/s (incast): with
+  """Three workers' flows into one card moved 0.77x what one stream did at 100 Mbit/s (incast): with
   ``server_link`` at that rate an interface-bound ASP run updates at ``B_s / n``, not ``B / n``."""
   k, n = 16, 1_000_000
   link = jaxsync.sim.Link(latency=0.0, bandwidth=1e8)
