@@ -197,6 +197,19 @@ class EchoServer:
     self._socket.close(linger=0)
 
 
+def _dealer(address: str, timeout_ms: int = 60_000, *, unbounded: bool = False):
+  """A DEALER connected to ``address`` (the runtime's transport), waiting ``timeout_ms`` at most for an
+  answer; ``unbounded``: no high-water mark either way (a stream queues every message it sends)."""
+  socket = zmq.Context.instance().socket(zmq.DEALER)
+  socket.setsockopt(zmq.LINGER, 0)
+  socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
+  if unbounded:
+    socket.setsockopt(zmq.SNDHWM, 0)
+    socket.setsockopt(zmq.RCVHWM, 0)
+  socket.connect(address)
+  return socket
+
+
 def round_trips(
   address: str, sizes: Sequence[int], *, rounds: int = 20, warmup: int = 3, pause: float = 0.0
 ) -> dict[int, np.ndarray]:
@@ -212,10 +225,7 @@ def round_trips(
   """
   rounds = validation.check_int(_WHAT, "rounds", rounds, low=1)
   pause = validation.check_real(_WHAT, "pause", pause, low=0.0)
-  socket = zmq.Context.instance().socket(zmq.DEALER)
-  socket.setsockopt(zmq.LINGER, 0)
-  socket.setsockopt(zmq.RCVTIMEO, 60_000)
-  socket.connect(address)
+  socket = _dealer(address)
   out = {}
   try:
     for size in sizes:
@@ -247,12 +257,7 @@ def stream_seconds(address: str, size: int, count: int) -> float:
   not hide (a single round trip of a message within the burst would be measured at the burst's speed)."""
   size = validation.check_int(_WHAT, "size", size, low=1)
   count = validation.check_int(_WHAT, "count", count, low=1)
-  socket = zmq.Context.instance().socket(zmq.DEALER)
-  socket.setsockopt(zmq.LINGER, 0)
-  socket.setsockopt(zmq.RCVTIMEO, 120_000)
-  socket.setsockopt(zmq.SNDHWM, 0)
-  socket.setsockopt(zmq.RCVHWM, 0)
-  socket.connect(address)
+  socket = _dealer(address, 120_000, unbounded=True)
   payload = np.ones(size, np.uint8)
   try:
     socket.send(payload, copy=False)  # connected, and the echo's first reply out of the way
@@ -274,14 +279,6 @@ def _ask(socket, verb: str, argument: str = "") -> dict[str, Any]:
   socket.send(_CONTROL + f"{verb} {argument}".encode())
   answer = bytes(socket.recv())
   return json.loads(answer[len(_CONTROL) :])
-
-
-def _dealer(address: str, timeout_ms: int = 60_000):
-  socket = zmq.Context.instance().socket(zmq.DEALER)
-  socket.setsockopt(zmq.LINGER, 0)
-  socket.setsockopt(zmq.RCVTIMEO, timeout_ms)
-  socket.connect(address)
-  return socket
 
 
 def stream_peer(address: str, *, lifetime: float = 3600.0, poll: float = 0.05, timeout: float = 60.0) -> int:
