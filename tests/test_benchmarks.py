@@ -420,10 +420,16 @@ def test_tuning_extends_a_pick_at_the_edge_until_it_is_interior_or_the_rate_beyo
   ran = []
 
   def run(config, strategy, *, setting, label, options, seeds, evaluations):
+    assert (config.data.validation, config.data.evaluate_on) == (0.1, "validation")  # no test set read
     rate = options["learning_rate"]
     ran.append((strategy, rate))
     accuracy, to_target = outcomes[strategy](rate)
-    summary = {"final_accuracy": accuracy, "diverged": accuracy is None, "time_to_target_held": to_target}
+    summary = {
+      "final_validation_accuracy": accuracy,
+      "evaluated_on": "validation",
+      "diverged": accuracy is None,
+      "time_to_target_held": to_target,
+    }
     return _harness.Cell(label, [types.SimpleNamespace(summary=summary)], "")
 
   bench.run = run
@@ -440,7 +446,12 @@ def test_tuning_extends_a_pick_at_the_edge_until_it_is_interior_or_the_rate_beyo
   row = next(r for r in tables(text)[0] if r[0] == "diverges")
   assert row[header.index("lr 0.0333")] == "diverged" and row[header.index("lr 0.01")] == "**51.00**"
   fast, text = bench.tune(config, {"fast": ("fast", {})}, grid, objective="time", extend=True)
-  assert fast == {"fast": 0.01} and "**100 s (80.00)**" in text and "not reached (85.00)" in text
+  assert (
+    fast == {"fast": 0.01}
+    and "**100 s (80.00)**" in text
+    and "on the validation split" in text
+    and "not reached (85.00)" in text
+  )
   unextended, _ = bench.tune(config, {"low": ("low", {})}, grid)
   assert unextended == {"low": 0.001}
   with pytest.raises(ValueError, match="objective='speed'"):

@@ -61,9 +61,11 @@ def test_every_config_key_is_either_in_the_stores_format_or_added_at_its_default
 def test_a_report_rewritten_from_the_committed_store_gives_the_committed_verdicts(tmp_path, name):
   shutil.copy(RESULTS / f"{name}_runs.jsonl", tmp_path / f"{name}_runs.jsonl")
   module = importlib.import_module(f"benchmarks.claims.{name}")
-  assert (
-    module.main(["--report-only", "--results-dir", str(tmp_path), "--runs-dir", str(tmp_path / "runs")]) == 0
-  )
+  committed = json.loads((RESULTS / f"{name}_verdicts.json").read_text())
+  # A report whose grids have not been rerun on a validation split yet is rebuilt from its picks on the test set.
+  on_test_set = ["--picks-on-test-set"] if committed[0].get("tuned_on") == "test set" else []
+  argv = ["--report-only", *on_test_set, "--results-dir", str(tmp_path), "--runs-dir", str(tmp_path / "runs")]
+  assert module.main(argv) == 0
   rewritten = json.loads((tmp_path / f"{name}_verdicts.json").read_text())
-  assert rewritten == json.loads((RESULTS / f"{name}_verdicts.json").read_text())
+  assert rewritten == committed
   assert not any("not decided yet" in v["verdict"] for v in rewritten)

@@ -109,6 +109,13 @@ def parser(doc: str) -> argparse.ArgumentParser:
     action="store_true",
     help="train nothing: rewrite the results file from the results store, naming the runs it lacks",
   )
+  p.add_argument(
+    "--picks-on-test-set",
+    action="store_true",
+    help="with --report-only: rebuild a report from the learning rates the store's earlier tuning runs picked"
+    " on the test set (the protocol before validation splits, until 2026-11-28); the report says so. New"
+    " tuning runs always score on a validation split",
+  )
   return p
 
 
@@ -186,6 +193,13 @@ class Benchmark:
     self.untimed_count = 0  # runs stored without their training time (counted in run_count, not in time)
     self.keeps_run_dirs = True  # False: the runs stay in memory (the results file says nothing of them)
     self.report_only = bool(getattr(args, "report_only", False))
+    self.picks_on_test_set = bool(getattr(args, "picks_on_test_set", False))
+    if self.picks_on_test_set and not self.report_only:
+      raise SystemExit(
+        f"{name}: --picks-on-test-set only rebuilds a report from the store (with --report-only); a tuning run"
+        " never scores on the test set"
+      )
+    self.tuned = False  # whether a learning-rate grid ran (the results file then says what it scored on)
     self.store = results_store.RunStore(self.results_dir / f"{name}_runs.jsonl") if self.seeds else None
     self.used_keys: set[str] = set()  # the store's runs this report is made of
     self.missing: list[str] = []  # "setting | label | seed" of each run the store lacks (--report-only)
@@ -288,8 +302,12 @@ class Benchmark:
       self.count_run(results_store.config_key(cfg), s, reused=reuse)
       print(
         f"[{self.name} {self.elapsed()}] {setting} | {label} | seed {cfg.seed}: "
-        f"accuracy {_fmt(s.get('final_accuracy'))}, loss {_fmt(s.get('final_loss'))}, "
-        f"{s.get('updates')} updates in {_fmt(s.get('simulated_time'))} simulated s "
+        + (
+          f"accuracy {_fmt(s['final_accuracy'])}, loss {_fmt(s.get('final_loss'))}, "
+          if "final_accuracy" in s
+          else f"validation accuracy {_fmt(s.get('final_validation_accuracy'))}, "
+        )
+        + f"{s.get('updates')} updates in {_fmt(s.get('simulated_time'))} simulated s "
         f"({'reused' if reuse else f'{time.perf_counter() - started:.1f} s'})",
         file=sys.stderr,
         flush=True,
@@ -317,11 +335,14 @@ class Benchmark:
     max_extensions: int = 3,
     setting: str = "lr grid",
   ) -> tuple[dict[str, float], str]:
-    """Each candidate's learning rate picked on the same ``grid``: one run per rate on a held-out seed.
+    """Each candidate's learning rate picked on the same ``grid``: one run per rate on a held-out seed,
+    trained without a validation slice of the training set and scored on it (``experiment.for_tuning``):
+    no tuning run reads the test set.
 
-    ``candidates`` is ``{label: (strategy, options)}``. ``objective="accuracy"``: the best final test
-    accuracy wins (a diverged run counts as -1); ``"time"``: the shortest time to the target (a crossing
-    that holds), then the best final accuracy among rates that never reach it. The smaller rate wins a
+    ``candidates`` is ``{label: (strategy, options)}``. ``objective="accuracy"``: the best final validation
+    accuracy wins (a diverged run counts as -1); ``"time"``: the shortest time to the target on the
+    validation split (a crossing that holds), then the best final validation accuracy among rates that
+    never reach it. The smaller rate wins a
     tie. ``extend``: a pick at the grid's edge adds the next rate beyond it (the grid's own ratio), up to
     ``max_extensions`` per side, until the pick is interior or the rate beyond it diverges. ``setting``
     names the column tuned (one grid per column). Returns ``{label: rate}`` and the grid as a markdown
@@ -331,7 +352,10 @@ class Benchmark:
     if objective not in ("accuracy", "time"):
       raise ValueError(f"tune: {objective=}; give 'accuracy' or 'time'")
     grid = tuple(sorted(grid))
+    self.tuned = True
     config = dataclasses.replace(config, seed=seed)
+    if not self.picks_on_test_set:
+      config = experiment.for_tuning(config)
     scores: dict[str, dict[float, dict[str, Any] | None]] = {}
     best: dict[str, float] = {}
     notes: list[str] = []
@@ -349,7 +373,8 @@ class Benchmark:
       if not cell.results:  # --report-only, and the store lacks the run
         return None
       s = cell.summaries[0]
-      accuracy = s.get("final_accuracy")
+      # The earlier protocol's stored runs, read back (--picks-on-test-set), else a validation score.
+      accuracy = s.get("final_accuracy") if self.picks_on_test_set else tuning_score(s)
       diverged = bool(s.get("diverged")) or accuracy is None or not np.isfinite(accuracy)
       return {
         "accuracy": -1.0 if diverged else accuracy,
@@ -415,13 +440,31 @@ class Benchmark:
 
     rows = [[label] + [shown(label, rate) for rate in columns] for label in scores]
     text = table(["strategy", *[f"lr {r:g}" for r in columns]], rows)
+    split = "test set (the earlier protocol)" if self.picks_on_test_set else "validation split"
     if objective == "time":
       text += (
-        "\n\nEach cell: the time to the target (a crossing that holds), final test accuracy % in brackets."
+        f"\n\nEach cell: the time to the target on the {split} (a crossing that holds), final accuracy % on it"
+        " in brackets."
       )
+    else:
+      text += f"\n\nEach cell: the final accuracy % on the {split}."
     if notes:
       text += "\n\nGrid extensions: " + "; ".join(notes) + "."
     return best, text
+
+  def tuned_on(self) -> str:
+    """What the learning-rate grids of this report scored on, in a sentence."""
+    if self.picks_on_test_set:
+      return (
+        "picked on the **test set** by the store's earlier tuning runs (the protocol before validation splits,"
+        " until 2026-11-28: `--picks-on-test-set`); retuning on a validation split is under way, and a verdict"
+        " whose picks move will be decided again"
+      )
+    return (
+      f"picked on a validation split: tuning runs train without the last {experiment.TUNING_VALIDATION:.0%} of"
+      " the training examples and score on them; the test set is read only by the reported cells, which train"
+      " on the whole training set"
+    )
 
   def elapsed(self) -> str:
     seconds = int(time.perf_counter() - self.started)
@@ -541,6 +584,8 @@ class Benchmark:
         f"- Results store: `{_relative(self.store.path)}` ({len(self.used_keys)} of its {len(self.store)}"
         " runs make this report" + (f"; code {', '.join(versions)}" if versions else "") + ")"
       )
+    if self.tuned:
+      lines.append(f"- Learning rates: {self.tuned_on()}")
     if self.seeds:
       lines.append(
         "- Time (updates, gradients) to a target: at the first evaluation from which the accuracy stays at or"
@@ -590,7 +635,10 @@ class Benchmark:
         + "\n\nA verdict is marked budget-sensitive where at half the budget (the same picks) its word differs,"
         " or a comparison it rests on changes sign or significance.\n" + self._budget_sensitive_text(),
       )
-      records = [{**dataclasses.asdict(v), "budget_sensitive": v.budget_sensitive} for v in self.verdicts]
+      tuned = {"tuned_on": "test set" if self.picks_on_test_set else "validation"} if self.tuned else {}
+      records = [
+        {**dataclasses.asdict(v), "budget_sensitive": v.budget_sensitive, **tuned} for v in self.verdicts
+      ]
       (self.results_dir / f"{self.name}_verdicts.json").write_text(json.dumps(records, indent=1) + "\n")
     lines += ["", *self.sections]
     if self.plots:
@@ -600,6 +648,23 @@ class Benchmark:
     path.write_text("\n".join(lines))
     print(f"[{self.name}] wrote {path}", file=sys.stderr)
     return path
+
+
+def tuning_score(summary: dict[str, Any]) -> float | None:
+  """A tuning run's score, its final validation accuracy; raises RuntimeError for a run that read the test
+  set (evaluated on it, or a target on a test metric), so that no pick can come from the test set."""
+  target = (summary.get("target") or {}).get("metric", "validation_accuracy")
+  if (
+    summary.get("evaluated_on") != "validation"
+    or "final_accuracy" in summary
+    or target != "validation_accuracy"
+  ):
+    raise RuntimeError(
+      f"tuning: a run evaluated on {summary.get('evaluated_on')!r} with target {target!r} scores a test "
+      "metric; a tuning run must train without the validation slice and score on it only "
+      "(experiment.for_tuning)"
+    )
+  return summary.get("final_validation_accuracy")
 
 
 def gradients_to(result, accuracy: float) -> int | None:

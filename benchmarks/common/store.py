@@ -46,6 +46,8 @@ ADDED_KEYS: dict[tuple[str, str], Any] = {
   ("cluster", "absences"): [],
   ("cluster", "shrink_keeps"): "global_batch",
   ("cluster", "server_link"): None,
+  ("data", "validation"): 0.0,
+  ("data", "evaluate_on"): "test",
 }
 
 

@@ -22,6 +22,8 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
 MARKED = re.compile(r"(<!-- verdicts: generated -->\n)(.*?)(<!-- /verdicts: generated -->)", re.S)
+# Marks a verdict whose learning rates were picked on the test set (``tuned_on`` in its verdicts file).
+ON_TEST_SET = "†"
 HEADER = (
   "| paper | claim | verdict | the number it turns on | |",
   "|---|---|---|---|---|",
@@ -36,7 +38,11 @@ def rows(results: pathlib.Path = RESULTS) -> list[str]:
   for path in sorted(results.glob("*_verdicts.json")):
     name = path.name.removesuffix("_verdicts.json")
     for v in json.loads(path.read_text()):
-      verdict = _short(v["verdict"]) + (" (budget-sensitive)" if v.get("budget_sensitive") else "")
+      verdict = (
+        _short(v["verdict"])
+        + (" (budget-sensitive)" if v.get("budget_sensitive") else "")
+        + (f" {ON_TEST_SET}" if v.get("tuned_on") == "test set" else "")
+      )
       cells = [
         "" if v["paper"] == last_paper else v["paper"],
         v["claim"],
@@ -61,7 +67,16 @@ def block(results: pathlib.Path = RESULTS) -> str:
   found = rows(results)
   if not found:
     return "No benchmark has recorded its verdicts on a results store yet.\n"
-  return "\n".join([*HEADER, *found]) + "\n"
+  note = (
+    [
+      "",
+      f"{ON_TEST_SET} Learning rates picked on the test set (the protocol before validation splits); the grids"
+      " are being rerun on a validation split, and a verdict whose picks move will be decided again.",
+    ]
+    if any(ON_TEST_SET in row for row in found)
+    else []
+  )
+  return "\n".join([*HEADER, *found, *note]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -516,7 +516,7 @@ def test_advise_ranks_the_candidates_writes_its_report_and_refuses_bad_questions
     capsys, "advise", QUICKSTART, *FAST, *sets, "--strategies", "asp,bsp", "--seeds", "2", "--out", out
   )
   assert code == 0, err
-  assert "| rank | strategy | simulated s to accuracy 0.5 (range) |" in stdout
+  assert "| rank | strategy | simulated s to validation accuracy 0.5 (range) |" in stdout
   assert re.search(r"^Recommended: (asp|bsp)\. ", stdout, re.M)
   assert err.count("jaxsync advise: ") == 4 and "asp seed 1: 200 gradients" in err  # a quarter of 800
   report = json.loads((out / "advice.json").read_text())
@@ -524,6 +524,7 @@ def test_advise_ranks_the_candidates_writes_its_report_and_refuses_bad_questions
   assert {e["strategy"] for e in report["ranking"]} == {"asp", "bsp"}
   assert report["recommended"] == report["ranking"][0]["strategy"]
   assert "**Recommended:" in (out / "advice.md").read_text() and (out / "plots").is_dir()
+  assert "trained without the last 10% of the training examples" in (out / "advice.md").read_text()
   for argv, words in (
     (["--fraction", "0"], ["--fraction=0.0", "(0, 1]"]),
     (["--target", "1.5"], ["target=1.5", "(0, 1)"]),

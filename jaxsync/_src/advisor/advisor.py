@@ -123,14 +123,14 @@ class Advice:
       header = [
         "rank",
         "strategy",
-        f"{self.clock} s to {self.metric} {self.target:g} (range)",
+        f"{self.clock} s to {_shown(self.metric)} {self.target:g} (range)",
         "updates",
         "seeds reached",
         "reach",
-        f"{self.metric} at end",
+        f"{_shown(self.metric)} at end",
       ]
     else:
-      header = ["rank", "strategy", f"{self.metric} at {self.time_budget:g} s (range)", "reach"]
+      header = ["rank", "strategy", f"{_shown(self.metric)} at {self.time_budget:g} s (range)", "reach"]
     rows = []
     for i, e in enumerate(self.ranking, 1):
       diverged = f" ({e.diverged} diverged)" if e.diverged else ""
@@ -255,6 +255,11 @@ def _first_crossing(
   return float(x0 + (x1 - x0) * min(needed, steps) / steps)
 
 
+def _shown(metric: str) -> str:
+  """A metric's name in a sentence: ``validation_accuracy`` reads "validation accuracy"."""
+  return metric.replace("_", " ")
+
+
 def diverged(history: History, metric: str, chance: float | None = None) -> bool:
   """Whether a run's last evaluation or the training losses of its last tenth are non-finite, or its
   accuracy ended at most 1.5x ``chance``."""
@@ -263,7 +268,7 @@ def diverged(history: History, metric: str, chance: float | None = None) -> bool
   loss = np.asarray(history.loss[-tail:])[~np.asarray(history.rejected[-tail:], bool)]
   if (len(values) and not np.isfinite(values[-1])) or not np.isfinite(loss).all():
     return True
-  accuracy = history.eval_metrics.get("accuracy")
+  accuracy = history.eval_metrics.get(metric if metric.endswith("accuracy") else "accuracy")
   return chance is not None and accuracy is not None and len(accuracy) > 1 and accuracy[-1] <= 1.5 * chance
 
 
@@ -436,19 +441,19 @@ def _reason(
   runner = ranking[1] if len(ranking) > 1 else None
   if target is not None and not math.isfinite(best.seconds):
     return (
-      f"No candidate is expected to reach {metric} {target:g}: none reached it in the short runs and "
+      f"No candidate is expected to reach {_shown(metric)} {target:g}: none reached it in the short runs and "
       "none is improving fast enough to. Lower the target, or run longer (a larger fraction)."
     )
   if target is not None:
     how = "measured in the short runs" if best.reach <= 1 else f"extrapolated {best.reach:.1f}x beyond them"
-    text = f"{best.strategy} reaches {metric} {target:g} in an estimated {best.seconds:.3g} s ({how})"
+    text = f"{best.strategy} reaches {_shown(metric)} {target:g} in an estimated {best.seconds:.3g} s ({how})"
     if runner is not None:
       faster = (
         f"{runner.seconds / best.seconds:.2f}x sooner than" if math.isfinite(runner.seconds) else "while not"
       )
       text += f", {faster} {runner.strategy}, the runner-up"
   else:
-    text = f"{best.strategy} has the best {metric} at {budget:g} s: {best.value:.4g}"
+    text = f"{best.strategy} has the best {_shown(metric)} at {budget:g} s: {best.value:.4g}"
     if runner is not None:
       text += f", against {runner.value:.4g} for {runner.strategy}, the runner-up"
   text += "."

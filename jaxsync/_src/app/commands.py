@@ -508,7 +508,9 @@ def advise(
   """Runs the first ``fraction`` of ``config``'s run for each candidate and seed; ranks and recommends.
 
   Each seed is a whole setup (initialisation, data order and jitter), as in
-  ``compare``. Writes ``advice.md``, ``advice.json`` and the short runs'
+  ``compare``. The short runs train without a validation slice of the
+  training set (``data.validation``, else 10%) and are ranked on it: the
+  test set is not read. Writes ``advice.md``, ``advice.json`` and the short runs'
   plots into ``out``.
 
   With ``plan`` (a ``jaxsync.planning.Plan`` of the same strategies at the
@@ -543,11 +545,15 @@ def advise(
   else:
     target = None
   gradients = max(1, round(fraction * config.run.gradients))
+  # The short runs choose among candidates: they hold out a validation slice of the training set and score
+  # on it, never on the test set (experiment.for_tuning).
+  tuning = experiment.for_tuning(config)
   built = {
-    (name, i): experiment.build(experiment.for_strategy(config, name, config.seed + i))
+    (name, i): experiment.build(experiment.for_strategy(tuning, name, config.seed + i))
     for name in names
     for i in range(seeds)
   }  # every candidate's config errors before any run
+  metric = next(iter(built.values())).metric
   planned = planned_step_times(plan, names) if plan is not None else None
   run_directory.create(out, overwrite=overwrite)
   runs: dict[str, list] = {}
@@ -555,15 +561,15 @@ def advise(
     history = exp.short_run(gradients)
     runs.setdefault(name, []).append(history)
     if progress is not None:
-      accuracy = history.eval_metrics["accuracy"][-1]
+      accuracy = history.eval_metrics[metric][-1]
       progress(
         f"{name} seed {exp.config.seed}: {gradients} gradients, {history.updates} updates, "
-        f"{history.elapsed:.3g} simulated s, accuracy {accuracy:.3f}"
+        f"{history.elapsed:.3g} simulated s, {metric.replace('_', ' ')} {accuracy:.3f}"
       )
   chance = 1.0 / next(iter(built.values())).dataset.num_classes
   if planned is not None:
     runs = {name: [on_planned_clock(h, planned[name]) for h in hs] for name, hs in runs.items()}
-  advice = advisor.rank(runs, metric="accuracy", target=target, time_budget=time_budget, chance=chance)
+  advice = advisor.rank(runs, metric=metric, target=target, time_budget=time_budget, chance=chance)
   report = advice_report(advice, config, gradients, fraction, seeds)
   if planned is not None:
     report += "\n" + plan_note(plan)
@@ -582,9 +588,7 @@ def advise(
       "ranking": [dataclasses.asdict(e) for e in advice.ranking],
     },
   )
-  plots.plot_compare(
-    runs, out / "plots", target=None if advice.target is None else ("accuracy", advice.target)
-  )
+  plots.plot_compare(runs, out / "plots", target=None if advice.target is None else (metric, advice.target))
   return advice
 
 
@@ -643,14 +647,16 @@ def advice_report(
 ) -> str:
   """``advice.md``: what ran, the ranked table, the pick and how far to trust it."""
   goal = (
-    f"time to accuracy {advice.target:g}"
+    f"time to validation accuracy {advice.target:g}"
     if advice.target is not None
-    else f"accuracy at {advice.time_budget:g} s"
+    else f"validation accuracy at {advice.time_budget:g} s"
   )
+  held = config.data.validation or experiment.TUNING_VALIDATION
   return (
     f"# Which strategy for {config.name}?\n\n"
     f"Each candidate ran the first {gradients} of the config's {config.run.gradients} gradients "
-    f"({fraction:g} of the run) on {seeds} seed(s); ranked by {goal} (simulated seconds).\n\n"
+    f"({fraction:g} of the run) on {seeds} seed(s), trained without the last {held:.0%} of the training "
+    f"examples and evaluated on them (the test set is not read); ranked by {goal} (simulated seconds).\n\n"
     f"{advice.table()}\n\n"
     f"**Recommended: {advice.recommended}.** {advice.reason}\n\n"
     "How to read it: a time marked `measured` was reached within the short runs; otherwise it is a power "

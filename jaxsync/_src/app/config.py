@@ -95,12 +95,37 @@ class DataConfig:
   batch_size: int = _key(32, meaning="examples in each worker's batch (one gradient)")
   num_examples: int = _key(10_000, meaning="examples of a synthetic dataset (the real ones are whole)")
   sequence_length: int = _key(64, meaning="tokens per example of a text dataset (jargon)")
+  validation: float = _key(
+    0.0,
+    meaning="the share of the training examples held out as a validation split, never trained on (the last "
+    "ones; 0: none)",
+  )
+  evaluate_on: str = _key(
+    "test",
+    meaning="the split the run's evaluations read: test, or validation (needs data.validation > 0; the test "
+    "set is then never read: how tuning runs score)",
+  )
 
   def __post_init__(self):
     from jaxsync._src.data.datasets import DATASETS
 
     _require_choice("data.name", self.name, DATASETS)
     _positive("data", self, "batch_size", "num_examples", "sequence_length")
+    _require(
+      not isinstance(self.validation, bool)
+      and isinstance(self.validation, (int, float))
+      and 0.0 <= self.validation < 1.0,
+      "data.validation",
+      self.validation,
+      "a share of the training examples in [0, 1)",
+    )
+    _require_choice("data.evaluate_on", self.evaluate_on, ("test", "validation"))
+    _require(
+      self.evaluate_on == "test" or self.validation > 0,
+      "data.evaluate_on",
+      self.evaluate_on,
+      "'test' while data.validation is 0 (set data.validation, e.g. 0.1, to hold out a validation split)",
+    )
 
 
 @dataclasses.dataclass(frozen=True)

@@ -32,6 +32,9 @@ from jaxsync._src.strategies import registry as strategies
 from jaxsync._src.strategies import schedules
 from jaxsync._src.strategies.strategy import Blueprint, RateClock, Strategy, with_worker_speeds
 
+# The share of the training examples a tuning run holds out and scores on (6,000 of Fashion-MNIST's 60,000).
+TUNING_VALIDATION = 0.1
+
 
 @contextlib.contextmanager
 def _section(name: str):
@@ -55,7 +58,9 @@ class Experiment:
     time_model: the simulated cluster's clock (the simulator's only).
     data: the training data sharded over the workers.
     loss_fn: ``(params, batch) -> scalar``: the mean cross-entropy (per token, for a language model).
-    eval_fn: ``params -> {"loss", "accuracy"}`` on the test split (next-token accuracy for a language model).
+    eval_fn: ``params -> {"loss", "accuracy"}`` on the test split (next-token accuracy for a language model);
+      with a validation split (``data.validation``) also ``validation_loss`` and ``validation_accuracy``,
+      and only those with ``data.evaluate_on: validation`` (the test set is then never read).
     eval_every, eval_every_time: the evaluation schedule (one of them).
     num_events: events in the whole run (arrivals, or rounds).
   """
@@ -112,6 +117,12 @@ class Experiment:
     return tuple(float(np.max(factors[u * g : (u + 1) * g])) for u in range(len(factors) // g))
 
   @property
+  def metric(self) -> str:
+    """The accuracy a run's target, the advisor and tuning read: ``"accuracy"`` (test), or
+    ``"validation_accuracy"`` when the run evaluates the validation split only."""
+    return "validation_accuracy" if self.config.data.evaluate_on == "validation" else "accuracy"
+
+  @property
   def label(self) -> str:
     return f"{self.strategy.name} K={self.strategy.num_workers} seed={self.config.seed}"
 
@@ -124,7 +135,7 @@ class Experiment:
       log_every=run.chunk,
       checkpoint_every=run.checkpoint_every or 10 * run.chunk,
       max_time=run.max_time,
-      target=None if run.target_accuracy is None else ("accuracy", run.target_accuracy),
+      target=None if run.target_accuracy is None else (self.metric, run.target_accuracy),
       chance_accuracy=1.0 / self.dataset.num_classes,
       label=self.label,
     )
@@ -145,6 +156,8 @@ def build(config: Config) -> Experiment:
       num_examples=data_cfg.num_examples,
       sequence_length=data_cfg.sequence_length,
     )
+    if data_cfg.validation:
+      dataset = datasets.hold_out(dataset, data_cfg.validation)
   with _section("model"):
     reads = models.input_key(config.model.name)
     if reads != dataset.input_key:
@@ -196,11 +209,38 @@ def build(config: Config) -> Experiment:
     time_model=time_model,
     data=data,
     loss_fn=models.classification_loss(model),
-    eval_fn=models.classification_metrics(model, dataset.test[dataset.input_key], dataset.test["label"]),
+    eval_fn=held_out_metrics(model, dataset, data_cfg.evaluate_on),
     eval_every=run.eval_every,
     eval_every_time=run.eval_every_time,
     num_events=math.ceil(run.gradients / strategy.gradients_per_event),
   )
+
+
+def held_out_metrics(model: models.Model, dataset: datasets.Dataset, evaluate_on: str = "test"):
+  """The run's ``eval_fn``: the test split's ``loss`` and ``accuracy``, and with a validation split its
+  ``validation_loss`` and ``validation_accuracy`` beside them; with ``evaluate_on="validation"`` the
+  validation split's alone: the test arrays are not even placed on the device."""
+
+  def on(arrays: dict[str, np.ndarray]):
+    return models.classification_metrics(model, arrays[dataset.input_key], arrays["label"])
+
+  if dataset.validation is None:
+    if evaluate_on == "validation":
+      raise ValueError(f"{evaluate_on=} needs a validation split (data.validation > 0)")
+    return on(dataset.test)
+  if evaluate_on == "validation":
+    return models.split_metrics(validation=on(dataset.validation))
+  return models.split_metrics(test=on(dataset.test), validation=on(dataset.validation))
+
+
+def for_tuning(config: Config, share: float = TUNING_VALIDATION) -> Config:
+  """``config`` as a tuning run: trained without a validation slice of ``share`` of its training examples
+  (its own share when it sets one) and evaluated on that slice only, so that nothing chosen from the run
+  has read the test set. Returns the new config."""
+  data = dataclasses.replace(
+    config.data, validation=config.data.validation or share, evaluate_on="validation"
+  )
+  return dataclasses.replace(config, data=data)
 
 
 def learning_rate(config: Config, strategy: Blueprint, *, num_examples: int):

@@ -68,6 +68,8 @@ class Dataset:
     num_classes: the number of classes (the vocabulary size for tokens).
     input_key: ``"image"`` (the default) or ``"tokens"``: the batch key a
       model reads (:func:`jaxsync.models.register`'s ``inputs``).
+    validation: a slice of the training examples held out of ``train`` for
+      choosing hyperparameters (:func:`hold_out`), same keys; None without one.
   """
 
   name: str
@@ -75,6 +77,7 @@ class Dataset:
   test: dict[str, np.ndarray]
   num_classes: int
   input_key: str = "image"
+  validation: dict[str, np.ndarray] | None = None
 
   @property
   def input_shape(self) -> tuple[int, ...]:
@@ -82,7 +85,7 @@ class Dataset:
     return tuple(self.train[self.input_key].shape[1:])
 
   def map_dataset(self, split: str = "train"):
-    """The examples of ``split`` (``"train"`` or ``"test"``) as a grain ``MapDataset`` of example dicts.
+    """The examples of ``split`` (``"train"``, ``"test"`` or ``"validation"``) as a grain ``MapDataset``.
 
     For a user's own grain pipeline (shuffle, batch, map); the simulator's
     :class:`WorkerData` takes ``dataset.train`` as is, and
@@ -90,9 +93,10 @@ class Dataset:
     """
     import grain
 
-    arrays = {"train": self.train, "test": self.test}.get(split)
+    arrays = {"train": self.train, "test": self.test, "validation": self.validation}.get(split)
     if arrays is None:
-      raise validation.invalid(_WHAT, "split", split, "'train' or 'test'")
+      valid = "'train', 'test' or 'validation'" if self.validation is not None else "'train' or 'test'"
+      raise validation.invalid(_WHAT, "split", split, f"{valid} (a validation split comes from hold_out)")
     return grain.MapDataset.source(_Examples(arrays))
 
 
@@ -141,6 +145,52 @@ def register(name: str) -> Callable[[Callable[..., Dataset]], Callable[..., Data
     ((4, 4, 1), 80)
   """
   return DATASETS.register(name)
+
+
+def hold_out(dataset: Dataset, share: float) -> Dataset:
+  """``dataset`` with the last ``share`` of its training examples moved to a validation split.
+
+  The slice is fixed: the last ``round(share * N)`` examples of the training
+  split in its stored order (a contiguous stretch of text just before the test
+  tail for a corpus), whatever the run's seed, so that every tuning run of a
+  grid holds out the same examples. They are not trained on; the test split is
+  unchanged. Tuning runs score on this split only (``data.evaluate_on``).
+
+  Args:
+    dataset: a :class:`Dataset` without a validation split.
+    share: the held-out share of the training examples, in ``(0, 1)``; both
+      parts keep at least one example.
+
+  Returns:
+    A :class:`Dataset` whose ``train`` is the first ``N - round(share * N)``
+    examples and ``validation`` the rest.
+
+  Example:
+    >>> import jaxsync
+    >>> from jaxsync._src.data.datasets import hold_out
+    >>> digits = hold_out(jaxsync.datasets.load("digits"), 0.1)
+    >>> len(digits.train["label"]), len(digits.validation["label"]), len(digits.test["label"])
+    (1294, 144, 359)
+  """
+  if dataset.validation is not None:
+    raise ValueError(f"{_WHAT}: hold_out: the {dataset.name} dataset has a validation split already.")
+  if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0.0 < share < 1.0:
+    raise validation.invalid(_WHAT, "share", share, "a share of the training examples in (0, 1)")
+  count = len(dataset.train["label"])
+  held = int(round(share * count))
+  if not 0 < held < count:
+    raise validation.invalid(
+      _WHAT,
+      "share",
+      share,
+      f"a share that holds out between 1 and {count - 1} of the {count} training examples",
+    )
+  keep = count - held
+  return dataclasses.replace(
+    dataset,
+    train={k: v[:keep] for k, v in dataset.train.items()},
+    validation={k: v[keep:] for k, v in dataset.train.items()},
+  )
 
 
 def _split(images, labels, test_fraction: float, seed: int):

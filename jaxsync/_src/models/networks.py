@@ -473,6 +473,36 @@ def classification_metrics(
   )
 
 
+def split_metrics(**eval_fns: Callable[[Any], dict[str, jax.Array]]) -> Callable[[Any], dict[str, jax.Array]]:
+  """One ``eval_fn`` evaluating several held-out splits, each split's metrics under its own prefix.
+
+  ``split_metrics(test=f, validation=g)(params)`` is ``{"loss", "accuracy",
+  "validation_loss", "validation_accuracy"}``: the split named ``test`` keeps
+  the bare names (what a run's target and summary read), every other split's
+  metrics are prefixed with its name. Like :func:`classification_metrics` it is
+  a ``jax.tree_util.Partial`` whose leaves are the splits' batches.
+
+  Args:
+    **eval_fns: ``{split: eval_fn}``, each ``eval_fn(params) -> {metric: scalar}``.
+
+  Returns:
+    ``eval_fn(params) -> {metric or f"{split}_{metric}": scalar}``.
+  """
+  if not eval_fns:
+    raise ValueError(f"{_WHAT}: split_metrics needs at least one split; got {eval_fns=}")
+  names = tuple(eval_fns)
+  return jax.tree_util.Partial(functools.partial(_merged_metrics, names), *eval_fns.values())
+
+
+def _merged_metrics(names, *fns_and_params):
+  *fns, params = fns_and_params
+  out: dict[str, jax.Array] = {}
+  for name, fn in zip(names, fns):
+    prefix = "" if name == "test" else f"{name}_"
+    out.update({f"{prefix}{metric}": value for metric, value in fn(params).items()})
+  return out
+
+
 def _batched_metrics(apply, n, inputs_b, labels_b, mask_b, params):
   def one(carry, xs):
     x, y, m = xs

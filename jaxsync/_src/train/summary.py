@@ -19,17 +19,25 @@ def divergence(
   ``1.5 x chance_accuracy`` (``1 / classes``: a network that predicts one class,
   or noise, on balanced held-out data).
   """
-  loss = final_metrics.get("loss")
+  prefix = _prefix(final_metrics)
+  loss = final_metrics.get(f"{prefix}loss")
   if loss is not None and not np.isfinite(loss):
     return f"the final evaluation loss is {loss}"
   tail = max(1, len(history.loss) // 10)
   recent = np.asarray(history.loss[-tail:])[~np.asarray(history.rejected[-tail:], bool)]
   if recent.size and not np.isfinite(recent).all():
     return f"the training loss went non-finite ({int((~np.isfinite(recent)).sum())} of the last {recent.size} events)"
-  accuracy = final_metrics.get("accuracy")
+  accuracy = final_metrics.get(f"{prefix}accuracy")
   if chance_accuracy is not None and accuracy is not None and accuracy <= 1.5 * chance_accuracy:
     return f"the final accuracy {accuracy:.3f} is at chance level ({chance_accuracy:.3f})"
   return None
+
+
+def _prefix(final_metrics: dict[str, Any]) -> str:
+  """``"validation_"`` for a run evaluated on its validation split only (no test metric), else ``""``."""
+  if final_metrics and all(name.startswith("validation_") for name in final_metrics):
+    return "validation_"
+  return ""
 
 
 def summarize(
@@ -54,9 +62,13 @@ def summarize(
   tail = max(1, len(history.loss) // 10)
   losses = np.asarray(history.loss[-tail:])[~np.asarray(history.rejected[-tail:], bool)]
   summary["final_train_loss"] = float(losses.mean()) if losses.size and np.isfinite(losses).all() else None
-  accuracies = [*history.eval_metrics.get("accuracy", []), final_metrics.get("accuracy", np.nan)]
+  prefix = _prefix(final_metrics)
+  if final_metrics:
+    summary["evaluated_on"] = "validation" if prefix else "test"
+  name = f"{prefix}accuracy"
+  accuracies = [*history.eval_metrics.get(name, []), final_metrics.get(name, np.nan)]
   if np.isfinite(accuracies).any():  # the final evaluation counts too
-    summary["best_accuracy"] = float(np.nanmax(accuracies))
+    summary[f"best_{name}"] = float(np.nanmax(accuracies))
   if target is not None:
     summary["target"] = {"metric": target[0], "value": target[1]}
     summary.update(target_crossings(history, final_metrics, target))
@@ -103,6 +115,13 @@ def target_crossings(
 def final_line(summary: dict, run_dir) -> str:
   """The line ``jaxsync train`` ends with: accuracy, updates, time on the run's clock, the target, where."""
   acc = summary.get("final_accuracy")
+  validation = summary.get("final_validation_accuracy")
+  if acc is not None:
+    shown = f"test accuracy {acc:.3f}" + ("" if validation is None else f" (validation {validation:.3f})")
+  elif validation is not None:
+    shown = f"validation accuracy {validation:.3f} (test set not read)"
+  else:
+    shown = "no accuracy"
   tt = summary.get("time_to_target")
   target = summary.get("target") or {}
   clock = summary.get("clock", "simulated")  # simulated seconds, or wall seconds of a real run
@@ -112,6 +131,6 @@ def final_line(summary: dict, run_dir) -> str:
     else "target not reached"
   )
   return (
-    f"{summary.get('label', '')}: test accuracy {acc:.3f} after {summary['updates']} updates, "
+    f"{summary.get('label', '')}: {shown} after {summary['updates']} updates, "
     f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); run directory {run_dir}"
   )
