@@ -63,6 +63,20 @@ class RoundState(NamedTuple):
   key: jax.Array
 
 
+class RoundSpan(NamedTuple):
+  """What a round costs on the clock, whatever it computes.
+
+  Attributes:
+    end: when its update is in (its record's ``time``).
+    busy: ``[K]`` seconds each worker computed in it.
+    started: ``[K]`` (or a scalar) gradients each worker started in it.
+  """
+
+  end: jax.Array
+  busy: jax.Array
+  started: jax.Array
+
+
 @dataclasses.dataclass(frozen=True)
 class RoundEngine:
   """The synchronous engine: one round per step, every worker's gradient in one batched computation.
@@ -144,14 +158,13 @@ class RoundEngine:
     self, data: WorkerData, schedule: EvalSchedule, metric_names: tuple[str, ...], s: RoundState
   ) -> tuple[RoundState, EventRecord]:
     """One round: every worker computes, the server aggregates, everyone gets the result."""
-    strategy, time_model, loss_fn = self.strategy, self.time_model, self.loss_fn
+    strategy, loss_fn = self.strategy, self.loss_fn
     if strategy.protocol == WorkerProtocol.LOCAL:
       return self._local_round(data, schedule, metric_names, s)
     num_workers = strategy.num_workers
     workers = jnp.arange(num_workers, dtype=jnp.int32)
     keep = strategy.gradients_per_round
-    durations = time_model.sample_compute(s.key, workers, s.steps)
-    round_compute = time_model.gradient_round_compute(durations, keep)
+    span, durations = self._gradient_span(s.key, s.steps, s.clock)
     if keep < num_workers:
       # Fastest-k (docs/algorithms.md §9): the k earliest finishers are kept, the rest cancelled.
       rank = jnp.argsort(jnp.argsort(durations, stable=True), stable=True)
@@ -173,16 +186,12 @@ class RoundEngine:
     update = sync_round.apply_aggregate(
       strategy, s.params, s.rule_state, grads, version=s.version, num_workers=num_workers
     )
-    end = s.clock + round_compute + time_model.round_time(strategy, keep)
-    busy = jnp.minimum(durations, round_compute)  # dropped workers are cancelled at the cut
     return self._finish_round(
       schedule,
       metric_names,
       s,
       update,
-      end=end,
-      busy=busy,
-      started=1,
+      span,
       kept=kept & update.finite,
       loss=loss,
       keep=keep,
@@ -216,12 +225,8 @@ class RoundEngine:
       )
 
     elastic = strategy.elastic_membership
-    steps = jnp.full_like(s.steps, s.event * strategy.local_steps) if elastic else s.steps
+    span, steps, present, kept = self._local_span(s.key, s.steps, s.clock, s.event, s.params)
     work = jax.vmap(one_worker)(workers, s.worker_params, s.worker_state, steps)
-    offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
-    step_times = jax.vmap(lambda i: time_model.sample_compute(s.key, workers, steps + i))(offsets)
-    present = time_model.present(s.clock) if elastic else jnp.ones([num_workers], jnp.bool_)
-    kept = time_model.delivered_by_deadline(strategy, step_times, present)
     weights = kept.astype(jnp.float32) / jnp.sum(kept).astype(jnp.float32)
 
     def kept_mean(d):  # a left-out worker's NaN must not reach the mean (0 * NaN = NaN)
@@ -230,9 +235,6 @@ class RoundEngine:
 
     mean_delta = jax.tree.map(lambda d: kept_mean(d) if elastic else jnp.mean(d, axis=0), work.contribution)
     update = sync_round.outer_step(strategy, s.params, s.rule_state, mean_delta, fragment)
-    before, during = time_model.local_round_compute(step_times, strategy.exchange.overlap, kept)
-    exchange = jnp.asarray(self._exchange_times(s.params), jnp.float32)[fragment]  # Python floats: not x64
-    end = s.clock + before + jnp.maximum(exchange, during)
     models = jax.vmap(lambda x: sync_round.mixed_model(strategy, update.params, x, fragment))(work.model)
     worker_state = work.worker_state
     if time_model.absences:  # a gone worker's slot: its replacement's start, the global parameters
@@ -244,16 +246,107 @@ class RoundEngine:
       metric_names,
       s,
       update,
-      end=end,
-      # A worker the round does not wait for is cut at its close, as fastest-k's are.
-      busy=jnp.minimum(jnp.sum(step_times, axis=0), end - s.clock) * present,
-      started=strategy.local_steps * present.astype(jnp.int32),
+      span,
       kept=kept & update.finite,
       loss=_mean_loss(work.losses, present if time_model.absences else None),
       keep=jnp.sum(kept).astype(jnp.int32),
       worker_params=models,
       worker_state=worker_state,
     )
+
+  # -- the clock: what a round costs, apart from what it computes ---------------------------------------
+
+  def _gradient_span(self, key, steps, clock) -> tuple[RoundSpan, jax.Array]:
+    """A gradient round's span from ``clock`` (its compute, then its exchange), and the workers' compute times."""
+    strategy, time_model = self.strategy, self.time_model
+    keep = strategy.gradients_per_round
+    workers = jnp.arange(strategy.num_workers, dtype=jnp.int32)
+    key, steps, clock = _fenced((key, steps, clock))
+    durations = time_model.sample_compute(key, workers, steps)
+    round_compute = time_model.gradient_round_compute(durations, keep)
+    end = clock + round_compute + time_model.round_time(strategy, keep)
+    busy = jnp.minimum(durations, round_compute)  # dropped workers are cancelled at the cut
+    return _fenced((RoundSpan(end, busy, jnp.ones_like(steps)), durations))
+
+  def _local_span(self, key, steps, clock, event, params):
+    """A local round's span from ``clock``: its steps up to the exchange, then the longer of the exchange and the
+    overlapped steps (``TimeModel.local_round_compute``); with the data steps it computes, the workers
+    present and those it waits for."""
+    strategy, time_model = self.strategy, self.time_model
+    num_workers = strategy.num_workers
+    workers = jnp.arange(num_workers, dtype=jnp.int32)
+    elastic = strategy.elastic_membership
+    key, steps, clock, event = _fenced((key, steps, clock, event))
+    steps = jnp.full_like(steps, event * strategy.local_steps) if elastic else steps
+    offsets = jnp.arange(strategy.local_steps, dtype=jnp.int32)
+    step_times = jax.vmap(lambda i: time_model.sample_compute(key, workers, steps + i))(offsets)
+    present = time_model.present(clock) if elastic else jnp.ones([num_workers], jnp.bool_)
+    kept = time_model.delivered_by_deadline(strategy, step_times, present)
+    before, during = time_model.local_round_compute(step_times, strategy.exchange.overlap, kept)
+    fragment = sync_round.round_fragment(strategy, event)
+    exchange = jnp.asarray(self._exchange_times(params), jnp.float32)[fragment]  # Python floats: not x64
+    end = clock + before + jnp.maximum(exchange, during)
+    span = RoundSpan(
+      end,
+      # A worker the round does not wait for is cut at its close, as fastest-k's are.
+      jnp.minimum(jnp.sum(step_times, axis=0), end - clock) * present,
+      strategy.local_steps * present.astype(jnp.int32),
+    )
+    return _fenced((span, steps, present, kept))
+
+  def _after(self, clock, idle, span: RoundSpan, evaluated) -> tuple[jax.Array, jax.Array]:
+    """The clock and the workers' idle seconds after a round: every worker evaluates inside the round (as the
+    multi-controller loop does), so the next round starts after it."""
+    clock, idle, span, evaluated = _fenced((clock, idle, span, evaluated))
+    pause = jnp.where(evaluated, self.time_model.eval_time, 0.0) if self.time_model.eval_time else 0.0
+    return _fenced((span.end + pause, idle + (span.end - clock - span.busy) + pause))
+
+  def clock_dependence(self) -> str | None:
+    """Why this engine's sequence of updates could depend on its clock, or None when it cannot: then one run
+    gives every cluster clock's times (:meth:`replay_clock`). Rounds of equal or fixed-order workers do not
+    look at the clock; elastic membership (who is present, who makes the deadline) and absences do."""
+    if self.strategy.elastic_membership:
+      return "elastic membership (who makes a round's deadline depends on its clock)"
+    if self.time_model.absences:
+      return "worker absences (who is present depends on the clock)"
+    return None
+
+  def replay_clock(self, params: Any, key: jax.Array, evaluated: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """The clock of a run of ``len(evaluated)`` rounds on this engine's time model, without training it.
+
+    A round's span depends on its compute draws (a pure function of the seed, the worker and the step), its
+    exchange and its evaluation, never on the parameters' values (:meth:`clock_dependence` says when the
+    updates are independent of the clock too). The same functions as :meth:`step` give the same
+    float32 operations in the same order: the ends equal a full simulation's, bit for bit.
+
+    Args:
+      params: the parameters (their shapes size the exchange).
+      key: the run's compute-time seed (``uint32[2]``, as :meth:`init` takes it).
+      evaluated: ``bool[R]``, whether round ``r`` evaluated (it pauses the clock by ``eval_time``).
+
+    Returns:
+      ``(ends, idle)``: ``[R]`` each round's end, as its record's ``time``, and the workers' idle seconds.
+    """
+    local = self.strategy.protocol == WorkerProtocol.LOCAL
+    num_workers = self.strategy.num_workers
+
+    def one(carry, was_evaluated):
+      clock, idle, steps, event = carry
+      if local:
+        span = self._local_span(key, steps, clock, event, params)[0]
+      else:
+        span = self._gradient_span(key, steps, clock)[0]
+      clock, idle = self._after(clock, idle, span, was_evaluated)
+      return (clock, idle, steps + span.started, event + 1), span.end
+
+    start = (
+      jnp.zeros([], jnp.float32),
+      jnp.zeros([num_workers], jnp.float32),
+      jnp.zeros([num_workers], jnp.int32),
+      jnp.zeros([], jnp.int32),
+    )
+    (_, idle, _, _), ends = jax.lax.scan(one, start, jnp.asarray(evaluated, jnp.bool_))
+    return ends, idle
 
   def _exchange_times(self, params) -> tuple[float, ...]:
     """Seconds each fragment's exchange and outer step take (``TimeModel.local_exchange_time``)."""
@@ -272,10 +365,8 @@ class RoundEngine:
     metric_names,
     s: RoundState,
     update: sync_round.RoundUpdate,
+    span: RoundSpan,
     *,
-    end,
-    busy,
-    started,
     kept,
     loss,
     keep,
@@ -284,17 +375,16 @@ class RoundEngine:
   ) -> tuple[RoundState, EventRecord]:
     version = s.version + update.finite.astype(jnp.int32)
     inter, intra = self.time_model.round_messages(self.strategy, keep)
+    end = span.end
     evaluated, metrics, next_eval = schedule.maybe_evaluate(
       s.next_eval, update.params, version, end, metric_names
     )
-    # Every worker evaluates inside the round (as the multi-controller loop does): the next round
-    # starts after it.
-    pause = jnp.where(evaluated, self.time_model.eval_time, 0.0) if self.time_model.eval_time else 0.0
+    clock, idle = self._after(s.clock, s.idle, span, evaluated)
     new = RoundState(
-      clock=end + pause,
-      idle=s.idle + (end - s.clock - busy) + pause,
-      steps=s.steps + started,
-      used=s.used + kept.astype(jnp.int32) * started,
+      clock=clock,
+      idle=idle,
+      steps=s.steps + span.started,
+      used=s.used + kept.astype(jnp.int32) * span.started,
       params=update.params,
       rule_state=update.rule_state,
       version=version,
@@ -316,6 +406,13 @@ class RoundEngine:
       metrics=metrics,
     )
     return new, record
+
+
+def _fenced(tree):
+  """``tree`` behind an optimization barrier: the clock's arithmetic between two fences compiles alike in the
+  training program and in :meth:`RoundEngine.replay_clock` (XLA fuses, and may order a sum's terms, by what
+  surrounds it), so that a re-timed run equals a full simulation bit for bit."""
+  return jax.lax.optimization_barrier(tree)
 
 
 def _where_present(present: jax.Array, tree, otherwise):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -272,6 +273,80 @@ class Simulator(RuntimeBase):
   def totals(self, state) -> RunTotals:
     """Per-worker gradients, applied gradients and idle seconds, and the bytes moved, of ``state``."""
     return self._engine.totals(state)
+
+  def clock_dependence(self) -> str | None:
+    """Why this run's sequence of updates could depend on its cluster's clock, in words, or None when it
+    cannot (synchronous rounds of equal or fixed-order workers, evaluated every so many updates): then one
+    run gives its times on every link (:meth:`retime`)."""
+    if not isinstance(self._engine, RoundEngine):
+      return "asynchronous arrivals (their order is the clock's)"
+    if self.schedule.every_time is not None:
+      return "evaluations every so many simulated seconds (which updates are evaluated is the clock's)"
+    return self._engine.clock_dependence()
+
+  def retime(
+    self, history: History, params: optax.Params, *, seed: int = 0, trained_on: TimeModel
+  ) -> History:
+    """``history``, a run of this simulator's strategy, data and seed on the clock ``trained_on``, on this
+    simulator's clock instead, without training it again.
+
+    Where the updates cannot depend on the clock (:meth:`clock_dependence`), a round's span is its compute
+    draws (a pure function of the seed, the worker and the step), its exchange on the link, and its
+    evaluation pause: :meth:`RoundEngine.replay_clock` replays them with the same float32 operations, so the
+    result equals a full simulation on this clock bit for bit (times, evaluation times, idle seconds); the
+    parameters, losses and metrics are the run's own. Fastest-k keeps the rounds' fastest gradients, so its
+    compute-time model must be ``trained_on``'s too.
+
+    Args:
+      history: a simulated run of this strategy, data and ``seed``.
+      params: its initial parameters (their shapes size the messages).
+      seed: the run's compute-time jitter seed.
+      trained_on: the time model the run was simulated on.
+
+    Returns:
+      The :class:`History` on this simulator's time model.
+
+    Example:
+      >>> import jax.numpy as jnp, numpy as np, jaxsync
+      >>> x = np.linspace(-1, 1, 64, dtype=np.float32)
+      >>> data = jaxsync.sim.WorkerData({"x": x, "y": 3 * x}, num_workers=4, batch_size=8)
+      >>> loss = lambda w, b: jnp.mean((w * b["x"] - b["y"]) ** 2)
+      >>> bsp = jaxsync.strategies.make("bsp", 4, learning_rate=0.5)
+      >>> slow, fast = (jaxsync.sim.TimeModel(num_workers=4, link=link) for link in ("100mbps", "10gbps"))
+      >>> _, history = jaxsync.sim.Simulator(bsp, loss, data, slow).run(jnp.zeros([]), num_events=50)
+      >>> retimed = jaxsync.sim.Simulator(bsp, loss, data, fast).retime(history, jnp.zeros([]), trained_on=slow)
+      >>> bool(retimed.time[-1] < history.time[-1]), bool((retimed.loss == history.loss).all())
+      (True, True)
+    """
+    why = self.clock_dependence()
+    if (
+      why is None
+      and (self.strategy.gradients_per_round or self.strategy.num_workers) < self.strategy.num_workers
+    ):
+      same = np.array_equal(trained_on.mean_compute_times(), self.time_model.mean_compute_times())
+      if not same or trained_on.jitter_shape != self.time_model.jitter_shape:
+        why = "fastest-k with other compute times (which gradients a round keeps is the compute times')"
+    if why is not None:
+      raise ValueError(
+        f"{_WHAT}: retime: {self.strategy.name}'s updates can depend on the clock ({why}); simulate it on "
+        "this clock instead."
+      )
+    if history.clock != "simulated":
+      raise validation.invalid(_WHAT, "history.clock", history.clock, "'simulated': a real run has no replay")
+    seed = validation.check_int(_WHAT, "seed", seed, low=0)
+    rounds = len(history.time)
+    evaluated = np.zeros([rounds], bool)
+    events = np.asarray(history.eval_event[1:], int) - 1  # row 0 is the initial model
+    evaluated[events] = True
+    params = jax.tree.map(jnp.asarray, params)
+    engine = self._make_engine(self.time_model.with_message_bytes(params))
+    key = jax.random.key_data(jax.random.key(seed))
+    ends, idle = jax.jit(engine.replay_clock)(params, key, evaluated)
+    ends = np.asarray(ends)
+    eval_time = np.concatenate([[0.0], ends[events]]) if len(history.eval_time) else history.eval_time
+    return dataclasses.replace(
+      history, time=ends, eval_time=eval_time.astype(history.eval_time.dtype), worker_idle=np.asarray(idle)
+    )
 
   def run(
     self,
