@@ -268,6 +268,11 @@ class Benchmark:
         results.append(stored)
         continue
       exp = experiment.build(cfg)  # only for a run to train: building loads the data and the model
+      retimed = None if self.args.fresh else self._retimed(cfg, exp, setting, label)
+      if retimed is not None:  # the same updates, trained on another link: timed on this one, not trained
+        self.count_run(results_store.config_key(cfg), retimed.summary, reused=True)
+        results.append(retimed)
+        continue
       run_dir = self.runs_dir / _slug(setting) / _slug(label) / f"seed{cfg.seed}"
       # A finished run of this very config is read back from its final checkpoint, not rerun (runs
       # made before the results store existed join it this way).
@@ -321,6 +326,32 @@ class Benchmark:
       [self.store.measures(c) for c in configs if results_store.config_key(c) in self.used_keys],
       configs[0] if configs else None,
     )
+
+  def _retimed(self, cfg: Config, exp, setting: str, label: str):
+    """``cfg``'s run from a stored run of the same updates on another clock, re-timed on ``cfg``'s
+    (``Simulator.retime``, equal to training it bit for bit), stored with ``retimed_from``; None when its
+    updates could follow the clock or no such run is stored. The re-timed run costs no training and is
+    not another sample of the updates: the report counts it as read back."""
+    if cfg.run.max_time is not None:
+      return None
+    sim = exp.simulator()
+    if sim.clock_dependence() is not None:
+      return None
+    source = self.store.trained_trajectory(cfg)
+    if source is None:
+      return None
+    stored = results_store.as_result(source).history
+    # retime needs the run's events (its rounds) and evaluations; the store keeps the latter whole.
+    rounds = dataclasses.replace(stored, time=np.zeros([int(source["summary"]["events"])], np.float32))
+    history = sim.retime(rounds, exp.model.params, seed=cfg.seed, trained_on=exp.time_model)
+    result = self.store.add_retimed(cfg, source, history, setting=setting, label=label, code=code_version())
+    print(
+      f"[{self.name} {self.elapsed()}] {setting} | {label} | seed {cfg.seed}: re-timed from the run trained "
+      f"on another link ({source['setting']}): {_fmt(result.summary.get('simulated_time'))} simulated s",
+      file=sys.stderr,
+      flush=True,
+    )
+    return result
 
   def tune(
     self,

@@ -51,6 +51,20 @@ ADDED_KEYS: dict[tuple[str, str], Any] = {
 }
 
 
+# The cluster keys that only time a run whose updates cannot follow the clock (Simulator.clock_dependence):
+# runs that differ in nothing else are one training, re-timed per link (trajectory_key).
+CLOCK_KEYS = ("link", "server_link", "collective_overhead", "server_bandwidth", "apply_time", "eval_time")
+
+
+def trajectory_key(config: Config) -> str:
+  """The key of ``config``'s sequence of updates when it cannot depend on the clock: its config less the
+  cluster's :data:`CLOCK_KEYS`."""
+  data = config_lib.to_dict(config)
+  for key in CLOCK_KEYS:
+    data["cluster"].pop(key, None)
+  return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()[:16]
+
+
 def config_key(config: Config, tag: str = "") -> str:
   """A 16-hex-digit hash of every field of ``config`` (and ``tag``: what else decides the run, when the
   benchmark runs it outside ``training.train``): equal configs, and only they, share a key. A key of
@@ -98,7 +112,50 @@ class RunStore:
     """Appends ``result`` (flushed to disk before returning) and returns it as the store will give it back."""
     entry = make_entry(config, result, setting=setting, label=label, code=code, measures=measures)
     entry["key"] = config_key(config, tag)
+    if not tag:  # a run of training.train: a later run of the same updates on another clock may re-time it
+      entry["trajectory"] = trajectory_key(config)
     entry["events"] = thin_events(result.history, event_rows)
+    append_entry(self.path, entry)
+    self.entries[entry["key"]] = entry
+    return as_result(entry)
+
+  def trained_trajectory(self, config: Config) -> dict[str, Any] | None:
+    """A stored run trained (not re-timed) with ``config``'s sequence of updates on another clock, or None."""
+    want = trajectory_key(config)
+    for entry in self.entries.values():
+      if entry.get("trajectory") == want and not entry.get("retimed_from"):
+        return entry
+    return None
+
+  def add_retimed(
+    self, config: Config, source: dict[str, Any], history: History, *, setting: str, label: str, code: str
+  ) -> training.RunResult:
+    """Stores ``source``'s run re-timed on ``config``'s clock (``history``: its full times, evaluation times and
+    idle seconds; ``Simulator.retime``): the source's updates and metrics, this clock's times and the
+    crossings of its target on them; ``retimed_from`` names the run trained."""
+    entry = json.loads(json.dumps(source))
+    summary = entry["summary"]
+    summary[history.time_key] = float(history.elapsed)
+    summary["wall_seconds"] = 0.0
+    if summary.get("target"):
+      final = {name: summary.get(f"final_{name}") for name in history.eval_metrics}
+      summary.update(
+        target_crossings(history, final, (summary["target"]["metric"], summary["target"]["value"]))
+      )
+    index = entry["events"]["index"]
+    entry.update(
+      key=config_key(config),
+      trajectory=trajectory_key(config),
+      retimed_from=source["key"],
+      setting=setting,
+      label=label,
+      code=code,
+      date=f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M}",
+      summary=_jsonable(summary),
+    )
+    entry["evals"]["time"] = _round(history.eval_time)
+    entry["workers"]["idle"] = _round(history.worker_idle)
+    entry["events"]["time"] = _round(np.asarray(history.time)[index])
     append_entry(self.path, entry)
     self.entries[entry["key"]] = entry
     return as_result(entry)

@@ -113,3 +113,41 @@ def test_a_run_whose_updates_follow_the_clock_is_refused():
   other = dataclasses.replace(clock, slowdown=5.0)
   with pytest.raises(ValueError, match="fastest-k with other compute times"):
     fastest.retime(history, params, trained_on=other)
+
+
+def test_a_benchmark_trains_a_clock_independent_run_once_and_times_it_on_every_link(tmp_path):
+  """The results store keeps one training of all-reduce's updates; its run on another link is that training
+  re-timed (no training), and equals a run trained there; an asynchronous strategy is trained per link."""
+  import importlib
+
+  from jaxsync._src.app import config as config_lib
+
+  harness = importlib.import_module("benchmarks.common.harness")
+
+  def bench(where):
+    args = harness.parser("").parse_args(["--results-dir", str(where), "--runs-dir", str(where / "runs")])
+    return harness.Benchmark("made_up", "Made up", args, [], seeds=1)
+
+  def config(link):
+    sets = ["data.name=digits", "model.name=mlp", "cluster.num_workers=4", f"cluster.link={link}"]
+    sets += ["run.gradients=400", "run.chunk=25", "run.eval_every=10", "run.target_accuracy=0.8"]
+    return config_lib.load(ROOT / "configs" / "quickstart.yaml", sets)
+
+  once = bench(tmp_path / "once")
+  slow = once.run(config("100mbps"), "allreduce", setting="100 Mbit/s")
+  fast = once.run(config("10gbps"), "allreduce", setting="10 Gbit/s")
+  entries = list(harness.results_store.read_entries(once.store.path).values())
+  assert [bool(e.get("retimed_from")) for e in entries] == [False, True]
+  assert entries[1]["retimed_from"] == entries[0]["key"] and fast.summaries[0]["wall_seconds"] == 0.0
+  assert (once.run_count, once.reused_count) == (2, 1)
+  trained = bench(tmp_path / "trained").run(config("10gbps"), "allreduce", setting="10 Gbit/s")
+  for key in ("simulated_time", "time_to_target", "time_to_target_held", "final_accuracy", "updates"):
+    assert fast.summaries[0][key] == trained.summaries[0][key], key
+  assert fast.summaries[0]["simulated_time"] < slow.summaries[0]["simulated_time"]
+  np.testing.assert_array_equal(fast.histories[0].eval_time, trained.histories[0].eval_time)
+  np.testing.assert_array_equal(fast.histories[0].worker_idle, trained.histories[0].worker_idle)
+  # Asynchronous arrivals follow the clock: trained on each link.
+  once.run(config("100mbps"), "asp", setting="100 Mbit/s")
+  once.run(config("10gbps"), "asp", setting="10 Gbit/s")
+  entries = list(harness.results_store.read_entries(once.store.path).values())
+  assert [bool(e.get("retimed_from")) for e in entries[2:]] == [False, False]
