@@ -20,7 +20,12 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 harness = importlib.import_module("benchmarks.common.harness")
 
 
-@jaxsync.datasets.register("stripes_poisoned_test")
+@pytest.fixture(autouse=True)
+def _poisoned_dataset(scratch_registries):
+  """The poisoned dataset, registered for this module's tests only."""
+  jaxsync.datasets.register("stripes_poisoned_test")(_stripes_poisoned_test)
+
+
 def _stripes_poisoned_test(seed):
   """Learnable stripes whose test images are NaN: any run that reads the test set reports a NaN loss."""
   rng = np.random.default_rng(seed)

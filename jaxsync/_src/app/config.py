@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
-import re
 import types
 import typing
 from typing import Any
@@ -17,28 +16,7 @@ from typing import Any
 import yaml
 
 from jaxsync._src.core.suggestions import did_you_mean
-
-
-class _Loader(yaml.SafeLoader):
-  """PyYAML's safe loader, reading numbers the way people write them.
-
-  PyYAML follows YAML 1.1, where ``1e-3`` and ``1.0e3`` (an exponent without
-  a dot, or without a sign) are strings; YAML 1.2 and every programming
-  language read them as numbers, and so does this loader: ``1e-3``, ``1E-3``,
-  ``1.5e3``, ``.5`` and ``1_000`` are numbers in configs and ``--set`` values.
-  """
-
-
-_Loader.add_implicit_resolver(
-  "tag:yaml.org,2002:float",
-  re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$"),
-  list("-+0123456789."),
-)
-
-
-def load_yaml(text: str) -> Any:
-  """YAML text as plain data, numbers read as in YAML 1.2 (see :class:`_Loader`)."""
-  return yaml.load(text, Loader=_Loader)  # noqa: S506 (a SafeLoader subclass)
+from jaxsync._src.core.yaml_text import load_yaml
 
 
 class ConfigError(ValueError):
@@ -111,21 +89,14 @@ class DataConfig:
 
     _require_choice("data.name", self.name, DATASETS)
     _positive("data", self, "batch_size", "num_examples", "sequence_length")
-    _require(
-      not isinstance(self.validation, bool)
-      and isinstance(self.validation, (int, float))
-      and 0.0 <= self.validation < 1.0,
-      "data.validation",
-      self.validation,
-      "a share of the training examples in [0, 1)",
-    )
+    share = self.validation
+    ok = not isinstance(share, bool) and isinstance(share, (int, float)) and 0.0 <= share < 1.0
+    _require(ok, "data.validation", share, "a share of the training examples in [0, 1)")
     _require_choice("data.evaluate_on", self.evaluate_on, ("test", "validation"))
-    _require(
-      self.evaluate_on == "test" or self.validation > 0,
-      "data.evaluate_on",
-      self.evaluate_on,
-      "'test' while data.validation is 0 (set data.validation, e.g. 0.1, to hold out a validation split)",
+    unheld = (
+      "'test' while data.validation is 0 (set data.validation, e.g. 0.1, to hold out a validation split)"
     )
+    _require(self.evaluate_on == "test" or share > 0, "data.evaluate_on", self.evaluate_on, unheld)
 
 
 @dataclasses.dataclass(frozen=True)
