@@ -416,7 +416,7 @@ def _faster(a, b) -> dict:
   """Is ``a`` faster to the target than ``b``: mean times (None unless every seed reached it), and the p of
   ``harness.time_test`` (Welch's when both reached it on every seed, else a rank test, a miss the slowest)."""
   ta, tb = a.mean("time_to_target_held"), b.mean("time_to_target_held")
-  test = harness.time_test(_times(b), _times(a))
+  test = harness.time_test(_times(b), _times(a), within=harness.crossing_width(a, b))
   return {"a": ta, "b": tb, "ratio": tb / ta if ta and tb else None, "p": test["p"]}
 
 

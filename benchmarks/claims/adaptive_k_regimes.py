@@ -110,6 +110,7 @@ def map_points(bench, args, size, rates, fraction=1.0):
           hits = [harness.gradients_to(r, TARGET[args.size]) for r in cell.results]
           m["gradients"] = None if any(g is None for g in hits) else float(np.mean(hits))
           m["times"] = cell.values("time_to_target_held")
+          m["width"] = harness.crossing_width(cell)
           point[KEYS[label]] = m
           commands.append(cell.command)
         cells[(workers, message, server)] = row
@@ -148,12 +149,20 @@ def map_points(bench, args, size, rates, fraction=1.0):
   return found, rows, commands, cells
 
 
+def _width(*measured: dict) -> float | None:
+  """The larger evaluation interval around the crossings of two cells (``harness.crossing_width``)."""
+  return max((m["width"] for m in measured if m.get("width") is not None), default=None)
+
+
 def decide(found: dict) -> dict[str, tuple[str, str]]:
   """Where each reading beats ASP: points faster in the mean, and significantly (``harness.time_test``:
   Welch, or a rank test where a seed missed the target; Holm over the points)."""
   out = {}
   for key, label in (("ak", "adaptive k"), ("ak_all", "adaptive k, every arrival fresh")):
-    tests = {point: harness.time_test(v["asp"]["times"], v[key]["times"]) for point, v in found.items()}
+    tests = {
+      point: harness.time_test(v["asp"]["times"], v[key]["times"], within=_width(v["asp"], v[key]))
+      for point, v in found.items()
+    }
     adjusted = dict(zip(tests, harness.holm([t["p"] for t in tests.values()])))
     speed = "speedup" if key == "ak" else "speedup_all"
     tested = [p for p, v in found.items() if v[key]["time"] is not None or v["asp"]["time"] is not None]

@@ -459,6 +459,7 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
     point: harness.time_test(
       part2[point]["ea_wild"].values("time_to_target_held"),
       part2[point]["sync"].values("time_to_target_held"),
+      within=harness.crossing_width(part2[point]["ea_wild"], part2[point]["sync"]),
     )
     for point in ends
   }

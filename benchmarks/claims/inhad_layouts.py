@@ -283,7 +283,11 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
     inhad = fast[layout]["InHAD"]
     t_asp, t_inhad = asp.mean("time_to_target_held"), inhad.mean("time_to_target_held")
     # Welch's test when every seed reached the target, else ranks with a miss the slowest.
-    test = harness.time_test(asp.values("time_to_target_held"), inhad.values("time_to_target_held"))
+    test = harness.time_test(
+      asp.values("time_to_target_held"),
+      inhad.values("time_to_target_held"),
+      within=harness.crossing_width(asp, inhad),
+    )
     speed[layout] = (None if not t_asp or not t_inhad else t_asp / t_inhad, test["p"])
   adjusted = dict(zip(layouts, harness.holm([p for _, p in speed.values()])))
   # Sooner: a larger mean speed, or every InHAD seed reached the target where an ASP seed missed it.

@@ -621,7 +621,8 @@ class Benchmark:
       lines.append(
         "- Time (updates, gradients) to a target: at the first evaluation from which the accuracy stays at or"
         " above it to the run's end, the final evaluation counted as the last one (a crossing that holds, not"
-        " one lucky evaluation)"
+        " one lucky evaluation); the crossing lies after the evaluation before it, so two cells whose mean times"
+        " differ by no more than that interval are not told apart (p = 1)"
       )
     if self.missing:
       shown = "; ".join(self.missing[:12]) + (
@@ -857,12 +858,37 @@ def rank_test(a: list[float | None], b: list[float | None]) -> float:
   return float(np.mean([abs(t - expected) >= observed - 1e-9 for t in sums]))
 
 
-def time_test(a: list[float | None], b: list[float | None]) -> dict[str, float | str]:
+def time_test(
+  a: list[float | None], b: list[float | None], *, within: float | None = None
+) -> dict[str, float | str]:
   """Times to a target of two cells compared over the seeds: Welch's p when every seed of both reached it,
-  else the rank test with a miss as the slowest (``rank_test``). ``{"p", "test"}``."""
+  else the rank test with a miss as the slowest (``rank_test``). ``{"p", "test"}``.
+
+  ``within``: how far from its evaluation a crossing may lie (``crossing_width``): where every seed reached
+  the target and the means differ by no more, the comparison is not decided (p = 1): an evaluation
+  interval, not the methods, could make the difference."""
   if all(v is not None and np.isfinite(v) for v in [*a, *b]):
+    gap = abs(float(np.mean(a)) - float(np.mean(b))) if a and b else math.inf
+    if within is not None and gap <= within:
+      return {"p": 1.0, "test": f"within one evaluation interval ({within:.3g} s): not decided"}
     return {"p": welch(a, b)["p"], "test": "Welch"}
   return {"p": rank_test(a, b), "test": "rank test, a miss as the slowest"}
+
+
+def crossing_width(*cells: Cell) -> float | None:
+  """How far a crossing of the target may lie from the evaluation that saw it, for these cells: the largest
+  of their seeds' mean gap between the crossing that holds and the evaluation before it (None when no
+  seed reached the target). ``time_test``'s ``within``."""
+  widths = []
+  for cell in cells:
+    gaps = [
+      s["time_to_target_held"] - s["time_to_target_held_after"]
+      for s in cell.summaries
+      if s.get("time_to_target_held") is not None and s.get("time_to_target_held_after") is not None
+    ]
+    if gaps:
+      widths.append(float(np.mean(gaps)))
+  return max(widths, default=None)
 
 
 def speed_extensions(time_text: str) -> str:

@@ -95,6 +95,7 @@ def target_crossings(
   metric, value = target
   out: dict[str, float | int | None] = {}
   final = final_metrics.get(metric)
+  held = _held_lower_bound(history, metric, value, final) if metric in history.eval_metrics else None
   for suffix, holds in (("", False), ("_held", True)):
     hit = (
       history.time_to(
@@ -109,7 +110,22 @@ def target_crossings(
     )
     out[f"time_to_target{suffix}"] = hit[0] if hit else None
     out[f"updates_to_target{suffix}"] = hit[1] if hit else None
+  # The crossing that holds lies after the evaluation before it: the time is known to within this interval.
+  out["time_to_target_held_after"] = held
   return out
+
+
+def _held_lower_bound(history: History, metric: str, value: float, final: float | None) -> float | None:
+  """The time of the evaluation just before the first one from which ``metric`` holds at ``value`` (0 when
+  that is the initial model), or None when it does not hold: the crossing lies between the two."""
+  from jaxsync._src.interface.history import crossing
+
+  values = np.append(history.eval_metrics[metric], np.nan if final is None else float(final))
+  times = np.append(history.eval_time, history.elapsed)
+  i = crossing(values, value, higher_is_better=metric != "loss", holds=True)
+  if i is None:
+    return None
+  return float(times[i - 1]) if i > 0 else 0.0
 
 
 def final_line(summary: dict, run_dir) -> str:
