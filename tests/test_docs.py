@@ -571,6 +571,33 @@ def test_a_verdict_file_becomes_summary_rows_the_paper_once_a_budget_sensitive_c
   assert results_page.block(tmp_path / "none").startswith("No benchmark has recorded")
 
 
+def test_the_summary_figure_draws_every_measured_comparison_of_the_verdict_files(tmp_path):
+  import json
+
+  comparisons = [
+    {"label": "16 nodes: speed-up over ASP (log)", "effect": -0.2, "p": 0.01},
+    {"label": "EA-wild against Hogwild (points)", "effect": 1.5, "p": 0.3},
+    {"label": "not measured (points)", "effect": None, "p": None},
+    {"label": "within 1 point", "effect": -0.4, "p": None},
+  ]
+  verdict = {"paper": "P (2020)", "claim": "c", "comparisons": comparisons}
+  (tmp_path / "bench_verdicts.json").write_text(
+    json.dumps([verdict, {**verdict, "claim": "d", "comparisons": []}])
+  )
+  results_page = _results_page()
+  E = results_page.Effect
+  assert results_page.effects(tmp_path) == [
+    E("P: c", "speed-up", -0.2, 0.01), E("P: c", "points", 1.5, 0.3), E("P: c", "points", -0.4, None)
+  ]  # fmt: skip
+  assert results_page.figure(tmp_path, tmp_path / "f.png").stat().st_size > 1000
+  assert results_page.figure(tmp_path / "none", tmp_path / "g.png") is None
+  # The committed figure is drawn from the committed verdict files, each of which records its comparisons.
+  drawn = results_page.effects()
+  assert len(drawn) >= 100 and {e.unit for e in drawn} == {"points", "speed-up"}
+  page = (ROOT / "docs" / "results.md").read_text()
+  assert "](../benchmarks/results/verdict_effects.png)" in page
+
+
 def test_the_first_screen_check_measures_where_a_rendered_table_ends(tmp_path):
   """scripts/check_first_screen.py renders the page in Chromium at 1,280 x 800 px and reads the first table's
   bottom edge from the page's own layout: 5 rows of 30 px end within the screen, 40 do not."""

@@ -536,6 +536,7 @@ class Benchmark:
           half_evidence,
           None if number is None else str(number),
           changes,
+          [_finite(c._asdict()) for c in compared or ()],
         )
       )
 
@@ -734,6 +735,11 @@ class Comparisons(tuple):
   budget is budget-sensitive, even where its word does not change."""
 
 
+def _finite(record: dict) -> dict:
+  """A comparison as JSON holds it: NaN (not measured, not tested) as None."""
+  return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
+
+
 def evidence_changes(full: Comparisons | None, half: Comparisons | None) -> list[str]:
   """The comparisons present at both budgets whose sign or significance differs, in words."""
   if not full or not half:
@@ -770,7 +776,8 @@ class Verdict:
   learning rate, per column), ``at_half`` (the verdict the same cells give at half the
   budget; a different one marks the claim budget-sensitive), ``half_evidence`` (what that verdict rests
   on), ``decides`` (:class:`Deciding`: the one number it turns on) and ``evidence_changes`` (the comparisons
-  of :class:`Comparisons` whose sign or significance differs at half the budget)."""
+  of :class:`Comparisons` whose sign or significance differs at half the budget); ``comparisons`` (each
+  comparison at the full budget as ``{"label", "effect", "p"}``: the Results page's figure draws them)."""
 
   paper: str
   claim: str
@@ -783,6 +790,7 @@ class Verdict:
   half_evidence: str | None = None
   decides: str | None = None
   evidence_changes: list[str] = dataclasses.field(default_factory=list)
+  comparisons: list[dict] = dataclasses.field(default_factory=list)
 
   @property
   def word_changes(self) -> bool:

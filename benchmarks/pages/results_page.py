@@ -6,7 +6,9 @@ turns on, the evidence, the budget, the seeds per cell, the tuned learning rates
 budget. This script writes one summary row per claim (paper, claim, verdict, that number, a link to the
 results file, whose verdict table holds the rest) into ``docs/results.md`` between
 ``<!-- verdicts: generated -->`` and ``<!-- /verdicts: generated -->``; ``tests/test_docs.py`` fails when the
-page and the files differ, so the table never quotes a number its results file does not hold.
+page and the files differ, so the table never quotes a number its results file does not hold. It also draws
+``benchmarks/results/verdict_effects.png``, shown under the table: every comparison each verdict rests on
+(``comparisons`` in the verdict files), its effect in points or as a speed-up, marked by its significance.
 
 Run: ``python -m benchmarks.pages.results_page`` (after a benchmark's run or ``--report-only``).
 """
@@ -14,13 +16,16 @@ Run: ``python -m benchmarks.pages.results_page`` (after a benchmark's run or ``-
 from __future__ import annotations
 
 import json
+import math
 import pathlib
 import re
 import sys
+from typing import NamedTuple
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 RESULTS = REPO / "benchmarks" / "results"
 PAGE = REPO / "docs" / "results.md"
+FIGURE = RESULTS / "verdict_effects.png"
 MARKED = re.compile(r"(<!-- verdicts: generated -->\n)(.*?)(<!-- /verdicts: generated -->)", re.S)
 # Marks a verdict whose learning rates were picked on the test set (``tuned_on`` in its verdicts file).
 ON_TEST_SET = "†"
@@ -62,6 +67,78 @@ def _short(verdict: str) -> str:
   return head + "**" if verdict.startswith("**") and parenthetical else verdict
 
 
+class Effect(NamedTuple):
+  """One comparison a verdict rests on, as the summary figure draws it."""
+
+  row: str  # the claim, with its paper
+  unit: str  # "points" (accuracy) or "speed-up" (a log ratio of times)
+  effect: float  # signed: positive is the claim's way; a speed-up as its log
+  p: float | None  # after Holm where the claim corrects; None: not tested
+
+
+def effects(results: pathlib.Path = RESULTS) -> list[Effect]:
+  """Every measured comparison of every recorded verdict (``comparisons`` in ``<name>_verdicts.json``)."""
+  out = []
+  for path in sorted(results.glob("*_verdicts.json")):
+    for v in json.loads(path.read_text()):
+      row = f"{v['paper'].split(' (')[0]}: {v['claim']}"
+      for c in v.get("comparisons", []):
+        if c["effect"] is None:
+          continue
+        unit = "speed-up" if "(log" in c["label"] else "points"
+        out.append(Effect(row, unit, float(c["effect"]), c["p"]))
+  return out
+
+
+def figure(results: pathlib.Path = RESULTS, out: pathlib.Path = FIGURE) -> pathlib.Path | None:
+  """Each claim's comparisons, one row per claim: accuracy differences in points on the left, speed-ups on
+  the right (log scale); filled where significant (p < 0.05 after Holm), hollow where not, grey where
+  untested. None when no verdict records a comparison."""
+  found = effects(results)
+  if not found:
+    return None
+  import matplotlib
+
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  from matplotlib import ticker
+
+  rows = list(dict.fromkeys(e.row for e in found))
+  fig, axes = plt.subplots(1, 2, figsize=(11, 0.32 * len(rows) + 1.2), sharey=True)
+  for ax, unit in zip(axes, ("points", "speed-up")):
+    for e in (e for e in found if e.unit == unit):
+      y = rows.index(e.row)
+      x = math.exp(e.effect) if unit == "speed-up" else e.effect
+      significant = e.p is not None and e.p < 0.05
+      colour = "tab:blue" if e.effect > 0 else "tab:red"
+      if e.p is None:
+        ax.plot(x, y, "x", color="grey", ms=5)
+      else:
+        ax.plot(x, y, "o", ms=6, mfc=colour if significant else "none", mec=colour, alpha=0.85)
+    ax.axvline(1.0 if unit == "speed-up" else 0.0, color="black", lw=0.8)
+    if unit == "speed-up":
+      ax.set_xscale("log")
+      ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}x"))
+      ax.xaxis.set_minor_formatter(ticker.NullFormatter())
+      ax.set_xticks([0.25, 0.5, 1.0, 2.0, 4.0])
+      ax.set_xlabel("speed-up (> 1x: the claim's way)")
+    else:
+      ax.set_xlabel("accuracy difference, points (> 0: the claim's way)")
+    ax.grid(axis="x", alpha=0.3)
+  axes[0].set_yticks(range(len(rows)), [r if len(r) <= 60 else r[:57] + "..." for r in rows], fontsize=7)
+  axes[0].invert_yaxis()
+  fig.suptitle(
+    "Every comparison the verdicts rest on: filled = significant (p < 0.05 after Holm), hollow = not;"
+    " blue = the claim's way, red = against it",
+    fontsize=8,
+  )
+  fig.tight_layout()
+  out.parent.mkdir(parents=True, exist_ok=True)
+  fig.savefig(out, dpi=110)
+  plt.close(fig)
+  return out
+
+
 def block(results: pathlib.Path = RESULTS) -> str:
   """What belongs between the page's markers."""
   found = rows(results)
@@ -85,7 +162,12 @@ def main(argv: list[str] | None = None) -> int:
   if not MARKED.search(page):
     raise SystemExit(f"{PAGE}: no '<!-- verdicts: generated -->' ... '<!-- /verdicts: generated -->' markers")
   PAGE.write_text(MARKED.sub(lambda m: m.group(1) + block() + m.group(3), page))
-  print(f"[results_page] wrote {len(rows())} verdicts into {PAGE}", file=sys.stderr)
+  drawn = figure()
+  print(
+    f"[results_page] wrote {len(rows())} verdicts into {PAGE}"
+    + (f" and {len(effects())} comparisons into {drawn}" if drawn else ""),
+    file=sys.stderr,
+  )
   return 0
 
 
