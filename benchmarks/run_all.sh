@@ -10,7 +10,8 @@
 # are only comparable on an otherwise idle machine. Each script's log goes to runs/bench/<name>.log.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Each name is a module under benchmarks/ (GROUP.NAME). claims.low_communication and calibration.sim_vs_real
+# Each name is a module under benchmarks/ (GROUP.NAME). claims.low_communication (hours; it resumes from its
+# store) and calibration.sim_vs_real
 # (network namespaces, root) take their own arguments: run them alone.
 BENCHMARKS=${BENCHMARKS:-"claims.ormo_table claims.adaptive_k_comparison claims.adaptive_k_regimes claims.ea_wild_comparison claims.inhad_layouts speed.server_bound claims.advisor_check speed.sharded_server speed.node_aggregation faults.fault_campaign faults.churn speed.performance"}
 mkdir -p runs/bench

@@ -846,68 +846,48 @@ def test_about_n_evaluations_per_run_whatever_the_strategy():
   assert run.eval_every is None and run.eval_every_time == pytest.approx(1280 * per_gradient / 40, rel=1e-3)
 
 
-def test_low_communication_language_model_part_builds_the_transformer_under_its_own_keys():
-  from jaxsync._src.app import config as config_lib
-  from jaxsync._src.app import experiment
-
-  module = importlib.import_module("benchmarks.claims.low_communication")
-  plan = module.Plan(**module.LANGUAGE_MODEL)
-  setting = module.Setting(8, "10gbps", "none")
-  ran = module.overrides(setting, "DiLoCo H=10", 3e-3, 0, plan.per_worker, None, plan.workload)
-  exp = experiment.build(config_lib.load(module.REPO / "configs" / plan.workload.config, ran))
-  assert exp.model.num_params == 120_576 and exp.strategy.name == "diloco" and exp.strategy.local_steps == 10
-  assert exp.num_events == 200 * 8 // (8 * 10)  # 20 rounds of 8 workers x 10 steps
-  # The same method and rates on Fashion-MNIST is another run, kept apart in the stores.
-  assert module.key(setting, "DiLoCo H=10", 3e-3, 0, plan.per_worker, None, plan.workload) != module.key(
-    setting, "DiLoCo H=10", 3e-3, 0, plan.per_worker
-  )
-  assert plan.store.name == "low_communication_lm_runs.jsonl" and plan.workload.target == 0.28
-
-
-def test_low_communication_tiny_stores_every_run_and_rewrites_its_tables_from_the_store(tmp_path):
+def test_low_communication_tiny_tunes_per_link_class_trains_sync_runs_once_and_decides_from_the_store(
+  tmp_path,
+):
   module = importlib.import_module("benchmarks.claims.low_communication")
   results = tmp_path / "results"
-  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
+  argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
+  assert module.main(argv) == 0
   store = results / "low_communication_runs.jsonl"
-  rows = [json.loads(line) for line in store.read_text().splitlines()]
-  # Three methods: one tuning run each, and DiLoCo's outer rate 0.3 next to its default 0.7 at its
-  # inner pick; then two links with slow workers.
-  assert len(rows) == 3 + 1 + 3 * 2 and len({r["key"] for r in rows}) == len(rows)
-  assert {r["method"] for r in rows} == {"all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"}
-  tuning = [r for r in rows if r["method"] == "DiLoCo H=10" and r["seed"] == module.TUNING_SEED]
-  assert sorted(r["outer_rate"] for r in tuning) == [0.3, 0.7]
-  chosen = module.picks(
-    module.Plan(**module.TINY, store=store), module.results_store.read_entries(store), 8, run_missing=False
-  )
-  faster = min(tuning, key=lambda r: (module._speed(r), r["outer_rate"]))["outer_rate"]
-  assert chosen["DiLoCo H=10"].outer == faster and chosen["all-reduce SGD"].outer is None
-  cells = [r for r in rows if r["method"] == "DiLoCo H=10" and r["seed"] == 0]
-  assert {r["outer_rate"] for r in cells} == {faster}  # every cell at the picked outer rate
-  markdown = (results / "low_communication.md").read_text()
-  found = tables(markdown)
-  regime, cells = found[0], next(t for t in found if t[0][-1] == "bytes per gradient")
-  assert regime[0] == ["workers", "100mbps", "10gbps"] and regime[1][0] == "8, a quarter 4x slower"
-  assert [row[0] for row in cells[1:]] == ["all-reduce SGD", "DiLoCo H=10", "DC-ASGD-a"]
-  # DiLoCo's H = 10 local steps move a tenth of all-reduce's bytes per gradient.
-  per_gradient = {row[0]: float(row[-1].replace(",", "")) for row in cells[1:]}
-  assert per_gradient["DiLoCo H=10"] == pytest.approx(per_gradient["all-reduce SGD"] / 10, rel=0.01)
-  # The store alone rewrites the same tables; a rerun runs nothing more.
-  (results / "low_communication.md").unlink()
-  assert (
-    module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results), "--report-only"]) == 0
-  )
-  assert tables((results / "low_communication.md").read_text()) == found
-  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
-  assert len(store.read_text().splitlines()) == len(rows)
-  # A sitting killed while writing its last run loses that run only: the rerun appends it again.
-  lines = store.read_text().splitlines()
-  store.write_text("\n".join(lines[:-1] + [lines[-1][: len(lines[-1]) // 2]]))
-  assert module.main(["--size", "tiny", "--workers", "8", "--results-dir", str(results)]) == 0
-  again = store.read_text().splitlines()
-  assert len(again) == len(rows) + 1 and json.loads(again[-1])["key"] == rows[-1]["key"]
-  # The crossing that holds: 0.81 at t=1 falls back below, so the target is held from t=3.
-  assert module.time_to_target([1.0, 2.0, 3.0, 4.0], [0.81, 0.7, 0.85, 0.9]) == 3.0
-  assert module.time_to_target([1.0, 2.0], [0.81, 0.7]) is None
+  entries = [json.loads(line) for line in store.read_text().splitlines()]
+  tuning = [e for e in entries if " lr=" in e["label"]]
+  # One grid per link class (two in the tiny plan), on the validation split only.
+  assert {e["setting"] for e in tuning} == {"lr grid, K=8, slow links", "lr grid, K=8, fast links"}
+  assert all(e["summary"]["evaluated_on"] == "validation" for e in tuning)
+  cells = [e for e in entries if " lr=" not in e["label"]]
+  assert len(cells) == 4 * 2 * 2  # 4 methods x 2 links x 2 worker speeds, 1 seed
+  # The synchronous methods' runs on the fast link are their slow-link runs re-timed, not trained again.
+  retimed = {(e["setting"], e["label"]) for e in cells if e.get("retimed_from")}
+  assert {label for _, label in retimed} == {"all-reduce Adam", "DiLoCo H=10"} and len(retimed) == 4
+  assert all("10gbps" in setting for setting, _ in retimed)
+  verdicts = json.loads((results / "low_communication_verdicts.json").read_text())
+  assert {v["paper"] for v in verdicts} == {
+    "DiLoCo (Douillard et al., 2023)",
+    "DC-ASGD (Zheng et al., ICML 2017)",
+  }
+  dc = next(v for v in verdicts if v["paper"].startswith("DC-ASGD"))
+  assert len(dc["comparisons"]) == 4 and dc["tuned_on"] == "validation"
+  # The store alone rewrites the same verdicts; a rerun trains nothing more.
+  assert module.main([*argv, "--report-only"]) == 0
+  assert json.loads((results / "low_communication_verdicts.json").read_text()) == verdicts
+  assert module.main(argv) == 0 and len(store.read_text().splitlines()) == len(entries)
+
+
+def test_low_communication_reads_the_half_budget_at_the_half_way_evaluation():
+  module = importlib.import_module("benchmarks.claims.low_communication")
+  history = made_up_history(40, {"accuracy": [0.1, 0.5, 0.82, 0.79, 0.85]}, eval_event=np.arange(5) * 10)
+  from jaxsync._src.train import training
+
+  run = training.RunResult(None, history, {"events": 40, "bytes_moved": 100.0, "gradients": 40}, None)
+  half = module.at_half({"k": _harness.Cell("x", [run], "")})["k"].summaries[0]
+  # Events 0-20 evaluated at 0, 10 and 20 s: 0.82 at the half-way evaluation, held from 20 s (after 10 s).
+  assert half["final_accuracy"] == pytest.approx(0.82) and half["time_to_target_held"] == 20.0
+  assert half["time_to_target_held_after"] == 10.0 and half["bytes_moved"] == 50.0
 
 
 def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and_compares(tmp_path):

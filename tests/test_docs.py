@@ -453,7 +453,7 @@ def verdict_rows(page: str) -> list[tuple[str, str, list[str]]]:
     cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| ") else []
     if len(cells) != 4 or cells[0] == "paper":
       continue
-    linked = re.findall(r"\(\.\./benchmarks/results/([\w.-]+\.md)\)", cells[3])
+    linked = re.findall(r"\(\.\./benchmarks/results/([\w./-]+\.md)\)", cells[3])
     files = linked or files
     rows.append((cells[1], cells[2], files))
   return rows

@@ -365,6 +365,7 @@ class Benchmark:
     extend: bool = False,
     max_extensions: int = 3,
     setting: str = "lr grid",
+    option: str = "learning_rate",
   ) -> tuple[dict[str, float], str]:
     """Each candidate's learning rate picked on the same ``grid``: one run per rate on a held-out seed,
     trained without a validation slice of the training set and scored on it (``experiment.for_tuning``):
@@ -378,7 +379,8 @@ class Benchmark:
     ``max_extensions`` per side, until the pick is interior or the rate beyond it diverges. ``setting``
     names the column tuned (one grid per column). Returns ``{label: rate}`` and the grid as a markdown
     table (the pick in bold) with a line on every extension, so every method is tuned the same way and
-    the report shows how.
+    the report shows how. ``option``: the option the grid sets (default the learning rate; e.g. a
+    local-update method's ``outer_learning_rate``, the candidates' options holding their picked inner rate).
     """
     if objective not in ("accuracy", "time"):
       raise ValueError(f"tune: {objective=}; give 'accuracy' or 'time'")
@@ -391,13 +393,17 @@ class Benchmark:
     best: dict[str, float] = {}
     notes: list[str] = []
 
+    short = "lr" if option == "learning_rate" else option.removesuffix("_learning_rate") + " lr"
+
     def score(label: str, strategy: str, options: dict[str, Any], rate: float) -> dict[str, Any] | None:
       cell = self.run(
         config,
         strategy,
         setting=setting,
-        label=f"{label} lr={rate:g}",
-        options={**options, "learning_rate": rate},
+        label=f"{label} {short.replace(' ', '_')}={rate:g}"
+        if option != "learning_rate"
+        else f"{label} lr={rate:g}",
+        options={**options, option: rate},
         seeds=1,
         evaluations=evaluations,
       )
@@ -470,7 +476,7 @@ class Benchmark:
       return f"**{text}**" if rate == best[label] else text
 
     rows = [[label] + [shown(label, rate) for rate in columns] for label in scores]
-    text = table(["strategy", *[f"lr {r:g}" for r in columns]], rows)
+    text = table(["strategy", *[f"{short} {r:g}" for r in columns]], rows)
     split = "test set (the earlier protocol)" if self.picks_on_test_set else "validation split"
     if objective == "time":
       text += (
