@@ -1,8 +1,11 @@
 """How often `jaxsync advise` picks the winner of the full runs, from the beginning of them.
 
-For each scenario (a shipped Fashion-MNIST paper config and its compare strategies), every candidate is tuned
-for the scenario on one log-spaced grid (``GRID``, extended past an edge pick) on the held-out seed, on the
-time to the target (what the advisor ranks by); then it runs the whole run at that rate on each seed,
+For each of 13 scenarios (the four Fashion-MNIST paper configs and the OrMo table's equal workers, each with
+its compare strategies; the low-communication family against ASP and DC-ASGD at 8 and 32 workers, on slow and
+fast links, with and without stragglers; the Jargon File's small transformer), every candidate is tuned for
+the scenario on one log-spaced grid (``GRID``, or ``ADAMW_GRID`` for the AdamW-driven candidates; extended
+past an edge pick) on the held-out seed's validation split, on the time to the target (what the advisor ranks
+by); then it runs the whole run at that rate on each seed,
 evaluated at equal event counts (``Experiment.short_run`` over all the gradients), trained without the 10%
 validation slice of the training set that ``jaxsync advise`` scores on, and evaluated on both it and the test
 set. The *winner* is what the full runs say on the test set: ``jaxsync.advisor.rank`` on them, by time to the
@@ -12,8 +15,9 @@ sees only the validation accuracy of the first 10%, 25% or 50% of the same runs 
 deterministic and a prefix at a whole number of evaluation intervals equals a short run of that length
 (tested in ``tests/advisor/test_advisor.py``), so this is exactly what ``jaxsync advise --fraction F``
 would have run. Reported per scenario and fraction: the advisor's pick, whether it is decisive, and whether
-it matches the full runs' winner; then the hit rate over scenarios, at the budget and again at half of it
-(the same picks and seeds; a different hit rate marks the verdict budget-sensitive).
+it matches the full runs' winner; then the hit rate over scenarios with Wilson's 95% interval (over all of
+them, and over those whose full runs separate a winner), at the budget and again at half of it (the same picks
+and seeds; a different hit rate marks the verdict budget-sensitive).
 
 The runs: the MLP (so that every candidate can be tuned on 2 cores) for ``EPOCHS`` epochs, the configs'
 schedules scaled to that length, the target accuracy ``TARGET``, as in the paper benchmarks. Every run is
@@ -24,7 +28,7 @@ and whether its last tenth of training losses is finite); a rerun skips what the
 
 Sizes:
   tiny     digits, an MLP, 2 strategies, 1 scenario, 1 seed, a one-rate grid: the suite's smoke test.
-  default  the four Fashion-MNIST paper configs' scenarios, 10 epochs, 3-5 seeds.
+  default  the 13 scenarios (the paper configs' 10 epochs of the MLP), 3-5 seeds.
   full     the same with the configs' own LeNet.
 
     python -m benchmarks.claims.advisor_check [--size tiny|default|full] [--seeds N] [--report-only]
@@ -52,17 +56,82 @@ EVALUATIONS = 40  # of the full run: a whole number of them at each fraction (4,
 EPOCHS = 10
 TARGET = 0.84
 GRID = (0.003, 0.01, 0.03, 0.1)
-# scenario: (config, overrides), the candidates being the config's compare.strategies
+ADAMW_GRID = (3e-4, 1e-3, 3e-3, 1e-2)  # the local-update family's inner AdamW (and all-reduce Adam's) rates
+
+
+@dataclasses.dataclass(frozen=True)
+class Scenario:
+  """A scenario: a config and its overrides, the candidates being its ``compare.strategies``.
+
+  ``paper``: a paper config whose run is scaled to ``EPOCHS`` epochs of the size's model (``scaled``);
+  otherwise the overrides give the whole run, and half the budget is half its gradients. ``grids``: a
+  candidate's own grid (default ``GRID``)."""
+
+  config: str
+  overrides: tuple[str, ...] = ()
+  paper: bool = True
+  grids: dict[str, tuple[float, ...]] = dataclasses.field(default_factory=dict)
+
+
+# The low-communication family against the parameter-server family (as benchmarks.claims.low_communication runs
+# them: the MLP on Fashion-MNIST, 800 gradients per worker, a constant rate, the papers' outer rate 0.7).
+LOW_COMMUNICATION = {
+  "allreduce": {"server_optimizer": "adam"},
+  "diloco": {"period": 50},
+  "streaming_diloco": {"period": 50},
+  "async_local_sgd": {"period": 50, "dylu": True},
+  "dc_asgd": {"adaptive": True, "variance_control": 2.0},
+}
+LOCAL_GRIDS = {name: ADAMW_GRID for name in ("allreduce", "diloco", "streaming_diloco", "async_local_sgd")}
+
+
+def low_communication(workers: int, link: str, slow: bool) -> Scenario:
+  return Scenario(
+    "fashion_mnist",
+    (
+      "model.name=mlp", "model.hidden=[128]", "strategy.options={}", "strategy.schedule.kind=constant",
+      f"cluster.num_workers={workers}", "cluster.compute_time=null", f"cluster.link={link}",
+      f"cluster.slow_fraction={0.25 if slow else 0.0}", f"cluster.slowdown={4.0 if slow else 1.0}",
+      "cluster.server_bandwidth=10GB/s", f"run.gradients={800 * workers}", "run.checkpoint_every=null",
+      "run.target_accuracy=0.8", f"compare.strategies=[{', '.join(['asp', *LOW_COMMUNICATION])}]",
+      f"compare.options={json.dumps(LOW_COMMUNICATION)}",
+    ),
+    paper=False,
+    grids=LOCAL_GRIDS,
+  )  # fmt: skip
+
+
+# The Jargon File's small transformer at 8 workers, 400 steps each: all-reduce Adam against DiLoCo (H = 10),
+# Streaming DiLoCo and asynchronous local SGD, to 28% next-byte accuracy.
+LANGUAGE_MODEL = Scenario(
+  "jargon_transformer",
+  (
+    "strategy.options={}", "strategy.schedule.kind=constant", "cluster.num_workers=8", "cluster.link=100mbps",
+    "run.gradients=3200", "run.checkpoint_every=null", "run.target_accuracy=0.28", "compare.strategies=[allreduce, diloco, streaming_diloco, async_local_sgd]",
+    'compare.options={"allreduce": {"server_optimizer": "adam"}, "diloco": {"period": 10},'
+    ' "streaming_diloco": {"period": 10}, "async_local_sgd": {"period": 10}}',
+  ),
+  paper=False,
+  grids=LOCAL_GRIDS,
+)  # fmt: skip
 SCENARIOS = {
-  "OrMo table, 16 het.": ("fashion_mnist/ormo_table", []),
-  "adaptive k, 32 workers, 10 Gbit/s": ("fashion_mnist/adaptive_k_comparison", []),
-  "EA-wild, 16 workers": ("fashion_mnist/ea_wild_comparison", []),
-  "InHAD, 4 nodes x 4": ("fashion_mnist/inhad_layouts", []),
+  "OrMo table, 16 het.": Scenario("fashion_mnist/ormo_table"),
+  "adaptive k, 32 workers, 10 Gbit/s": Scenario("fashion_mnist/adaptive_k_comparison"),
+  "EA-wild, 16 workers": Scenario("fashion_mnist/ea_wild_comparison"),
+  "InHAD, 4 nodes x 4": Scenario("fashion_mnist/inhad_layouts"),
+  "OrMo table, 16 hom.": Scenario("fashion_mnist/ormo_table", ("cluster.slow_fraction=0.0",)),
+  "low communication, 8 workers, 100 Mbit/s": low_communication(8, "100mbps", slow=False),
+  "low communication, 8 workers, 10 Gbit/s": low_communication(8, "10gbps", slow=False),
+  "low communication, 32 workers, 100 Mbit/s": low_communication(32, "100mbps", slow=False),
+  "low communication, 32 workers, 10 Gbit/s": low_communication(32, "10gbps", slow=False),
+  "low communication, 8 workers, 100 Mbit/s, a quarter 4x slower": low_communication(8, "100mbps", slow=True),
+  "low communication, 8 workers, 10 Gbit/s, a quarter 4x slower": low_communication(8, "10gbps", slow=True),
+  "low communication, 32 workers, 1 Gbit/s, a quarter 4x slower": low_communication(32, "1gbps", slow=True),
+  "language model, 8 workers, 100 Mbit/s": LANGUAGE_MODEL,
 }
 TINY = {
-  "digits, 8 workers, 2 slow": (
-    "quickstart",
-    ["model.name=mlp", "model.hidden=[32]", "run.gradients=800", "run.target_accuracy=0.8"],
+  "digits, 8 workers, 2 slow": Scenario(
+    "quickstart", ("model.name=mlp", "model.hidden=[32]", "run.gradients=800", "run.target_accuracy=0.8")
   )
 }
 TINY_STRATEGIES = ["asp", "bsp"]
@@ -268,8 +337,33 @@ def decide(checks: list[Check], scenarios: int) -> dict[str, tuple[str, str]]:
   if n < scenarios:
     evidence += f"; {scenarios - n} of {scenarios} scenarios not in the store yet"
   hit = sum(c.hit(FRACTIONS[-1]) for c in checks)
-  number = harness.Deciding(f"{hit} of {n} scenarios right from {100 * FRACTIONS[-1]:g}% of the runs")
+  low, high = wilson(hit, n)
+  decisive_hits = sum(c.hit(FRACTIONS[-1]) for c in separated)
+  low_d, high_d = wilson(decisive_hits, len(separated))
+  number = harness.Deciding(
+    f"{hit} of {n} scenarios right from {100 * FRACTIONS[-1]:g}% of the runs (95% interval {low:.0%}-{high:.0%});"
+    f" {decisive_hits} of {len(separated)} where the full runs separate a winner ({low_d:.0%}-{high_d:.0%})"
+  )
+  evidence += (
+    "; hit rates with Wilson's 95% intervals, from 10%, 25%, 50% of the runs: "
+    + ", ".join(f"{sum(c.hit(f) for c in checks)}/{n} ({_interval(sum(c.hit(f) for c in checks), n)})" for f in FRACTIONS)
+  )  # fmt: skip
   return {CLAIM: (f"**{counts} of {n}** scenarios from 10%, 25%, 50% of the runs", evidence, number)}
+
+
+def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:
+  """Wilson's score interval for a hit rate ``hits / n`` (95% at ``z = 1.96``); (0, 1) when ``n = 0``."""
+  if n == 0:
+    return 0.0, 1.0
+  p = hits / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+  return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def _interval(hits: int, n: int) -> str:
+  low, high = wilson(hits, n)
+  return f"{low:.0%}-{high:.0%}"
 
 
 def main(argv: list[str]) -> int:
@@ -285,18 +379,27 @@ def main(argv: list[str]) -> int:
   curves: dict = {}
   picks: dict[tuple[str, str], float] = {}
   seeds_used = []
-  for scenario, (config_name, overrides) in scenarios.items():
+  for scenario, spec in scenarios.items():
+    config_name, overrides = spec.config, list(spec.overrides)
     shipped = bench.config(config_name, overrides)
-    config = bench.config(config_name, [*overrides, *scaled(shipped, args.size)])
+    full_budget = scaled(shipped, args.size) if spec.paper else []
+    config = bench.config(config_name, [*overrides, *full_budget])
     names = TINY_STRATEGIES if tiny else list(config.compare.strategies)
-    rates, grid_text = bench.tune(
-      config, {n: (n, {}) for n in names}, TINY_GRID if tiny else GRID, evaluations=EVALUATIONS,
-      objective="time", extend=not tiny, setting=f"lr grid, {scenario}",
-    )  # fmt: skip
-    picks.update({(scenario, n): r for n, r in rates.items()})
+    grids: dict[tuple[float, ...], list[str]] = {}
+    for n in names:  # one tuning per grid: the candidates of a grid tuned together, as one table
+      grids.setdefault(TINY_GRID if tiny else spec.grids.get(n, GRID), []).append(n)
+    texts = []
+    for grid, members in grids.items():
+      rates, text = bench.tune(
+        config, {n: (n, {}) for n in members}, grid, evaluations=EVALUATIONS,
+        objective="time", extend=not tiny, setting=f"lr grid, {scenario}",
+      )  # fmt: skip
+      picks.update({(scenario, n): r for n, r in rates.items()})
+      texts.append(text)
+    rates = {n: picks[(scenario, n)] for n in names}
     bench.section(
       f"{scenario}: learning rates, seed {harness.TUNING_SEED}",
-      grid_text + "\n\n**Bold**: the fastest to the target (the rate of every run below).",
+      "\n\n".join(texts) + "\n\n**Bold**: the fastest to the target (the rate of every run below).",
     )
     target = config.run.target_accuracy
     chance = 1.0 / experiment.build(config).dataset.num_classes
@@ -312,7 +415,10 @@ def main(argv: list[str]) -> int:
       runs = full_runs(bench, scenario, config, names, rates, seeds)
     curves[scenario] = evaluations(runs)
     seeds_used.append(seeds)
-    half_config = bench.config(config_name, [*overrides, *scaled(shipped, args.size, 0.5)])
+    half_budget = (
+      scaled(shipped, args.size, 0.5) if spec.paper else [f"run.gradients={round(config.run.gradients / 2)}"]
+    )
+    half_config = bench.config(config_name, [*overrides, *half_budget])
     half_runs = full_runs(bench, f"{scenario}, half the budget", half_config, names, rates, seeds)
     for budget, found, cfg in ((1.0, runs, config), (0.5, half_runs, half_config)):
       if not complete(found, names, seeds):  # the store lacks runs (--report-only)
@@ -324,7 +430,7 @@ def main(argv: list[str]) -> int:
       if budget == 1.0:
         bench.section(
           f"{scenario}: the full runs ({cfg.run.gradients} gradients, {seeds} seed(s))",
-          f"Config `configs/{config_name}.yaml` with `{' '.join([*overrides, *scaled(shipped, args.size)])}`;"
+          f"Config `configs/{config_name}.yaml` with `{' '.join([*overrides, *full_budget])}`;"
           f" target accuracy {target:g}.\n\n{c.truth.table()}\n\nWinner: **{c.truth.recommended}**"
           + ("" if c.truth.decisive else f" (not separated from {', '.join(c.truth.tied)} over the seeds)")
           + ".",
@@ -407,11 +513,16 @@ def hit_table(checks: list[Check]) -> str:
   pick is decisive and wrong."""
   n = len(checks)
   return harness.table(
-    ["fraction of the run", "picks the winner", "winner among its pick and ties", "confident misses"],
+    [
+      "fraction of the run",
+      "picks the winner (95% interval)",
+      "winner among its pick and ties",
+      "confident misses",
+    ],
     [
       [
         f"{f:g}",
-        f"{sum(c.hit(f) for c in checks)} of {n}",
+        f"{sum(c.hit(f) for c in checks)} of {n} ({_interval(sum(c.hit(f) for c in checks), n)})",
         f"{sum(c.among(f) for c in checks)} of {n}",
         str(sum(c.confident_miss(f) for c in checks)),
       ]
