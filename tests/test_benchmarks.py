@@ -878,6 +878,49 @@ def test_low_communication_tiny_tunes_per_link_class_trains_sync_runs_once_and_d
   assert module.main(argv) == 0 and len(store.read_text().splitlines()) == len(entries)
 
 
+def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_four_passes_and_decides(
+  tmp_path,
+):
+  from jaxsync._src.app import config as config_lib
+  from jaxsync._src.app import experiment
+
+  module = importlib.import_module("benchmarks.claims.low_communication_lm")
+  plan = module.Plan()
+  config = config_lib.load(
+    BENCHMARKS.parent / "configs" / f"{module.CONFIG}.yaml", module.overrides(plan, module.SLOW_LINK)
+  )
+  exp = experiment.build(experiment.for_strategy(config, "diloco", 0))
+  assert exp.model.num_params == 1_049_184 and config.run.gradients == 3121  # 4 passes of 24,964 sequences
+  assert len(exp.dataset.train["label"]) == module.SEQUENCES
+  results = tmp_path / "results"
+  argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
+  assert module.main(argv) == 0
+  entries = [
+    json.loads(line) for line in (results / "low_communication_lm_runs.jsonl").read_text().splitlines()
+  ]
+  tuning = [e for e in entries if " lr=" in e["label"]]
+  assert {e["label"].split(" lr=")[0] for e in tuning} == {
+    "all-reduce AdamW",
+    "DiLoCo H=50",
+    "async local SGD H=50",
+  }
+  assert all(e["summary"]["evaluated_on"] == "validation" for e in tuning)
+  # The synchronous methods trained on one link, re-timed on the other; asynchronous local SGD trained on both.
+  retimed = sorted(e["label"] for e in entries if e.get("retimed_from"))
+  assert retimed == [
+    "DiLoCo H=10",
+    "DiLoCo H=100",
+    "DiLoCo H=50",
+    "Streaming DiLoCo H=50",
+    "all-reduce AdamW",
+  ]
+  verdicts = json.loads((results / "low_communication_lm_verdicts.json").read_text())
+  assert {v["claim"] for v in verdicts} >= {
+    "ahead of all-reduce AdamW at equal simulated time on a 100 Mbit/s link"
+  }
+  assert "perplexity" in (results / "low_communication_lm.md").read_text()
+
+
 def test_low_communication_reads_the_half_budget_at_the_half_way_evaluation():
   module = importlib.import_module("benchmarks.claims.low_communication")
   history = made_up_history(40, {"accuracy": [0.1, 0.5, 0.82, 0.79, 0.85]}, eval_event=np.arange(5) * 10)

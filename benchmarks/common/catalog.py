@@ -14,6 +14,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "ea_wild_comparison",
     "inhad_layouts",
     "low_communication",
+    "low_communication_lm",
     "advisor_check",
   ),
   "speed": (

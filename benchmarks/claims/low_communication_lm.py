@@ -1,0 +1,251 @@
+"""Low-communication training of a language model that learns: DiLoCo and its family against all-reduce AdamW.
+
+A decoder of 4 blocks of width 144 (4 heads, tied embeddings; 1.05M parameters) on the Jargon File (byte-level
+next-token prediction, sequences of 64 bytes), 4 workers, 4 passes over the training text (3,120 gradients of
+32 sequences: 780 steps per worker); DiLoCo (Douillard et al., 2023) at H = 10, 50, 100, Streaming DiLoCo
+(Douillard et al., 2025; two fragments, one step of overlap, int4 on the wire) and asynchronous local SGD (Liu
+et al., 2024; Delayed Nesterov) against synchronous all-reduce with AdamW, on 100 Mbit/s and 10 Gbit/s links.
+Reported: next-byte accuracy and perplexity per byte (``exp`` of the mean cross-entropy) on the test tail,
+at equal tokens (every run's end) and at equal simulated time (each run read when the quickest run of its link
+has ended).
+
+Protocol (the harness's): the inner AdamW rate tuned on the held-out seed's validation split (the stretch of
+text before the test tail), on the final validation accuracy, for all-reduce, DiLoCo (H = 50, its picks
+serving every H and Streaming DiLoCo, as the Streaming DiLoCo paper reuses DiLoCo's) and asynchronous local
+SGD; the outer rate at the papers' 0.7. 3 seeds a cell (5 where a claim's two sides are within two standard
+deviations). The synchronous methods' runs are trained once and re-timed on the second link. Holm over each
+claim's family; at half the budget: the same runs at their half-way evaluation (a constant rate).
+
+A run costs about 10 min of one core here (35 runs with the tuning: about 6 hours), so the store fills over several sittings: each resumes from it, and
+``--report-only`` rewrites the results file from it, naming what it lacks.
+
+Run: ``python -m benchmarks.claims.low_communication_lm [--size tiny|default] [--report-only]``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import sys
+
+import numpy as np
+
+from benchmarks.claims import low_communication as family
+from benchmarks.common import harness
+
+NAME = "low_communication_lm"
+CONFIG = "jargon_transformer"
+TARGET = 0.40  # next-byte accuracy (reported; the claims are read at equal tokens and equal time)
+SEQUENCES = 24_964  # training sequences of 64 bytes in the Jargon File's training split
+GRID = (3e-4, 1e-3, 3e-3, 1e-2)
+METHODS = {
+  "all-reduce AdamW": ("allreduce", {"server_optimizer": "adam"}),
+  "DiLoCo H=10": ("diloco", {"period": 10}),
+  "DiLoCo H=50": ("diloco", {"period": 50}),
+  "DiLoCo H=100": ("diloco", {"period": 100}),
+  "Streaming DiLoCo H=50": ("streaming_diloco", {"period": 50}),
+  "async local SGD H=50": ("async_local_sgd", {"period": 50}),
+}
+TUNED_AS = {
+  "DiLoCo H=10": "DiLoCo H=50",
+  "DiLoCo H=100": "DiLoCo H=50",
+  "Streaming DiLoCo H=50": "DiLoCo H=50",
+}
+SLOW_LINK, FAST_LINK = "100mbps", "10gbps"
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  workers: int = 4
+  passes: float = 4.0
+  model: str = "{layers: 4, width: 144, heads: 4, tied: true}"
+  links: tuple[str, ...] = (SLOW_LINK, FAST_LINK)
+  grid: tuple[float, ...] = GRID
+  methods: tuple[str, ...] = tuple(METHODS)
+
+
+TINY = Plan(workers=2, passes=0.02, model="{layers: 1, width: 32, heads: 2, tied: true}", grid=(3e-3,))
+
+
+def gradients(plan: Plan) -> int:
+  """The run's gradients of 32 sequences: at least ``plan.passes`` passes over the training text."""
+  return math.ceil(plan.passes * SEQUENCES / 32)
+
+
+def overrides(plan: Plan, link: str) -> list[str]:
+  return [
+    f"model.options={plan.model}",
+    "strategy.options={}",
+    "strategy.schedule.kind=constant",
+    f"cluster.num_workers={plan.workers}",
+    f"cluster.link={link}",
+    f"run.gradients={gradients(plan)}",
+    "run.checkpoint_every=null",
+    f"run.target_accuracy={TARGET}",
+  ]
+
+
+def tune(bench, plan: Plan) -> dict[str, float]:
+  config = bench.config(CONFIG, overrides(plan, FAST_LINK))
+  tuned = {m: METHODS[m] for m in plan.methods if m not in TUNED_AS}
+  members = {
+    m: (s, {**o, **({"outer_learning_rate": 0.7} if s != "allreduce" else {})}) for m, (s, o) in tuned.items()
+  }
+  rates, text = bench.tune(
+    config, members, plan.grid, objective="accuracy", extend=len(plan.grid) > 1,
+    evaluations=family.EVALUATIONS, setting="lr grid",
+  )  # fmt: skip
+  bench.section(f"Learning rates (AdamW), seed {harness.TUNING_SEED}, {FAST_LINK}", text)
+  return {m: rates[TUNED_AS.get(m, m)] for m in plan.methods if TUNED_AS.get(m, m) in rates}
+
+
+def run_cells(bench, plan: Plan, rates: dict[str, float], seeds=None, only=None) -> dict[tuple, harness.Cell]:
+  cells = {}
+  for link in plan.links:
+    config = bench.config(CONFIG, overrides(plan, link))
+    for method in plan.methods:
+      key = (plan.workers, link, "equal workers", method)
+      if method not in rates or (only is not None and key not in only):
+        continue
+      strategy, options = METHODS[method]
+      outer = {} if strategy == "allreduce" else {"outer_learning_rate": 0.7}
+      cells[key] = bench.run(
+        config, strategy, setting=f"{link}", label=method,
+        options={**options, **outer, "learning_rate": rates[method]}, config_name=CONFIG,
+        overrides=overrides(plan, link), seeds=harness.seeds_for(seeds, key), evaluations=family.EVALUATIONS,
+      )  # fmt: skip
+  return cells
+
+
+def at_time(cell: harness.Cell, seconds: float) -> list[float]:
+  """Each seed's next-byte accuracy at the last evaluation at or before ``seconds`` simulated."""
+  out = []
+  for h in cell.histories:
+    before = np.asarray(h.eval_time) <= seconds * (1 + 1e-9)
+    out.append(float(np.asarray(h.eval_metrics["accuracy"])[before][-1]))
+  return out
+
+
+def budget(cells: dict[tuple, harness.Cell], link: str) -> float | None:
+  """When the quickest run of ``link`` ends (the mean over its seeds)."""
+  ends = [c.mean("simulated_time") for k, c in cells.items() if k[1] == link and c.results]
+  return min((e for e in ends if e is not None), default=None)
+
+
+def equal_time_claim(cells, plan: Plan):
+  """DiLoCo ahead of all-reduce AdamW at equal simulated time on the slow link: accuracy at the time the
+  quickest run ends, Welch's test per H, Holm."""
+  seconds = budget(cells, SLOW_LINK)
+  sync = cells.get((plan.workers, SLOW_LINK, "equal workers", "all-reduce AdamW"))
+  ours = [k for k in cells if k[1] == SLOW_LINK and k[3].startswith("DiLoCo")]
+  if seconds is None or sync is None or not sync.results or not ours:
+    return None
+  tests = {k: harness.welch(at_time(cells[k], seconds), at_time(sync, seconds)) for k in ours}
+  adjusted = harness.holm([t["p"] for t in tests.values()])
+  ahead = [k for (k, t), p in zip(tests.items(), adjusted) if t["diff"] > 0 and p < 0.05]
+  comparisons = harness.Comparisons(
+    harness.Comparison(f"{k[3]} - all-reduce AdamW at {seconds:.3g} s (points)", 100 * t["diff"], p)
+    for (k, t), p in zip(tests.items(), adjusted)
+  )
+  evidence = (
+    "; ".join(
+      f"{k[3]} {100 * t['diff']:+.2f} points (p = {p:.3f} after Holm)"
+      for (k, t), p in zip(tests.items(), adjusted)
+    )
+    + f"; read at {seconds:.3g} simulated s, when the quickest run on {SLOW_LINK} ended"
+  )
+  word = "**holds**" if len(ahead) == len(ours) else "**partly**" if ahead else "**does not hold**"
+  best = max(tests.items(), key=lambda x: x[1]["diff"])
+  number = harness.Deciding(f"{best[0][3]} {100 * best[1]['diff']:+.2f} points at {seconds:.3g} s")
+  return (f"{word} ({len(ahead)} of {len(ours)} periods significantly ahead)", evidence, comparisons, number)
+
+
+def decide(cells, plan: Plan) -> dict[str, dict[str, tuple]]:
+  def pairs(ours, theirs, links):
+    return [
+      ((plan.workers, link, "equal workers", ours), (plan.workers, link, "equal workers", theirs))
+      for link in links
+      if all(k in cells and cells[k].results for k in ((plan.workers, link, "equal workers", m) for m in (ours, theirs)))
+    ]  # fmt: skip
+
+  out: dict[str, dict[str, tuple]] = {}
+  diloco = [p for h in (10, 50, 100) for p in pairs(f"DiLoCo H={h}", "all-reduce AdamW", (FAST_LINK,))]
+  if diloco:
+    out.setdefault(family.PAPERS["diloco"], {})["matches all-reduce AdamW at equal tokens (within a point), H = 10, 50, 100"] = (
+      family._accuracy_claim(cells, diloco, "DiLoCo - all-reduce AdamW + 1")
+    )  # fmt: skip
+  timed = equal_time_claim(cells, plan)
+  if timed is not None:
+    out.setdefault(family.PAPERS["diloco"], {})["ahead of all-reduce AdamW at equal simulated time on a 100 Mbit/s link"] = timed  # fmt: skip
+  streaming = pairs("Streaming DiLoCo H=50", "DiLoCo H=50", (FAST_LINK,))
+  if streaming:
+    out.setdefault(family.PAPERS["streaming"], {})["as accurate as DiLoCo (H = 50) at equal tokens"] = (
+      family._accuracy_claim(cells, streaming, "Streaming DiLoCo - DiLoCo + 1")
+    )
+  asynchronous = pairs("async local SGD H=50", "DiLoCo H=50", plan.links)
+  if asynchronous:
+    out.setdefault(family.PAPERS["async"], {})["as accurate as DiLoCo (H = 50) at equal tokens"] = (
+      family._accuracy_claim(cells, asynchronous, "asynchronous local SGD - DiLoCo + 1")
+    )
+  return out
+
+
+def table(cells, plan: Plan) -> str:
+  """Per method and link: next-byte accuracy and perplexity at the end, and accuracy at equal time."""
+  rows = []
+  for method in plan.methods:
+    row = [method]
+    for link in plan.links:
+      c = cells.get((plan.workers, link, "equal workers", method))
+      if c is None or not c.results:
+        row += ["missing"] * 3
+        continue
+      perplexity = [math.exp(v) for v in c.values("final_loss") if v is not None and math.isfinite(v)]
+      seconds = budget(cells, link)
+      row += [
+        c.text("final_accuracy", 1, 100) + "%",
+        f"{np.mean(perplexity):.2f}" if perplexity else "-",
+        f"{100 * np.mean(at_time(c, seconds)):.1f}%" if seconds else "-",
+      ]
+    rows.append(row)
+  header = ["method"] + [
+    f"{link}: {what}" for link in plan.links for what in ("accuracy", "perplexity", "at equal time")
+  ]
+  return harness.table(header, rows)  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+  args = harness.parser(__doc__).parse_args(argv)
+  plan = TINY if args.size == "tiny" else Plan()
+  bench = harness.Benchmark(
+    NAME, "Low-communication training of a language model that learns", args, argv, seeds=3
+  )
+  rates = tune(bench, plan)
+  cells = run_cells(bench, plan, rates)
+  if args.size != "tiny" and args.seeds is None:
+    key = lambda m, link=FAST_LINK: (plan.workers, link, "equal workers", m)  # noqa: E731
+    pairs = [(key(f"DiLoCo H={h}"), key("all-reduce AdamW")) for h in (10, 50, 100)]
+    pairs += [(key("Streaming DiLoCo H=50"), key("DiLoCo H=50"))]
+    pairs += [(key("async local SGD H=50", link), key("DiLoCo H=50", link)) for link in plan.links]
+    close = family._close(cells, pairs, "final_accuracy")
+    if close:
+      cells.update(run_cells(bench, plan, rates, seeds=5, only=close))
+  full, half = decide(cells, plan), decide(family.at_half(cells, TARGET), plan)
+  seeds = harness.seed_range(list(cells.values()))
+  picked = "; ".join(f"{m} {r:g}" for m, r in rates.items())
+  for paper, claims in full.items():
+    bench.decided(
+      paper, claims, half.get(paper, {}), seeds=seeds,
+      budget=f"{plan.passes:g} passes over the text ({gradients(plan)} gradients, {plan.workers} workers)",
+      picks=f"tuned on the final validation accuracy (the outer rate at 0.7): {picked}",
+    )  # fmt: skip
+  bench.section(
+    "Next-byte accuracy and perplexity on the test tail",
+    table(cells, plan) + "\n\nAt equal time: each run read when the quickest run of its link ended.",
+  )
+  bench.write()
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main(sys.argv[1:]))
