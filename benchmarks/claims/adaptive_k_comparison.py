@@ -417,7 +417,8 @@ def _faster(a, b) -> dict:
   ``harness.time_test`` (Welch's when both reached it on every seed, else a rank test, a miss the slowest)."""
   ta, tb = a.mean("time_to_target_held"), b.mean("time_to_target_held")
   test = harness.time_test(_times(b), _times(a), within=harness.crossing_width(a, b))
-  return {"a": ta, "b": tb, "ratio": tb / ta if ta and tb else None, "p": test["p"]}
+  se = harness.log_ratio_se(_times(a), _times(b))
+  return {"a": ta, "b": tb, "ratio": tb / ta if ta and tb else None, "p": test["p"], "se": se}
 
 
 def decide(
@@ -580,6 +581,7 @@ def _comparisons(tests: dict, adjusted: dict, what: str) -> harness.Comparisons:
       f"{', '.join(k) if isinstance(k, tuple) else k}: {what} (log)",
       None if t["ratio"] is None else float(np.log(t["ratio"])),
       adjusted[k],
+      t.get("se"),
     )
     for k, t in tests.items()
   )

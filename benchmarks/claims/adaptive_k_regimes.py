@@ -187,6 +187,7 @@ def decide(found: dict) -> dict[str, tuple[str, str]]:
           f"{w} workers {m / 1e6:.0f} MB {sv or 'free'}: speed-up over ASP (log)",
           None if not v[speed] else float(np.log(v[speed])),
           adjusted[(w, m, sv)],
+          harness.log_ratio_se(v[key]["times"], v["asp"]["times"]),
         )
         for (w, m, sv), v in found.items()
       ),

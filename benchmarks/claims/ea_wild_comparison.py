@@ -448,7 +448,9 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
     ),
     "accuracy",
     harness.Comparisons(
-      harness.Comparison(f"EA-wild against {SOLVERS[s]} (points)", 100 * tests[s]["diff"], adjusted[s])
+      harness.Comparison(
+        f"EA-wild against {SOLVERS[s]} (points)", 100 * tests[s]["diff"], adjusted[s], 100 * tests[s]["se"]
+      )
       for s in others
     ),
     harness.Deciding(_closest_text(others, tests, adjusted)),
@@ -507,6 +509,10 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
         f"{k} workers, ratio {r:g}: EA-wild sooner (log of sync's time over EA-wild's)",
         None if _time_ratio(part2[(k, r)]) is None else -math.log(_time_ratio(part2[(k, r)])),
         speed_p[(k, r)],
+        harness.log_ratio_se(
+          part2[(k, r)]["ea_wild"].values("time_to_target_held"),
+          part2[(k, r)]["sync"].values("time_to_target_held"),
+        ),
       )
       for k, r in ends
     ),
@@ -547,7 +553,7 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
       "accuracy",
       harness.Comparisons(
         harness.Comparison(
-          f"{k} workers, ratio {r:g}: sync - EA-wild (points)", 100 * t["diff"], gap_p[(k, r)]
+          f"{k} workers, ratio {r:g}: sync - EA-wild (points)", 100 * t["diff"], gap_p[(k, r)], 100 * t["se"]
         )
         for (k, r), t in gaps.items()
       ),

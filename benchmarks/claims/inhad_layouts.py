@@ -278,7 +278,7 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
   """The abstract's two claims and the mechanism: ``{claim: (verdict, evidence, the pick it reads)}``."""
   asp, ring = fast["any layout"]["ASP"], fast["any layout"]["all-reduce (flat ring)"]
   layouts = [layout for layout in fast if layout != "any layout"]
-  speed = {}
+  speed, speed_se = {}, {}
   for layout in layouts:
     inhad = fast[layout]["InHAD"]
     t_asp, t_inhad = asp.mean("time_to_target_held"), inhad.mean("time_to_target_held")
@@ -289,6 +289,9 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
       within=harness.crossing_width(asp, inhad),
     )
     speed[layout] = (None if not t_asp or not t_inhad else t_asp / t_inhad, test["p"])
+    speed_se[layout] = harness.log_ratio_se(
+      inhad.values("time_to_target_held"), asp.values("time_to_target_held")
+    )
   adjusted = dict(zip(layouts, harness.holm([p for _, p in speed.values()])))
   # Sooner: a larger mean speed, or every InHAD seed reached the target where an ASP seed missed it.
   reached = {layout: fast[layout]["InHAD"].mean("time_to_target_held") is not None for layout in layouts}
@@ -330,6 +333,7 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
           f"{layout}: InHAD's speed-up over ASP (log)",
           None if x is None else float(np.log(x)),
           adjusted[layout],
+          speed_se[layout],
         )
         for layout, (x, _) in speed.items()
       ),  # fmt: skip

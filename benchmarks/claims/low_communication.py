@@ -298,8 +298,9 @@ def _speed(cells, pairs) -> tuple[dict, list[float]]:
       cells[b].values("time_to_target_held"),
       within=harness.crossing_width(cells[a], cells[b]),
     )
-    tests[(a, b)] = (tb / ta if ta and tb else None, test["p"])
-  return tests, harness.holm([p for _, p in tests.values()])
+    se = harness.log_ratio_se(cells[a].values("time_to_target_held"), cells[b].values("time_to_target_held"))
+    tests[(a, b)] = (tb / ta if ta and tb else None, test["p"], se)
+  return tests, harness.holm([p for _, p, _ in tests.values()])
 
 
 def _speed_claim(cells, pairs, what: str):
@@ -308,22 +309,22 @@ def _speed_claim(cells, pairs, what: str):
   tests, adjusted = _speed(cells, pairs)
   faster = []
   comparisons = []
-  for ((a, _theirs), (ratio, _)), p in zip(tests.items(), adjusted):
+  for ((a, _theirs), (ratio, _, se)), p in zip(tests.items(), adjusted):
     # Sooner: a speed-up above 1, or ours reached the target on every seed where theirs did not (the rank
     # test's p), significantly.
     reached_only = ratio is None and cells[a].mean("time_to_target_held") is not None
     sooner = (reached_only or (ratio is not None and ratio > 1)) and p < 0.05
     faster.append(sooner)
     comparisons.append(
-      harness.Comparison(f"{_where(a)}: {what} (log)", None if ratio is None else float(np.log(ratio)), p)
+      harness.Comparison(f"{_where(a)}: {what} (log)", None if ratio is None else float(np.log(ratio)), p, se)
     )
   n, yes = len(faster), sum(faster)
   word = "**holds**" if n and yes == n else "**partly**" if yes else "**does not hold**"
   evidence = "; ".join(
     f"{_where(a)} {'-' if r is None else f'{r:.2f}x'} (p = {p:.3f} after Holm)"
-    for ((a, _), (r, _)), p in zip(tests.items(), adjusted)
+    for ((a, _), (r, _, _)), p in zip(tests.items(), adjusted)
   )
-  measured = [(r, (a, b), p) for ((a, b), (r, _)), p in zip(tests.items(), adjusted) if r is not None]
+  measured = [(r, (a, b), p) for ((a, b), (r, _, _)), p in zip(tests.items(), adjusted) if r is not None]
   best = max(measured, default=None, key=lambda x: x[0])
   number = harness.Deciding(
     f"significantly faster at {yes} of {n}"
@@ -345,7 +346,9 @@ def _accuracy_claim(cells, pairs, what: str):
     gap = 100 * t["diff"]
     gaps[(a, b)] = gap
     # Positive: within the point the claim allows; p: whether the two differ at all (after Holm).
-    comparisons.append(harness.Comparison(f"{_where(a)}: {what} (points)", gap + NEAR_POINTS, p))
+    comparisons.append(
+      harness.Comparison(f"{_where(a)}: {what} (points)", gap + NEAR_POINTS, p, 100 * t["se"])
+    )
     if not gap >= -NEAR_POINTS:  # a NaN gap (a side without a finite accuracy) is not within a point
       below.append(a)
   word = "**does not hold**" if len(below) == len(pairs) else "**partly**" if below else "**holds**"

@@ -144,7 +144,9 @@ def equal_time_claim(cells, plan: Plan):
   adjusted = harness.holm([t["p"] for t in tests.values()])
   ahead = [k for (k, t), p in zip(tests.items(), adjusted) if t["diff"] > 0 and p < 0.05]
   comparisons = harness.Comparisons(
-    harness.Comparison(f"{k[3]} - all-reduce AdamW at {seconds:.3g} s (points)", 100 * t["diff"], p)
+    harness.Comparison(
+      f"{k[3]} - all-reduce AdamW at {seconds:.3g} s (points)", 100 * t["diff"], p, 100 * t["se"]
+    )
     for (k, t), p in zip(tests.items(), adjusted)
   )
   evidence = (

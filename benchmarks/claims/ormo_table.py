@@ -274,7 +274,12 @@ def decide(cells: dict[str, dict[str, harness.Cell]], rules) -> tuple[dict, dict
       )
       + " (the paper: +1.2 -> +4.9 hom., +1.3 -> +3.8 het. on CIFAR-10)",
       harness.Comparisons(
-        harness.Comparison(f"{a} -> {b} growth (points)", 100 * tested[(a, b)]["diff"], adjusted[(a, b)])
+        harness.Comparison(
+          f"{a} -> {b} growth (points)",
+          100 * tested[(a, b)]["diff"],
+          adjusted[(a, b)],
+          100 * tested[(a, b)]["se"],
+        )
         for a, b in pairs
       ),
       harness.Deciding(

@@ -719,12 +719,14 @@ def gradients_to(result, accuracy: float) -> int | None:
 
 
 class Comparison(NamedTuple):
-  """One comparison a verdict rests on: ``effect`` signed (positive: the claim's way; None: not measured) and
-  ``p`` its p-value as the claim judges it (after Holm where the claim corrects; None: not tested)."""
+  """One comparison a verdict rests on: ``effect`` signed (positive: the claim's way; None: not measured),
+  ``p`` its p-value as the claim judges it (after Holm where the claim corrects; None: not tested) and ``se``
+  the effect's standard error where it has one (the Results page's figure draws ``effect ± 1.96 se``)."""
 
   label: str
   effect: float | None
   p: float | None = None
+  se: float | None = None
 
   @property
   def significant(self) -> bool | None:
@@ -887,6 +889,15 @@ def time_test(
       return {"p": 1.0, "test": f"within one evaluation interval ({within:.3g} s): not decided"}
     return {"p": welch(a, b)["p"], "test": "Welch"}
   return {"p": rank_test(a, b), "test": "rank test, a miss as the slowest"}
+
+
+def log_ratio_se(a: list[float | None], b: list[float | None]) -> float | None:
+  """The standard error of ``log(mean b / mean a)`` by the delta method, ``sqrt(s_a^2 / (n_a m_a^2) + s_b^2 /
+  (n_b m_b^2))``; None unless every value of both sides is finite (a missed target) and each has two."""
+  sides = [np.asarray([np.nan if v is None else v for v in s], float) for s in (a, b)]
+  if any(len(x) < 2 or not np.isfinite(x).all() or x.mean() <= 0 for x in sides):
+    return None
+  return float(np.sqrt(sum(x.var(ddof=1) / (len(x) * x.mean() ** 2) for x in sides)))
 
 
 def crossing_width(*cells: Cell) -> float | None:

@@ -74,6 +74,7 @@ class Effect(NamedTuple):
   unit: str  # "points" (accuracy) or "speed-up" (a log ratio of times)
   effect: float  # signed: positive is the claim's way; a speed-up as its log
   p: float | None  # after Holm where the claim corrects; None: not tested
+  se: float | None = None  # its standard error (the same unit), where it has one
 
 
 def effects(results: pathlib.Path = RESULTS) -> list[Effect]:
@@ -86,14 +87,16 @@ def effects(results: pathlib.Path = RESULTS) -> list[Effect]:
         if c["effect"] is None:
           continue
         unit = "speed-up" if "(log" in c["label"] else "points"
-        out.append(Effect(row, unit, float(c["effect"]), c["p"]))
+        se = c.get("se")
+        out.append(Effect(row, unit, float(c["effect"]), c["p"], None if se is None else float(se)))
   return out
 
 
 def figure(results: pathlib.Path = RESULTS, out: pathlib.Path = FIGURE) -> pathlib.Path | None:
   """Each claim's comparisons, one row per claim: accuracy differences in points on the left, speed-ups on
-  the right (log scale); filled where significant (p < 0.05 after Holm), hollow where not, grey where
-  untested. None when no verdict records a comparison."""
+  the right (log scale), each with its 95% interval (1.96 standard errors) where it has one; filled where
+  significant (p < 0.05 after Holm), hollow where not, grey where untested. None when no verdict records a
+  comparison."""
   found = effects(results)
   if not found:
     return None
@@ -111,6 +114,10 @@ def figure(results: pathlib.Path = RESULTS, out: pathlib.Path = FIGURE) -> pathl
       x = math.exp(e.effect) if unit == "speed-up" else e.effect
       significant = e.p is not None and e.p < 0.05
       colour = "tab:blue" if e.effect > 0 else "tab:red"
+      if e.se is not None:  # the effect's 95% interval (a speed-up's on its log)
+        low, high = e.effect - 1.96 * e.se, e.effect + 1.96 * e.se
+        ends = (math.exp(low), math.exp(high)) if unit == "speed-up" else (low, high)
+        ax.plot(ends, (y, y), "-", color=colour, lw=1, alpha=0.5)
       if e.p is None:
         ax.plot(x, y, "x", color="grey", ms=5)
       else:
@@ -128,8 +135,8 @@ def figure(results: pathlib.Path = RESULTS, out: pathlib.Path = FIGURE) -> pathl
   axes[0].set_yticks(range(len(rows)), [r if len(r) <= 60 else r[:57] + "..." for r in rows], fontsize=7)
   axes[0].invert_yaxis()
   fig.suptitle(
-    "Every comparison the verdicts rest on: filled = significant (p < 0.05 after Holm), hollow = not;"
-    " blue = the claim's way, red = against it",
+    "Every comparison the verdicts rest on, its 95% interval uncorrected: filled = significant (p < 0.05 after Holm),"
+    " hollow = not; blue = the claim's way, red = against it",
     fontsize=8,
   )
   fig.tight_layout()
