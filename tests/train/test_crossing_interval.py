@@ -46,3 +46,10 @@ def test_two_cells_closer_than_their_evaluation_interval_are_not_told_apart():
   assert undecided == {"p": 1.0, "test": "within one evaluation interval (0.4 s): not decided"}
   assert harness.time_test(a, [3.0, 3.1, 3.2], within=0.4)["test"] == "Welch"  # 2 s apart: decided
   assert harness.time_test(a, [1.2, None, 1.3], within=0.4)["test"] == "rank test, a miss as the slowest"
+
+
+def test_a_speed_ups_standard_error_is_the_delta_methods_and_none_where_a_seed_missed():
+  a, b = [1.0, 1.2, 1.4], [2.0, 2.2, 2.4]  # means 1.2 and 2.2, sample variances 0.04
+  expected = (0.04 / (3 * 1.2**2) + 0.04 / (3 * 2.2**2)) ** 0.5
+  assert harness.log_ratio_se(a, b) == pytest.approx(expected)
+  assert harness.log_ratio_se(a, [2.0, None, 2.4]) is None and harness.log_ratio_se([1.0], b) is None
