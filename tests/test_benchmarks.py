@@ -95,7 +95,7 @@ def test_ormo_table_tiny(tmp_path):
       (bold,) = [i for i, cell in enumerate(row[1:]) if cell.startswith("**")]
       rate = [0.02, 0.05][bold]
       ran = summary(runs, f"lr_grid_{column}", f"{row[0]}_lr_{rate:g}", "seed100")
-      assert row[1 + bold] == f"**{100 * ran['final_accuracy']:.2f}**"
+      assert row[1 + bold] == f"**{100 * ran['final_validation_accuracy']:.2f}**"  # tuned on validation
       cell = yaml.safe_load((runs / column / row[0] / "seed0" / "config.yaml").read_text())
       assert cell["strategy"]["options"]["learning_rate"] == rate
   assert verdict[1][0].startswith("accuracy order")
@@ -131,7 +131,7 @@ def test_adaptive_k_comparison_tiny(tmp_path):
     label = row[0].replace(",", "").replace(" ", "_").replace("=", "_")
     tuned = summary(runs, "lr_grid_10_Gbit_s", f"{label}_lr_{[0.02, 0.05][bold]:g}", "seed100")
     shown = "not reached" if tuned["time_to_target_held"] is None else f"{tuned['time_to_target_held']:.4g} s"
-    assert row[1 + bold] == f"**{shown} ({100 * tuned['final_accuracy']:.2f})**", row
+    assert row[1 + bold] == f"**{shown} ({100 * tuned['final_validation_accuracy']:.2f})**", row
   ran = yaml.safe_load(
     (runs / "100_Gbit_s" / "adaptive_k_every_arrival_fresh" / "seed0" / "config.yaml").read_text()
   )
@@ -209,7 +209,7 @@ def test_inhad_layouts_tiny(tmp_path):
   (bold,) = [i for i, cell in enumerate(grid22[1][1:]) if cell.startswith("**")]  # the most accurate rate
   ran = yaml.safe_load((runs / "2_nodes_x_2" / "InHAD" / "seed0" / "config.yaml").read_text())
   tuned = summary(runs, "lr_grid_2_nodes_x_2", f"InHAD_lr_{[0.01, 0.05][bold]:g}", "seed100")
-  assert grid22[1][1 + bold] == f"**{100 * tuned['final_accuracy']:.2f}**"
+  assert grid22[1][1 + bold] == f"**{100 * tuned['final_validation_accuracy']:.2f}**"
   assert [(r[0], r[1]) for r in main[1:]] == [
     ("ASP", "any layout"),
     ("all-reduce (flat ring)", "any layout"),
@@ -748,7 +748,7 @@ def test_advisor_check_tiny(tmp_path):
     assert row[6] == "asp" and (row[7] == "hit") == (row[2] == "asp")
   assert check[3][4] == "measured" and check[3][7] == "hit"  # at half the run asp is already there
   rate = next(t for t in tables(markdown) if t[0][0] == "fraction of the run")
-  assert rate[3][1] == "1 of 1"
+  assert rate[3][1] == "1 of 1 (21%-100%)"  # with Wilson's 95% interval
   curves = json.loads((results / "advisor_check.json").read_text())
   (scenario,) = curves
   assert set(curves[scenario]) == {"asp", "bsp"} and len(curves[scenario]["asp"][0]["accuracy"]) == 41
@@ -785,7 +785,10 @@ def test_the_advisor_check_counts_hits_ties_and_confident_misses():
   ]
   ((claim, (verdict, evidence, number)),) = advisor_check.decide(checks, scenarios=3).items()
   assert verdict == "**0, 1, 2 of 2** scenarios from 10%, 25%, 50% of the runs"
-  assert number == "2 of 2 scenarios right from 50% of the runs"
+  assert number == (
+    "2 of 2 scenarios right from 50% of the runs (95% interval 34%-100%); 1 of 1 where the full runs separate"
+    " a winner (21%-100%)"
+  )
   assert evidence.startswith("1, 1, 2 of 2 counting the candidates")
   assert "A at 0.25 (ormo_da for ormo); B at 0.1 (bsp for asp)" in evidence
   assert (
@@ -804,8 +807,8 @@ def test_the_advisor_check_reads_a_stored_prefix_as_the_advisor_reads_the_real_o
   _store = importlib.import_module("benchmarks.common.store")
   from jaxsync._src.advisor import advisor
 
-  config_name, overrides = advisor_check.TINY["digits, 8 workers, 2 slow"]
-  config = _harness.config_lib.load(BENCHMARKS.parent / "configs" / f"{config_name}.yaml", overrides)
+  scenario = advisor_check.TINY["digits, 8 workers, 2 slow"]
+  config = _harness.config_lib.load(BENCHMARKS.parent / "configs" / f"{scenario.config}.yaml", scenario.overrides)
   store = _store.RunStore(tmp_path / "s_runs.jsonl")
   real, stored = {}, {}
   for name in ("asp", "bsp"):

@@ -232,7 +232,7 @@ def test_jaxsync_advise_on_a_plan_says_what_comes_from_where(tmp_path, capsys):
           "ormo,allreduce", "--seeds", "1", "--fraction", "0.05", "--out", str(tmp_path / "advice")]  # fmt: skip
   assert main(argv) == 0
   printed = capsys.readouterr().out
-  assert "planned s to accuracy" in printed and "from the planner alone" in printed
+  assert "planned s to validation accuracy" in printed and "from the planner alone" in printed
   assert "from the planner alone" in (tmp_path / "advice" / "advice.md").read_text()
 
 
