@@ -808,7 +808,9 @@ def test_the_advisor_check_reads_a_stored_prefix_as_the_advisor_reads_the_real_o
   from jaxsync._src.advisor import advisor
 
   scenario = advisor_check.TINY["digits, 8 workers, 2 slow"]
-  config = _harness.config_lib.load(BENCHMARKS.parent / "configs" / f"{scenario.config}.yaml", scenario.overrides)
+  config = _harness.config_lib.load(
+    BENCHMARKS.parent / "configs" / f"{scenario.config}.yaml", scenario.overrides
+  )
   store = _store.RunStore(tmp_path / "s_runs.jsonl")
   real, stored = {}, {}
   for name in ("asp", "bsp"):
