@@ -453,7 +453,11 @@ def verdict_rows(page: str) -> list[tuple[str, str, list[str]]]:
     cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| ") else []
     if len(cells) != 4 or cells[0] == "paper":
       continue
-    linked = re.findall(r"\(\.\./benchmarks/results/([\w./-]+\.md)\)", cells[3])
+    # A results file linked, or named as a path (an archived one, which the site does not publish).
+    linked = re.findall(
+      r"\(\.\./benchmarks/results/([\w./-]+\.md)\)|`benchmarks/results/([\w./-]+\.md)`", cells[3]
+    )
+    linked = [a or b for a, b in linked]
     files = linked or files
     rows.append((cells[1], cells[2], files))
   return rows
