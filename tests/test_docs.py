@@ -568,11 +568,12 @@ def test_a_verdict_file_becomes_summary_rows_the_paper_once_a_budget_sensitive_c
   (tmp_path / "bench_verdicts.json").write_text(json.dumps([verdict, second]))
   results_page = _results_page()
   assert results_page.rows(tmp_path) == [
-    "| P (2020) | c | **reproduced** (budget-sensitive) | 1.5x / ASP (p = 0.010 after Holm) "
+    "| P (2020) | c | **reproduced** ½ | 1.5x / ASP (p = 0.010 after Holm) "
     "| [results](../benchmarks/results/bench.md) |",
     "|  | d | **partly** | - | [results](../benchmarks/results/bench.md) |",  # the results file keeps the rest
   ]
   assert results_page.block(tmp_path / "none").startswith("No benchmark has recorded")
+  assert "½ Budget-sensitive: at half the budget" in results_page.block(tmp_path)  # the marker's legend
 
 
 def test_the_summary_figure_draws_every_measured_comparison_of_the_verdict_files(tmp_path):

@@ -173,22 +173,22 @@ def decide(cells, plan: Plan) -> dict[str, dict[str, tuple]]:
   out: dict[str, dict[str, tuple]] = {}
   diloco = [p for h in (10, 50, 100) for p in pairs(f"DiLoCo H={h}", "all-reduce AdamW", (FAST_LINK,))]
   if diloco:
-    out.setdefault(family.PAPERS["diloco"], {})["matches all-reduce AdamW at equal tokens (within a point), H = 10, 50, 100"] = (
+    out.setdefault(family.PAPERS["diloco"], {})["a language model: matches all-reduce AdamW at equal tokens within a point, H = 10, 50, 100"] = (
       family._accuracy_claim(cells, diloco, "DiLoCo - all-reduce AdamW + 1")
     )  # fmt: skip
   timed = equal_time_claim(cells, plan)
   if timed is not None:
-    out.setdefault(family.PAPERS["diloco"], {})["ahead of all-reduce AdamW at equal simulated time on a 100 Mbit/s link"] = timed  # fmt: skip
+    out.setdefault(family.PAPERS["diloco"], {})["a language model: ahead of all-reduce AdamW at equal simulated time on a 100 Mbit/s link"] = timed  # fmt: skip
   streaming = pairs("Streaming DiLoCo H=50", "DiLoCo H=50", (FAST_LINK,))
   if streaming:
-    out.setdefault(family.PAPERS["streaming"], {})["as accurate as DiLoCo (H = 50) at equal tokens"] = (
-      family._accuracy_claim(cells, streaming, "Streaming DiLoCo - DiLoCo + 1")
-    )
+    out.setdefault(family.PAPERS["streaming"], {})[
+      "a language model: as accurate as DiLoCo (H = 50) at equal tokens"
+    ] = family._accuracy_claim(cells, streaming, "Streaming DiLoCo - DiLoCo + 1")
   asynchronous = pairs("async local SGD H=50", "DiLoCo H=50", plan.links)
   if asynchronous:
-    out.setdefault(family.PAPERS["async"], {})["as accurate as DiLoCo (H = 50) at equal tokens"] = (
-      family._accuracy_claim(cells, asynchronous, "asynchronous local SGD - DiLoCo + 1")
-    )
+    out.setdefault(family.PAPERS["async"], {})[
+      "a language model: as accurate as DiLoCo (H = 50) at equal tokens"
+    ] = family._accuracy_claim(cells, asynchronous, "asynchronous local SGD - DiLoCo + 1")
   return out
 
 

@@ -29,6 +29,8 @@ FIGURE = RESULTS / "verdict_effects.png"
 MARKED = re.compile(r"(<!-- verdicts: generated -->\n)(.*?)(<!-- /verdicts: generated -->)", re.S)
 # Marks a verdict whose learning rates were picked on the test set (``tuned_on`` in its verdicts file).
 ON_TEST_SET = "†"
+# Marks a budget-sensitive verdict (``budget_sensitive``): a symbol, not words, keeps each row to two lines.
+BUDGET_SENSITIVE = "½"
 HEADER = (
   "| paper | claim | verdict | the number it turns on | |",
   "|---|---|---|---|---|",
@@ -36,16 +38,16 @@ HEADER = (
 
 
 def rows(results: pathlib.Path = RESULTS) -> list[str]:
-  """One summary row per recorded verdict, benchmark by benchmark (sorted by file name): the paper (once per
+  """One summary row per recorded verdict, benchmark by benchmark (sorted by name): the paper (once per
   paper), the claim, the verdict (budget-sensitive ones marked), the one number it turns on, and a link to
   the results file whose verdict table holds the evidence, the budget, the seeds and the tuned rates."""
   out, last_paper = [], None
-  for path in sorted(results.glob("*_verdicts.json")):
+  for path in _verdict_files(results):
     name = path.name.removesuffix("_verdicts.json")
     for v in json.loads(path.read_text()):
       verdict = (
         _short(v["verdict"])
-        + (" (budget-sensitive)" if v.get("budget_sensitive") else "")
+        + (f" {BUDGET_SENSITIVE}" if v.get("budget_sensitive") else "")
         + (f" {ON_TEST_SET}" if v.get("tuned_on") == "test set" else "")
       )
       cells = [
@@ -58,6 +60,11 @@ def rows(results: pathlib.Path = RESULTS) -> list[str]:
       last_paper = v["paper"]
       out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
   return out
+
+
+def _verdict_files(results: pathlib.Path) -> list[pathlib.Path]:
+  """The benchmarks' verdict files, by benchmark name (``low_communication`` before ``low_communication_lm``)."""
+  return sorted(results.glob("*_verdicts.json"), key=lambda p: p.name.removesuffix("_verdicts.json"))
 
 
 def _short(verdict: str) -> str:
@@ -80,7 +87,7 @@ class Effect(NamedTuple):
 def effects(results: pathlib.Path = RESULTS) -> list[Effect]:
   """Every measured comparison of every recorded verdict (``comparisons`` in ``<name>_verdicts.json``)."""
   out = []
-  for path in sorted(results.glob("*_verdicts.json")):
+  for path in _verdict_files(results):
     for v in json.loads(path.read_text()):
       row = f"{v['paper'].split(' (')[0]}: {v['claim']}"
       for c in v.get("comparisons", []):
@@ -151,16 +158,18 @@ def block(results: pathlib.Path = RESULTS) -> str:
   found = rows(results)
   if not found:
     return "No benchmark has recorded its verdicts on a results store yet.\n"
-  note = (
-    [
-      "",
+  notes = []
+  if any(f" {BUDGET_SENSITIVE}" in row for row in found):
+    notes.append(
+      f"{BUDGET_SENSITIVE} Budget-sensitive: at half the budget, with the same picks, the verdict's word or a"
+      " comparison it rests on differs in sign or significance (its results file lists each change)."
+    )
+  if any(ON_TEST_SET in row for row in found):
+    notes.append(
       f"{ON_TEST_SET} Learning rates picked on the test set (the protocol before validation splits); the grids"
-      " are being rerun on a validation split, and a verdict whose picks move will be decided again.",
-    ]
-    if any(ON_TEST_SET in row for row in found)
-    else []
-  )
-  return "\n".join([*HEADER, *found, *note]) + "\n"
+      " are being rerun on a validation split, and a verdict whose picks move will be decided again."
+    )
+  return "\n".join([*HEADER, *found, *(["", " ".join(notes)] if notes else [])]) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
