@@ -14,7 +14,8 @@ Fashion-MNIST:
   100 Gbit/s  HDGib,        ResNet101  (171 MB, Cp 0.89 s), EAO every 10 steps
 
 Every method is tuned for each network on one log-spaced grid (``GRID``, extended past an edge pick) on a
-held-out seed, on the time to the target (the claims are about speed). At 10 Gbit/s (the paper's Fig. 14
+held-out seed's validation split (the last 10% of the training set, left out of its training), on the time to the
+target (the claims are about speed). At 10 Gbit/s (the paper's Fig. 14
 network) fixed k = 2 ... 32 (K-async SGD with the adaptive model's momentum) and the paper's unbounded BB rule
 are tuned the same way. Every cell runs 3 seeds, 5 where the two sides of a verdict lie within two standard
 deviations; every verdict is decided again at half the budget. Reported: updates and simulated time to the

@@ -17,8 +17,8 @@ The learning model is the MLP on Fashion-MNIST (only the clock is ResNet-50's; `
 the gradient-efficiency column is this workload's, and the tests' k is whatever its gradients' noise decides.
 Adaptive k runs under two readings of which gradients are fresh (docs/algorithms.md §11e): computed on the
 current step (jaxsync's default) and every arrival. Every strategy is tuned for each worker count on one
-log-spaced grid (``GRID``, extended past an edge pick) at 98 MB and 10 GB/s on the held-out seed, on the time
-to the target; the message sizes and server bandwidths of that worker count share its picks (tuning every
+log-spaced grid (``GRID``, extended past an edge pick) at 98 MB and 10 GB/s on the held-out seed's
+validation split (the last 10% of the training set, left out of its training), on the time to the target; the message sizes and server bandwidths of that worker count share its picks (tuning every
 point would cost the map four times over). Every worker gets the same gradients (``PER_WORKER``) at every
 worker count. Every point runs 3 seeds; a speed-up counts where Welch's test, Holm-corrected over the map's
 points, says so; the verdict is decided again at half the budget. Every run is appended to

@@ -15,7 +15,7 @@ Reproduces the two questions of Wongpanich, You, Demmel (HPCAsia 2020; docs/algo
    cross is the crossover.
 
 Every solver is tuned for its own column on one log-spaced grid (``GRID``, extended past an edge pick) on a
-held-out seed: part 1's solvers at 16 workers, sync and EA-wild at each (workers, ratio) of part 2. Each claim
+held-out seed's validation split (the last 10% of the training set, left out of its training): part 1's solvers at 16 workers, sync and EA-wild at each (workers, ratio) of part 2. Each claim
 reads the pick for its own quantity: the accuracy claims each method's most accurate rate, the speed claim its
 fastest to the target (the same grid runs; the picks often coincide). Every cell runs 3 seeds, 5 where a
 claim's two sides lie within two standard deviations or (part 2) a seed missed the target, which only ranks can

@@ -11,7 +11,7 @@ time to the target, the speed-up over ASP, the accuracy gap to all-reduce and
 the bytes between nodes, then a verdict on each claim.
 
 Every strategy is tuned for its own column on one log-spaced grid (``GRID``, extended past an edge pick) on a
-held-out seed: ASP and the flat ring once (they have no layout), InHAD and the hierarchical all-reduce at each
+held-out seed's validation split (the last 10% of the training set, left out of its training): ASP and the flat ring once (they have no layout), InHAD and the hierarchical all-reduce at each
 layout. Each claim is read at the pick for its own quantity: the speed claim at each strategy's fastest rate
 to the target, the accuracy claim at its most accurate rate (the grid runs are shared; the picks often
 coincide). Every cell runs 3 seeds, 5 where the two sides of a claim lie within two standard deviations; the
