@@ -387,6 +387,37 @@ def test_a_benchmark_reruns_from_its_store_and_reports_from_it_alone(tmp_path, c
   assert _body((results / "ormo_table.md").read_text()) == _body(markdown)  # the same runs again
 
 
+def test_pruning_a_store_keeps_the_reports_runs_and_refuses_a_partial_report(tmp_path):
+  """--prune-store (with --report-only) drops the runs the report does not read (a retune's superseded
+  tuning runs) and gives the same report; it refuses without --report-only and while runs are missing."""
+  markdown, results, _ = run_tiny("ormo_table", tmp_path)
+  store = results / "ormo_table_runs.jsonl"
+  lines = store.read_text().splitlines()
+  superseded = {**json.loads(lines[0]), "key": "0" * 16, "label": "an old tuning run"}
+  store.write_text("\n".join([*lines, json.dumps(superseded)]) + "\n")
+  module = importlib.import_module("benchmarks.claims.ormo_table")
+  argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "elsewhere")]
+  with pytest.raises(SystemExit, match="--prune-store only prunes the store"):
+    module.main([*argv, "--prune-store"])
+  assert module.main([*argv, "--report-only", "--prune-store"]) == 0
+  assert store.read_text().splitlines() == lines  # the report's 16 runs, in their order; the extra one gone
+  assert _body((results / "ormo_table.md").read_text()) == _body(markdown)
+  store.write_text("\n".join(lines[:-1]) + "\n")
+  with pytest.raises(SystemExit, match="--prune-store refused: 1 runs of this report are missing"):
+    module.main([*argv, "--report-only", "--prune-store"])
+  assert len(store.read_text().splitlines()) == 15  # nothing rewritten
+
+
+def test_a_pruned_store_keeps_the_run_a_kept_run_was_retimed_from(tmp_path):
+  store_module = importlib.import_module("benchmarks.common.store")
+  path = tmp_path / "s_runs.jsonl"
+  for entry in [{"key": "trained"}, {"key": "retimed", "retimed_from": "trained"}, {"key": "other"}]:
+    store_module.append_entry(path, entry)
+  store = store_module.RunStore(path)
+  assert store.keep_only({"retimed"}) == 1
+  assert list(store_module.read_entries(path)) == list(store.entries) == ["trained", "retimed"]
+
+
 def test_a_run_read_again_for_more_seeds_counts_once_in_the_report(tmp_path):
   """A cell escalated from 3 to 5 seeds reads its first 3 runs again: the header counts each run and its
   training time once, and says how many runs the store holds without their time."""

@@ -26,7 +26,6 @@ import argparse
 import dataclasses
 import datetime
 import json
-import math
 import os
 import pathlib
 import platform
@@ -34,7 +33,7 @@ import re
 import shlex
 import sys
 import time
-from typing import Any, NamedTuple
+from typing import Any
 
 import jax
 
@@ -65,6 +64,14 @@ from benchmarks.common.statistics import (  # noqa: F401 (the claims call them h
   rank_test,
   time_test,
   welch,
+)
+from benchmarks.common.verdicts import (  # noqa: F401 (the claims build harness.Verdict, harness.Comparison, ...)
+  Comparison,
+  Comparisons,
+  Deciding,
+  Verdict,
+  evidence_changes,
+  finite_record,
 )
 from jaxsync._src.app import commands, experiment
 from jaxsync._src.app import config as config_lib  # noqa: E402
@@ -122,6 +129,12 @@ def parser(doc: str) -> argparse.ArgumentParser:
     help="with --report-only: rebuild a report from the learning rates the store's earlier tuning runs picked"
     " on the test set (the protocol before validation splits, until 2026-11-28); the report says so. New"
     " tuning runs always score on a validation split",
+  )
+  p.add_argument(
+    "--prune-store",
+    action="store_true",
+    help="with --report-only: rewrite the results store keeping only the runs this report is made of (and"
+    " those they were re-timed from), dropping what a retune superseded; refused while runs are missing",
   )
   return p
 
@@ -201,11 +214,16 @@ class Benchmark:
     self.keeps_run_dirs = True  # False: the runs stay in memory (the results file says nothing of them)
     self.report_only = bool(getattr(args, "report_only", False))
     self.picks_on_test_set = bool(getattr(args, "picks_on_test_set", False))
-    if self.picks_on_test_set and not self.report_only:
-      raise SystemExit(
-        f"{name}: --picks-on-test-set only rebuilds a report from the store (with --report-only); a tuning run"
-        " never scores on the test set"
-      )
+    self.prune_store = bool(getattr(args, "prune_store", False))
+    for flag, what in [
+      ("picks-on-test-set", "rebuilds a report from the store"),
+      ("prune-store", "prunes the store"),
+    ]:
+      if getattr(args, flag.replace("-", "_"), False) and not self.report_only:
+        raise SystemExit(
+          f"{name}: --{flag} only {what} (with --report-only, training nothing); a tuning run never scores on"
+          " the test set"
+        )
     self.tuned = False  # whether a learning-rate grid ran (the results file then says what it scored on)
     self.store = results_store.RunStore(self.results_dir / f"{name}_runs.jsonl") if self.seeds else None
     self.used_keys: set[str] = set()  # the store's runs this report is made of
@@ -549,7 +567,7 @@ class Benchmark:
           half_evidence,
           None if number is None else str(number),
           changes,
-          [_finite(c._asdict()) for c in compared or ()],
+          [finite_record(c._asdict()) for c in compared or ()],
         )
       )
 
@@ -602,6 +620,17 @@ class Benchmark:
     figure.tight_layout()
     return self.figure(stem, figure)
 
+  def _prune(self) -> None:
+    """``--prune-store``: the store keeps this finished report's runs (:meth:`RunStore.keep_only`)."""
+    if self.missing:
+      raise SystemExit(
+        f"{self.name}: --prune-store refused: {len(self.missing)} runs of this report are missing"
+      )
+    dropped = self.store.keep_only(self.used_keys)
+    print(
+      f"[{self.name}] pruned the store: dropped {dropped} runs this report does not read", file=sys.stderr
+    )
+
   def write(self) -> pathlib.Path:
     """Writes the results file: title, command, machine, date, wall time, sections, plots."""
     self.results_dir.mkdir(parents=True, exist_ok=True)
@@ -623,6 +652,8 @@ class Benchmark:
         else ""
       ),
     ]
+    if self.store is not None and self.prune_store:
+      self._prune()
     if self.store is not None:
       versions = self.store.code_versions(self.used_keys)
       lines.append(
@@ -723,98 +754,6 @@ def gradients_to(result, accuracy: float) -> int | None:
   if i is None:
     return None
   return int(history.eval_event[i]) if i < len(history.eval_event) else int(result.summary["gradients"])
-
-
-class Comparison(NamedTuple):
-  """One comparison a verdict rests on: ``effect`` signed (positive: the claim's way; None: not measured),
-  ``p`` its p-value as the claim judges it (after Holm where the claim corrects; None: not tested) and ``se``
-  the effect's standard error where it has one (the Results page's figure draws ``effect ± 1.96 se``)."""
-
-  label: str
-  effect: float | None
-  p: float | None = None
-  se: float | None = None
-
-  @property
-  def significant(self) -> bool | None:
-    return None if self.p is None or self.p != self.p else self.p < 0.05
-
-  def text(self) -> str:
-    effect = "-" if self.effect is None else f"{self.effect:+.3g}"
-    return effect + ("" if self.significant is None else f" (p = {self.p:.3f})")
-
-
-class Comparisons(tuple):
-  """The comparisons a claim's verdict rests on (:class:`Comparison`), carried among what it rests on as
-  :class:`Deciding` is: a verdict whose comparison changes sign or significance between the half and the full
-  budget is budget-sensitive, even where its word does not change."""
-
-
-def _finite(record: dict) -> dict:
-  """A comparison as JSON holds it: NaN (not measured, not tested) as None."""
-  return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
-
-
-def evidence_changes(full: Comparisons | None, half: Comparisons | None) -> list[str]:
-  """The comparisons present at both budgets whose sign or significance differs, in words."""
-  if not full or not half:
-    return []
-  at_half = {c.label: c for c in half}
-  changed = []
-  for c in full:
-    h = at_half.get(c.label)
-    if h is None:
-      continue
-    # A sign only where both effects were measured and are not zero (NaN: a side with no value).
-    signs = [None if e is None or not math.isfinite(e) or e == 0 else e > 0 for e in (c.effect, h.effect)]
-    sign = None not in signs and signs[0] != signs[1]
-    significance = c.significant is not None and h.significant is not None and c.significant != h.significant
-    if sign or significance:
-      what = {(True, False): "sign", (False, True): "significance"}.get(
-        (sign, significance), "sign and significance"
-      )
-      changed.append(f"{c.label}: {c.text()} at the full budget, {h.text()} at half ({what})")
-  return changed
-
-
-class Deciding(str):
-  """The one number a claim's verdict turns on, in words (e.g. "0.89x ASP at 10 Gbit/s, p = 0.667 after
-  Holm"): a claim's ``(verdict, evidence, ...)`` carries it among what it rests on, and the Results page's
-  summary table shows it."""
-
-
-@dataclasses.dataclass
-class Verdict:
-  """One paper claim decided: the words the Results page shows, and what they rest on.
-
-  ``budget`` (the run's length, e.g. "10 epochs"), ``seeds`` (per cell), ``picks`` (each method's tuned
-  learning rate, per column), ``at_half`` (the verdict the same cells give at half the
-  budget; a different one marks the claim budget-sensitive), ``half_evidence`` (what that verdict rests
-  on), ``decides`` (:class:`Deciding`: the one number it turns on) and ``evidence_changes`` (the comparisons
-  of :class:`Comparisons` whose sign or significance differs at half the budget); ``comparisons`` (each
-  comparison at the full budget as ``{"label", "effect", "p"}``: the Results page's figure draws them)."""
-
-  paper: str
-  claim: str
-  verdict: str
-  evidence: str
-  budget: str
-  seeds: str
-  picks: str
-  at_half: str | None = None
-  half_evidence: str | None = None
-  decides: str | None = None
-  evidence_changes: list[str] = dataclasses.field(default_factory=list)
-  comparisons: list[dict] = dataclasses.field(default_factory=list)
-
-  @property
-  def word_changes(self) -> bool:
-    return self.at_half is not None and self.at_half != self.verdict
-
-  @property
-  def budget_sensitive(self) -> bool:
-    """The verdict's word differs at half the budget, or a comparison it rests on changes sign or significance."""
-    return self.word_changes or bool(self.evidence_changes)
 
 
 def seed_range(cells) -> str:

@@ -160,6 +160,18 @@ class RunStore:
     self.entries[entry["key"]] = entry
     return as_result(entry)
 
+  def keep_only(self, keys: set[str]) -> int:
+    """Rewrites the store with the runs of ``keys`` and the runs they were re-timed from (a later run on a
+    third clock re-times from those), in their stored order; returns how many runs it dropped. The new
+    file replaces the old one in one rename: a sitting killed meanwhile leaves one or the other whole."""
+    keep = set(keys) | {self.entries[k].get("retimed_from") for k in keys if k in self.entries}
+    kept = {k: e for k, e in self.entries.items() if k in keep}
+    partial = self.path.with_name(self.path.name + ".partial")
+    partial.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in kept.values()))
+    os.replace(partial, self.path)
+    dropped, self.entries = len(self.entries) - len(kept), kept
+    return dropped
+
   def code_versions(self, keys: set[str] | None = None) -> list[str]:
     """The code versions the (given) runs were measured with, oldest first as stored."""
     seen: dict[str, None] = {}
