@@ -353,7 +353,8 @@ class Benchmark:
     )
 
   def _retimed(self, cfg: Config, exp, setting: str, label: str):
-    """``cfg``'s run from a stored run of the same updates on another clock, re-timed on ``cfg``'s
+    """``cfg``'s run from a stored run of the same updates on another clock (another link; other speeds of
+    the workers too where its rounds keep every worker's gradient), re-timed on ``cfg``'s
     (``Simulator.retime``, equal to training it bit for bit), stored with ``retimed_from``; None when its
     updates could follow the clock or no such run is stored. The re-timed run costs no training and is
     not another sample of the updates: the report counts it as read back."""
@@ -362,17 +363,20 @@ class Benchmark:
     sim = exp.simulator()
     if sim.clock_dependence() is not None:
       return None
-    source = self.store.trained_trajectory(cfg)
+    any_speed = sim.clock_dependence(compute_times=True) is None
+    source = self.store.trained_trajectory(cfg, any_speed=any_speed) or self.store.trained_trajectory(cfg)
     if source is None:
       return None
     stored = results_store.as_result(source).history
     # retime needs the run's events (its rounds) and evaluations; the store keeps the latter whole.
     rounds = dataclasses.replace(stored, time=np.zeros([int(source["summary"]["events"])], np.float32))
+    # trained_on: retime checks its compute times against this run's for fastest-k alone, whose source (found
+    # without any_speed) has this run's speeds.
     history = sim.retime(rounds, exp.model.params, seed=cfg.seed, trained_on=exp.time_model)
     result = self.store.add_retimed(cfg, source, history, setting=setting, label=label, code=code_version())
     print(
       f"[{self.name} {self.elapsed()}] {setting} | {label} | seed {cfg.seed}: re-timed from the run trained "
-      f"on another link ({source['setting']}): {_fmt(result.summary.get('simulated_time'))} simulated s",
+      f"on another clock ({source['setting']}): {_fmt(result.summary.get('simulated_time'))} simulated s",
       file=sys.stderr,
       flush=True,
     )

@@ -54,13 +54,17 @@ ADDED_KEYS: dict[tuple[str, str], Any] = {
 # The cluster keys that only time a run whose updates cannot follow the clock (Simulator.clock_dependence):
 # runs that differ in nothing else are one training, re-timed per link (trajectory_key).
 CLOCK_KEYS = ("link", "server_link", "collective_overhead", "server_bandwidth", "apply_time", "eval_time")
+# The cluster keys of the workers' speeds: they only time a run whose rounds keep every worker's gradient
+# (Simulator.clock_dependence(compute_times=True)): trajectory_key(config, any_speed=True) leaves them out too.
+SPEED_KEYS = ("compute_time", "device_flops", "jitter_shape", "slow_fraction", "slowdown")
 
 
-def trajectory_key(config: Config) -> str:
+def trajectory_key(config: Config, *, any_speed: bool = False) -> str:
   """The key of ``config``'s sequence of updates when it cannot depend on the clock: its config less the
-  cluster's :data:`CLOCK_KEYS`."""
+  cluster's :data:`CLOCK_KEYS` (and with ``any_speed``, less its :data:`SPEED_KEYS`: the same updates
+  whatever the workers' speeds)."""
   data = config_lib.to_dict(config)
-  for key in CLOCK_KEYS:
+  for key in CLOCK_KEYS + (SPEED_KEYS if any_speed else ()):
     data["cluster"].pop(key, None)
   return hashlib.sha256(json.dumps(data, sort_keys=True, default=repr).encode()).hexdigest()[:16]
 
@@ -114,16 +118,19 @@ class RunStore:
     entry["key"] = config_key(config, tag)
     if not tag:  # a run of training.train: a later run of the same updates on another clock may re-time it
       entry["trajectory"] = trajectory_key(config)
+      entry["trajectory_any_speed"] = trajectory_key(config, any_speed=True)
     entry["events"] = thin_events(result.history, event_rows)
     append_entry(self.path, entry)
     self.entries[entry["key"]] = entry
     return as_result(entry)
 
-  def trained_trajectory(self, config: Config) -> dict[str, Any] | None:
-    """A stored run trained (not re-timed) with ``config``'s sequence of updates on another clock, or None."""
-    want = trajectory_key(config)
+  def trained_trajectory(self, config: Config, *, any_speed: bool = False) -> dict[str, Any] | None:
+    """A stored run trained (not re-timed) with ``config``'s sequence of updates on another clock (with
+    ``any_speed``: or at other speeds of the workers), or None."""
+    field = "trajectory_any_speed" if any_speed else "trajectory"
+    want = trajectory_key(config, any_speed=any_speed)
     for entry in self.entries.values():
-      if entry.get("trajectory") == want and not entry.get("retimed_from"):
+      if entry.get(field) == want and not entry.get("retimed_from"):
         return entry
     return None
 
@@ -146,6 +153,7 @@ class RunStore:
     entry.update(
       key=config_key(config),
       trajectory=trajectory_key(config),
+      trajectory_any_speed=trajectory_key(config, any_speed=True),
       retimed_from=source["key"],
       setting=setting,
       label=label,

@@ -22,15 +22,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 def _sim(name, link, *, options=None, eval_time=0.01, **time_kw):
   loss, params, data = sim_cases.problem(K)
   strategy = jaxsync.strategies.make(name, K, **(options or {"learning_rate": 0.3}))
-  time_model = jaxsync.sim.TimeModel(
-    num_workers=K,
-    link=link,
-    jitter_shape=4.0,
-    slow_fraction=0.25,
-    slowdown=3.0,
-    eval_time=eval_time,
-    **time_kw,
-  )
+  speeds = {"jitter_shape": 4.0, "slow_fraction": 0.25, "slowdown": 3.0}
+  time_model = jaxsync.sim.TimeModel(num_workers=K, link=link, eval_time=eval_time, **{**speeds, **time_kw})
   sim = jaxsync.sim.Simulator(
     strategy, loss, data, time_model, eval_fn=sim_cases.accuracy_fn(data), eval_every=3
   )
@@ -48,12 +41,13 @@ CASES = {
 }
 
 
-def _compare(name):
-  """A run on a slow link re-timed on a fast one, and a full simulation on the fast one."""
+def _compare(name, **speeds):
+  """A run on a slow link re-timed on a fast one (whose workers run at ``speeds``, where given), and a full
+  simulation on the fast one."""
   options = CASES[name]
   # A collective's overhead of 0.5 s (the slow link's) is more than Streaming DiLoCo's overlapped step hides.
   slow, params, slow_clock = _sim(name, "100mbps", options=options, collective_overhead=0.5)
-  fast, _, _ = _sim(name, "10gbps", options=options)
+  fast, _, _ = _sim(name, "10gbps", options=options, **speeds)
   assert slow.clock_dependence() is None
   _, trained = slow.run(params, 40, seed=3)
   _, simulated = fast.run(params, 40, seed=3)
@@ -69,9 +63,9 @@ def _compare(name):
 
 
 # At the suite's XLA optimization level 0 (tests/conftest.py), fastest-k's k-th compute draw and Streaming
-# DiLoCo's idle seconds can differ in their last bit between the training program and the replay; at XLA's
-# default level (what a user runs) every case is equal bit for bit, which the next test checks for those two
-# in a process of its own.
+# DiLoCo's idle seconds can differ in their last bit between the training program and the replay (and DiLoCo's
+# losses between programs whose workers' speeds differ); at XLA's default level (what a user runs) every case
+# is equal bit for bit, which the next tests check for those in a process of their own.
 AT_DEFAULT_LEVEL = ("fastest_k", "streaming_diloco")
 
 
@@ -80,9 +74,19 @@ def test_a_run_re_timed_on_another_link_equals_a_full_simulation_there_bit_for_b
   _compare(name)
 
 
+# Workers all as fast (none slow, no jitter) on the fast link: the rounds' updates do not look at the speeds.
+EQUAL_SPEEDS = {"slow_fraction": 0.0, "jitter_shape": None}
+
+
+@pytest.mark.parametrize("name", ["allreduce", "bsp", "local_sgd"])
+def test_a_run_re_timed_at_other_worker_speeds_equals_a_full_simulation_there_bit_for_bit(name):
+  _compare(name, **EQUAL_SPEEDS)
+
+
 def test_bit_for_bit_at_xlas_default_optimization_level():
   code = (
-    "from tests.sim.test_retime import _compare\nfor name in ('fastest_k', 'bsp', 'diloco'): _compare(name)"
+    "from tests.sim.test_retime import _compare, EQUAL_SPEEDS\nfor name in ('fastest_k', 'bsp', 'diloco'):"
+    " _compare(name)\nfor name in ('diloco', 'streaming_diloco'): _compare(name, **EQUAL_SPEEDS)"
   )
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
   done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True)
@@ -113,6 +117,8 @@ def test_a_run_whose_updates_follow_the_clock_is_refused():
   other = dataclasses.replace(clock, slowdown=5.0)
   with pytest.raises(ValueError, match="fastest-k with other compute times"):
     fastest.retime(history, params, trained_on=other)
+  assert fastest.clock_dependence() is None  # on another link at the same speeds it re-times
+  assert "fastest-k with other compute times" in fastest.clock_dependence(compute_times=True)
 
 
 def test_a_benchmark_trains_a_clock_independent_run_once_and_times_it_on_every_link(tmp_path):
@@ -128,8 +134,8 @@ def test_a_benchmark_trains_a_clock_independent_run_once_and_times_it_on_every_l
     args = harness.parser("").parse_args(["--results-dir", str(where), "--runs-dir", str(where / "runs")])
     return harness.Benchmark("made_up", "Made up", args, [], seeds=1)
 
-  def config(link):
-    sets = ["data.name=digits", "model.name=mlp", "cluster.num_workers=4", f"cluster.link={link}"]
+  def config(link, *speeds):
+    sets = ["data.name=digits", "model.name=mlp", "cluster.num_workers=4", f"cluster.link={link}", *speeds]
     sets += ["run.gradients=400", "run.chunk=25", "run.eval_every=10", "run.target_accuracy=0.8"]
     return config_lib.load(ROOT / "configs" / "quickstart.yaml", sets)
 
@@ -146,8 +152,18 @@ def test_a_benchmark_trains_a_clock_independent_run_once_and_times_it_on_every_l
   assert fast.summaries[0]["simulated_time"] < slow.summaries[0]["simulated_time"]
   np.testing.assert_array_equal(fast.histories[0].eval_time, trained.histories[0].eval_time)
   np.testing.assert_array_equal(fast.histories[0].worker_idle, trained.histories[0].worker_idle)
+  # Every worker as fast: the same rounds' updates, re-timed from the same run, as trained there.
+  even = ["cluster.slow_fraction=0", "cluster.jitter_shape=null"]
+  level = once.run(config("10gbps", *even), "allreduce", setting="10 Gbit/s, equal workers")
+  assert list(once.store.entries.values())[-1]["retimed_from"] == entries[0]["key"]
+  trained = bench(tmp_path / "even").run(config("10gbps", *even), "allreduce", setting="even")
+  for key in ("simulated_time", "time_to_target_held", "final_accuracy"):
+    assert level.summaries[0][key] == trained.summaries[0][key], key
+  assert (
+    level.summaries[0]["simulated_time"] < fast.summaries[0]["simulated_time"]
+  )  # no straggler to wait for
   # Asynchronous arrivals follow the clock: trained on each link.
   once.run(config("100mbps"), "asp", setting="100 Mbit/s")
   once.run(config("10gbps"), "asp", setting="10 Gbit/s")
   entries = list(harness.results_store.read_entries(once.store.path).values())
-  assert [bool(e.get("retimed_from")) for e in entries[2:]] == [False, False]
+  assert [bool(e.get("retimed_from")) for e in entries[3:]] == [False, False]

@@ -274,14 +274,21 @@ class Simulator(RuntimeBase):
     """Per-worker gradients, applied gradients and idle seconds, and the bytes moved, of ``state``."""
     return self._engine.totals(state)
 
-  def clock_dependence(self) -> str | None:
+  def clock_dependence(self, *, compute_times: bool = False) -> str | None:
     """Why this run's sequence of updates could depend on its cluster's clock, in words, or None when it
     cannot (synchronous rounds of equal or fixed-order workers, evaluated every so many updates): then one
-    run gives its times on every link (:meth:`retime`)."""
+    run gives its times on every link (:meth:`retime`). With ``compute_times``, whether it could depend on
+    the workers' compute times as well (fastest-k's rounds keep their fastest gradients): None means one
+    run gives its times on every link and at every speed of the workers."""
     if not isinstance(self._engine, RoundEngine):
       return "asynchronous arrivals (their order is the clock's)"
     if self.schedule.every_time is not None:
       return "evaluations every so many simulated seconds (which updates are evaluated is the clock's)"
+    if (
+      compute_times
+      and (self.strategy.gradients_per_round or self.strategy.num_workers) < self.strategy.num_workers
+    ):
+      return "fastest-k with other compute times (which gradients a round keeps is the compute times')"
     return self._engine.clock_dependence()
 
   def retime(
@@ -318,14 +325,10 @@ class Simulator(RuntimeBase):
       >>> bool(retimed.time[-1] < history.time[-1]), bool((retimed.loss == history.loss).all())
       (True, True)
     """
-    why = self.clock_dependence()
-    if (
-      why is None
-      and (self.strategy.gradients_per_round or self.strategy.num_workers) < self.strategy.num_workers
-    ):
-      same = np.array_equal(trained_on.mean_compute_times(), self.time_model.mean_compute_times())
-      if not same or trained_on.jitter_shape != self.time_model.jitter_shape:
-        why = "fastest-k with other compute times (which gradients a round keeps is the compute times')"
+    same = np.array_equal(trained_on.mean_compute_times(), self.time_model.mean_compute_times())
+    why = self.clock_dependence(
+      compute_times=not same or trained_on.jitter_shape != self.time_model.jitter_shape
+    )
     if why is not None:
       raise ValueError(
         f"{_WHAT}: retime: {self.strategy.name}'s updates can depend on the clock ({why}); simulate it on "
