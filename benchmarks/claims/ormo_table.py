@@ -363,8 +363,8 @@ def main(argv: list[str]) -> int:
     best[column] = {r: by_label[NAMES[r]] for r in rules}
     bench.section(
       f"Learning rates at {column}: every rule on the same grid, seed {harness.TUNING_SEED}",
-      grid_table + "\n\nFinal test accuracy % of one run per rate; **bold**: the rate each rule runs at in"
-      " this column (the best; the smaller on a tie).",
+      grid_table + "\n\nOne run per rate; **bold**: the rate each rule runs at in this column (the best; the"
+      " smaller on a tie).",
     )
   cells = run_columns(bench, args, config_name, data_name, base, rules, best)
   # Seeds that separate: 5 for neighbours of the claimed order (and OrMo against ASGD) within two std.
