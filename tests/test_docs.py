@@ -486,7 +486,7 @@ def rerun_sections(page: str) -> list[tuple[str, list[str], str]]:
   body = page[page.index("## The Fashion-MNIST reruns") : page.index("## The digits reproductions")]
   sections = []
   for section in re.split(r"\n(?=### )", body)[1:]:
-    named = re.findall(r"`([\w-]+\.md)`", section) + re.findall(r"benchmarks/results/([\w.-]+\.md)", section)
+    named = re.findall(r"`([\w-]+\.md)`", section) + re.findall(r"benchmarks/results/([\w./-]+\.md)", section)
     files = sorted({f for f in named if (ROOT / "benchmarks" / "results" / f).exists()})
     text = re.sub(r"!?\[[^\]]*\]\([^)]*\)", "", section)
     sentences = re.split(r"(?<=[.;])\s+(?=[A-Z*(])", text)

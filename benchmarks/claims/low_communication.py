@@ -333,7 +333,7 @@ def _speed_claim(cells, pairs, what: str):
   return (f"{word} ({yes} of {n} settings significantly faster)", evidence, harness.Comparisons(comparisons), number)  # fmt: skip
 
 
-def _accuracy_claim(cells, pairs, what: str):
+def _accuracy_claim(cells, pairs):
   """A claim that ours matches theirs: holds where every mean gap is within a point, does not where none is;
   each gap's p (Welch, after Holm) says whether the two differ at all."""
   gaps, comparisons, below = {}, [], []
@@ -347,7 +347,9 @@ def _accuracy_claim(cells, pairs, what: str):
     gaps[(a, b)] = gap
     # Positive: within the point the claim allows; p: whether the two differ at all (after Holm).
     comparisons.append(
-      harness.Comparison(f"{_where(a)}: {what} (points)", gap + NEAR_POINTS, p, 100 * t["se"])
+      harness.Comparison(
+        f"{_where(a)}: {a[3]} - {b[3]} + {NEAR_POINTS:g} (points)", gap + NEAR_POINTS, p, 100 * t["se"]
+      )
     )
     if not gap >= -NEAR_POINTS:  # a NaN gap (a side without a finite accuracy) is not within a point
       below.append(a)
@@ -373,10 +375,10 @@ def decide(cells, plan: Plan) -> dict[str, dict[str, tuple]]:
   if present(pairs["diloco"]):
     out.setdefault(PAPERS["diloco"], {})[
       "matches synchronous training (all-reduce Adam) within a point, H = 10, 50, 200"
-    ] = _accuracy_claim(cells, present(pairs["diloco"]), "DiLoCo - all-reduce Adam + 1")
+    ] = _accuracy_claim(cells, present(pairs["diloco"]))
   if present(pairs["streaming"]):
     out.setdefault(PAPERS["streaming"], {})["as accurate as DiLoCo with a fragment of its exchange"] = (
-      _accuracy_claim(cells, present(pairs["streaming"]), "Streaming DiLoCo - DiLoCo + 1")
+      _accuracy_claim(cells, present(pairs["streaming"]))
     )
   if present(pairs["dylu"]):
     out.setdefault(PAPERS["async"], {})["Dynamic Local Updates speed it up against stragglers"] = (

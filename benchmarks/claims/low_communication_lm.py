@@ -174,7 +174,7 @@ def decide(cells, plan: Plan) -> dict[str, dict[str, tuple]]:
   diloco = [p for h in (10, 50, 100) for p in pairs(f"DiLoCo H={h}", "all-reduce AdamW", (FAST_LINK,))]
   if diloco:
     out.setdefault(family.PAPERS["diloco"], {})["a language model: matches all-reduce AdamW at equal tokens within a point, H = 10, 50, 100"] = (
-      family._accuracy_claim(cells, diloco, "DiLoCo - all-reduce AdamW + 1")
+      family._accuracy_claim(cells, diloco)
     )  # fmt: skip
   timed = equal_time_claim(cells, plan)
   if timed is not None:
@@ -183,12 +183,12 @@ def decide(cells, plan: Plan) -> dict[str, dict[str, tuple]]:
   if streaming:
     out.setdefault(family.PAPERS["streaming"], {})[
       "a language model: as accurate as DiLoCo (H = 50) at equal tokens"
-    ] = family._accuracy_claim(cells, streaming, "Streaming DiLoCo - DiLoCo + 1")
+    ] = family._accuracy_claim(cells, streaming)
   asynchronous = pairs("async local SGD H=50", "DiLoCo H=50", plan.links)
   if asynchronous:
     out.setdefault(family.PAPERS["async"], {})[
       "a language model: as accurate as DiLoCo (H = 50) at equal tokens"
-    ] = family._accuracy_claim(cells, asynchronous, "asynchronous local SGD - DiLoCo + 1")
+    ] = family._accuracy_claim(cells, asynchronous)
   return out
 
 
