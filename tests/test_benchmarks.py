@@ -425,6 +425,28 @@ def test_a_pruned_store_keeps_the_run_a_kept_run_was_retimed_from(tmp_path):
   assert list(store_module.read_entries(path)) == list(store.entries) == ["trained", "retimed"]
 
 
+def test_a_store_grows_in_parts_read_as_one_and_a_prune_packs_them_again(tmp_path, monkeypatch):
+  store_module = importlib.import_module("benchmarks.common.store")
+  monkeypatch.setattr(store_module, "PART_BYTES", 100)
+  path = tmp_path / "s_runs.jsonl"
+  for i in range(7):  # each line is ~45 bytes: a part is closed after its third line
+    store_module.append_entry(path, {"key": f"run{i}", "pad": "x" * 25})
+  assert [p.name for p in store_module.store_parts(path)] == [
+    "s_runs.jsonl",
+    "s_runs.2.jsonl",
+    "s_runs.3.jsonl",
+  ]
+  assert [len(p.read_text().splitlines()) for p in store_module.store_parts(path)] == [3, 3, 1]
+  store = store_module.RunStore(path)
+  assert list(store.entries) == [f"run{i}" for i in range(7)]
+  assert store.keep_only({"run1", "run5", "run6"}) == 4
+  assert [p.name for p in store_module.store_parts(path)] == ["s_runs.jsonl", "s_runs.2.jsonl"]
+  assert not (tmp_path / "s_runs.3.jsonl").exists()
+  assert list(store_module.read_entries(path)) == ["run1", "run5", "run6"]
+  store_module.append_entry(path, {"key": "run7"})  # the last part has room: no new part
+  assert list(store_module.read_entries(path))[-1] == "run7" and len(store_module.store_parts(path)) == 2
+
+
 def test_a_run_read_again_for_more_seeds_counts_once_in_the_report(tmp_path):
   """A cell escalated from 3 to 5 seeds reads its first 3 runs again: the header counts each run and its
   training time once, and says how many runs the store holds without their time."""

@@ -660,9 +660,17 @@ class Benchmark:
       self._prune()
     if self.store is not None:
       versions = self.store.code_versions(self.used_keys)
+      parts = len(results_store.store_parts(self.store.path))
       lines.append(
-        f"- Results store: `{_relative(self.store.path)}` ({len(self.used_keys)} of its {len(self.store)}"
-        " runs make this report" + (f"; code {', '.join(versions)}" if versions else "") + ")"
+        f"- Results store: `{_relative(self.store.path)}`"
+        + (
+          f" in {parts} parts (then {', '.join(f'`.{n}.jsonl`' for n in range(2, parts + 1))})"
+          if parts > 1
+          else ""
+        )
+        + f" ({len(self.used_keys)} of its {len(self.store)} runs make this report"
+        + (f"; code {', '.join(versions)}" if versions else "")
+        + ")"
       )
     if self.tuned:
       lines.append(f"- Learning rates: {self.tuned_on()}")

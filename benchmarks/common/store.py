@@ -9,6 +9,10 @@ options, seed, budget), so:
   concatenating, as git does for two branches that each appended);
 - ``--report-only`` rebuilds every table from the store alone, and names the runs it lacks.
 
+A store grows in parts of at most :data:`PART_BYTES` each (``<benchmark>_runs.jsonl``, then
+``<benchmark>_runs.2.jsonl``, ``.3``...), read as one file in that order: every committed file stays small
+whatever the number of runs.
+
 A line holds the run's summary, its evaluations (time, event, updates and every metric), per-worker
 totals, the benchmark's own measures of the full history (``measures``: numbers a report needs from
 every event, computed when the run ends), and optionally a thinned copy of the per-event records
@@ -80,6 +84,24 @@ def config_key(config: Config, tag: str = "") -> str:
       del fields[key]
   text = json.dumps(data, sort_keys=True, default=repr) + tag
   return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+# A part of a store is closed once it holds this many bytes; the next run starts the next part.
+PART_BYTES = 1_000_000
+
+
+def part_path(path: pathlib.Path, number: int) -> pathlib.Path:
+  """The file of part ``number`` (from 1) of the store ``path``: ``path`` itself, then ``<stem>.<number><suffix>``."""
+  return path if number == 1 else path.with_name(f"{path.stem}.{number}{path.suffix}")
+
+
+def store_parts(path: pathlib.Path) -> list[pathlib.Path]:
+  """The files of the store ``path`` that exist, in order: its first part, then each next part while there is one."""
+  parts, number = [], 1
+  while (part := part_path(path, number)).is_file():
+    parts.append(part)
+    number += 1
+  return parts
 
 
 class RunStore:
@@ -174,9 +196,22 @@ class RunStore:
     file replaces the old one in one rename: a sitting killed meanwhile leaves one or the other whole."""
     keep = set(keys) | {self.entries[k].get("retimed_from") for k in keys if k in self.entries}
     kept = {k: e for k, e in self.entries.items() if k in keep}
-    partial = self.path.with_name(self.path.name + ".partial")
-    partial.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in kept.values()))
-    os.replace(partial, self.path)
+    old_parts = store_parts(self.path)
+    texts: list[str] = [""]
+    for entry in kept.values():
+      line = json.dumps(entry, separators=(",", ":")) + "\n"
+      if texts[-1] and len(texts[-1]) + len(line) > PART_BYTES:
+        texts.append("")
+      texts[-1] += line
+    # Part by part in order: a run only moves to the same or an earlier part, so a sitting killed between two
+    # renames leaves every kept run in some part (and at worst some dropped ones still there).
+    for number, text in enumerate(texts, 1):
+      part = part_path(self.path, number)
+      partial = part.with_name(part.name + ".partial")
+      partial.write_text(text)
+      os.replace(partial, part)
+    for part in old_parts[len(texts) :]:
+      part.unlink()
     dropped, self.entries = len(self.entries) - len(kept), kept
     return dropped
 
@@ -190,27 +225,30 @@ class RunStore:
 
 
 def read_entries(path: pathlib.Path) -> dict[str, dict[str, Any]]:
-  """The entries of the JSON-lines file ``path`` by their ``"key"`` (the last line of a key wins; {} when
-  the file does not exist). A line cut short by a killed sitting is ignored with a message: only that
-  run is lost, and rerun."""
+  """The entries of the store ``path`` (JSON lines, in its parts' order) by their ``"key"`` (the last line of a
+  key wins; {} when there is no file). A line cut short by a killed sitting is ignored with a message: only
+  that run is lost, and rerun."""
   entries: dict[str, dict[str, Any]] = {}
-  if not path.is_file():
-    return entries
-  for number, line in enumerate(path.read_text().splitlines(), 1):
-    if not line.strip():
-      continue
-    try:
-      entry = json.loads(line)
-      entries[entry["key"]] = entry
-    except (json.JSONDecodeError, KeyError, TypeError):
-      print(f"[store] {path}:{number}: not a whole run entry; ignored (it will be rerun)", file=sys.stderr)
+  for part in store_parts(path):
+    for number, line in enumerate(part.read_text().splitlines(), 1):
+      if not line.strip():
+        continue
+      try:
+        entry = json.loads(line)
+        entries[entry["key"]] = entry
+      except (json.JSONDecodeError, KeyError, TypeError):
+        print(f"[store] {part}:{number}: not a whole run entry; ignored (it will be rerun)", file=sys.stderr)
   return entries
 
 
 def append_entry(path: pathlib.Path, entry: dict[str, Any]) -> None:
-  """Appends ``entry`` to ``path`` as one JSON line, on disk before returning."""
+  """Appends ``entry`` to the store ``path`` as one JSON line, on disk before returning: to its last part, or
+  to a new part when the last one holds :data:`PART_BYTES` already."""
   path.parent.mkdir(parents=True, exist_ok=True)
-  with path.open("a+") as f:
+  parts = store_parts(path) or [path]
+  if parts[-1].is_file() and parts[-1].stat().st_size >= PART_BYTES:
+    parts.append(part_path(path, len(parts) + 1))
+  with parts[-1].open("a+") as f:
     f.seek(0, os.SEEK_END)
     if f.tell():  # a line cut short by a killed sitting must not swallow this one
       f.seek(f.tell() - 1)
