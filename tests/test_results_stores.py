@@ -57,7 +57,16 @@ def test_every_config_key_is_either_in_the_stores_format_or_added_at_its_default
     assert not unknown, f"{section} keys added without a place in ADDED_KEYS: {sorted(unknown)}"
 
 
-@pytest.mark.parametrize("name", ["ormo_table", "inhad_layouts", "adaptive_k_regimes"])
+@pytest.mark.parametrize(
+  "name",
+  [
+    "ormo_table",
+    "inhad_layouts",
+    "adaptive_k_regimes",
+    # A store in three parts (881 runs; about 2 min of reading): the heavy tier.
+    pytest.param("low_communication", marks=pytest.mark.heavy),
+  ],
+)
 def test_a_report_rewritten_from_the_committed_store_gives_the_committed_verdicts(tmp_path, name):
   for part in store.store_parts(RESULTS / f"{name}_runs.jsonl"):
     shutil.copy(part, tmp_path / part.name)
