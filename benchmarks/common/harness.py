@@ -661,6 +661,7 @@ class Benchmark:
     if self.store is not None:
       versions = self.store.code_versions(self.used_keys)
       parts = len(results_store.store_parts(self.store.path))
+      retimed = sum(1 for k in self.used_keys if self.store.entries.get(k, {}).get("retimed_from"))
       lines.append(
         f"- Results store: `{_relative(self.store.path)}`"
         + (
@@ -669,6 +670,7 @@ class Benchmark:
           else ""
         )
         + f" ({len(self.used_keys)} of its {len(self.store)} runs make this report"
+        + (f", {retimed} of them re-timed from a run trained on another clock" if retimed else "")
         + (f"; code {', '.join(versions)}" if versions else "")
         + ")"
       )
