@@ -9,7 +9,7 @@ options, seed, budget), so:
   concatenating, as git does for two branches that each appended);
 - ``--report-only`` rebuilds every table from the store alone, and names the runs it lacks.
 
-A store grows in parts of at most :data:`PART_BYTES` each (``<benchmark>_runs.jsonl``, then
+A store grows in parts of about :data:`PART_BYTES` each (a part closes with the run that takes it past) (``<benchmark>_runs.jsonl``, then
 ``<benchmark>_runs.2.jsonl``, ``.3``...), read as one file in that order: every committed file stays small
 whatever the number of runs.
 
