@@ -36,6 +36,7 @@ Sizes:
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -366,6 +367,19 @@ def _interval(hits: int, n: int) -> str:
   return f"{low:.0%}-{high:.0%}"
 
 
+MODELS = {"mlp": "MLP", "transformer": "small transformer"}
+DATASETS = {"fashion_mnist": "Fashion-MNIST", "jargon": "the Jargon File", "digits": "digits"}
+
+
+def budget_text(config, *, paper: bool, size: str) -> str:
+  """A scenario's run, e.g. ``10 epochs (3200 gradients) of the MLP on fashion_mnist``: the paper configs are
+  scaled to ``EPOCHS`` epochs (of the MLP at the default size), the other scenarios run their own budget."""
+  gradients = f"{config.run.gradients} gradients"
+  model = "MLP" if paper and size == "default" else MODELS.get(config.model.name, config.model.name)
+  run = f"{EPOCHS} epochs ({gradients})" if paper else gradients
+  return f"{run} of the {model} on {DATASETS.get(config.data.name, config.data.name)}"
+
+
 def main(argv: list[str]) -> int:
   args = harness.parser(__doc__).parse_args(argv)
   bench = harness.Benchmark(
@@ -378,7 +392,7 @@ def main(argv: list[str]) -> int:
   rows: dict[float, list[list[str]]] = {1.0: [], 0.5: []}
   curves: dict = {}
   picks: dict[tuple[str, str], float] = {}
-  seeds_used = []
+  seeds_used, budgets = [], []
   for scenario, spec in scenarios.items():
     config_name, overrides = spec.config, list(spec.overrides)
     shipped = bench.config(config_name, overrides)
@@ -415,6 +429,7 @@ def main(argv: list[str]) -> int:
       runs = full_runs(bench, scenario, config, names, rates, seeds)
     curves[scenario] = evaluations(runs)
     seeds_used.append(seeds)
+    budgets.append(budget_text(config, paper=spec.paper and not tiny, size=args.size))
     half_budget = (
       scaled(shipped, args.size, 0.5) if spec.paper else [f"run.gradients={round(config.run.gradients / 2)}"]
     )
@@ -452,11 +467,7 @@ def main(argv: list[str]) -> int:
       + "\n\nReach: how far the pick's estimate lies beyond the short runs (measured: reached within them).",
     )
     bench.section(f"Hit rate, at {what}", hit_table(checks[budget]))
-  budget = (
-    f"{config.run.gradients} gradients" if tiny else f"{EPOCHS} epochs ({config.run.gradients} gradients)"
-  )
-  if not tiny and args.size == "default":
-    budget += ", the MLP"
+  budget = "; ".join(f"{b} ({n} scenario{'s' * (n > 1)})" for b, n in collections.Counter(budgets).items())
   bench.decided(
     "jaxsync's advisor",
     decide(checks[1.0], len(scenarios)),
