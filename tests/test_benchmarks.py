@@ -823,6 +823,31 @@ def test_advisor_check_tiny(tmp_path):
   ]
   (verdict,) = json.loads((results / "advisor_check_verdicts.json").read_text())
   assert verdict["verdict"].startswith("**1, 1, 1 of 1**") and verdict["picks"].endswith("bsp 0.02")
+  assert verdict["budget"] == "800 gradients of the MLP on digits (1 scenario)"  # each scenario's own run
+
+
+def test_the_advisor_checks_budget_names_each_scenarios_own_run():
+  """A paper config is scaled to the check's epochs of the MLP; a low-communication or language-model scenario
+  runs its own gradients of its own model: the verdict's budget names each (not the last scenario's alone)."""
+  from jaxsync._src.app import config as config_lib
+
+  advisor_check = importlib.import_module("benchmarks.claims.advisor_check")
+
+  def budget(name):
+    spec = advisor_check.SCENARIOS[name]
+    shipped = config_lib.load(BENCHMARKS.parent / "configs" / f"{spec.config}.yaml", list(spec.overrides))
+    scaled = advisor_check.scaled(shipped, "default") if spec.paper else []
+    config = config_lib.load(
+      BENCHMARKS.parent / "configs" / f"{spec.config}.yaml", [*spec.overrides, *scaled]
+    )
+    return advisor_check.budget_text(config, paper=spec.paper, size="default")
+
+  assert budget("OrMo table, 16 het.") == "10 epochs (18750 gradients) of the MLP on Fashion-MNIST"
+  assert budget("low communication, 32 workers, 100 Mbit/s") == "25600 gradients of the MLP on Fashion-MNIST"
+  assert (
+    budget("language model, 8 workers, 100 Mbit/s")
+    == "3200 gradients of the small transformer on the Jargon File"
+  )
 
 
 def test_the_advisor_check_counts_hits_ties_and_confident_misses():
