@@ -372,7 +372,7 @@ DATASETS = {"fashion_mnist": "Fashion-MNIST", "jargon": "the Jargon File", "digi
 
 
 def budget_text(config, *, paper: bool, size: str) -> str:
-  """A scenario's run, e.g. ``10 epochs (3200 gradients) of the MLP on fashion_mnist``: the paper configs are
+  """A scenario's run, e.g. ``10 epochs (18750 gradients) of the MLP on Fashion-MNIST``: the paper configs are
   scaled to ``EPOCHS`` epochs (of the MLP at the default size), the other scenarios run their own budget."""
   gradients = f"{config.run.gradients} gradients"
   model = "MLP" if paper and size == "default" else MODELS.get(config.model.name, config.model.name)

@@ -9,9 +9,9 @@ options, seed, budget), so:
   concatenating, as git does for two branches that each appended);
 - ``--report-only`` rebuilds every table from the store alone, and names the runs it lacks.
 
-A store grows in parts of about :data:`PART_BYTES` each (a part closes with the run that takes it past) (``<benchmark>_runs.jsonl``, then
-``<benchmark>_runs.2.jsonl``, ``.3``...), read as one file in that order: every committed file stays small
-whatever the number of runs.
+A store grows in parts of about :data:`PART_BYTES` each (``<benchmark>_runs.jsonl``, then
+``<benchmark>_runs.2.jsonl``, ``.3``...; a part closes with the run that takes it past that size), read as one
+file in that order: every committed file stays small whatever the number of runs.
 
 A line holds the run's summary, its evaluations (time, event, updates and every metric), per-worker
 totals, the benchmark's own measures of the full history (``measures``: numbers a report needs from
