@@ -869,7 +869,7 @@ def test_the_advisor_check_counts_hits_ties_and_confident_misses():
     ),
   ]
   ((claim, (verdict, evidence, number)),) = advisor_check.decide(checks, scenarios=3).items()
-  assert verdict == "**0, 1, 2 of 2** scenarios from 10%, 25%, 50% of the runs"
+  assert verdict == "**0, 1, 2 of 2** (scenarios, from 10%, 25%, 50% of the runs)"
   assert number == (
     "2 of 2 scenarios right from 50% of the runs (95% interval 34%-100%); 1 of 1 where the full runs separate"
     " a winner (21%-100%)"

@@ -576,6 +576,23 @@ def test_a_verdict_file_becomes_summary_rows_the_paper_once_a_budget_sensitive_c
   assert "½ Budget-sensitive: at half the budget" in results_page.block(tmp_path)  # the marker's legend
 
 
+def test_a_papers_claims_from_a_second_benchmark_sit_under_its_first(tmp_path):
+  import json
+
+  def verdict(paper, claim):
+    return {"paper": paper, "claim": claim, "verdict": "**holds**", "decides": "+1 point"}
+
+  (tmp_path / "family_verdicts.json").write_text(
+    json.dumps([verdict("A (2023)", "mlp"), verdict("B (2024)", "b")])
+  )
+  (tmp_path / "family_lm_verdicts.json").write_text(
+    json.dumps([verdict("A (2023)", "lm"), verdict("C", "c")])
+  )
+  found = [row.split(" | **")[0] for row in _results_page().rows(tmp_path)]
+  assert found == ["| A (2023) | mlp", "|  | lm", "| B (2024) | b", "| C | c"]
+  assert _results_page().rows(tmp_path)[1].endswith("(../benchmarks/results/family_lm.md) |")
+
+
 def test_the_summary_figure_draws_every_measured_comparison_of_the_verdict_files(tmp_path):
   import json
 

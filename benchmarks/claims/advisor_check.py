@@ -349,7 +349,7 @@ def decide(checks: list[Check], scenarios: int) -> dict[str, tuple[str, str]]:
     "; hit rates with Wilson's 95% intervals, from 10%, 25%, 50% of the runs: "
     + ", ".join(f"{sum(c.hit(f) for c in checks)}/{n} ({_interval(sum(c.hit(f) for c in checks), n)})" for f in FRACTIONS)
   )  # fmt: skip
-  return {CLAIM: (f"**{counts} of {n}** scenarios from 10%, 25%, 50% of the runs", evidence, number)}
+  return {CLAIM: (f"**{counts} of {n}** (scenarios, from 10%, 25%, 50% of the runs)", evidence, number)}
 
 
 def wilson(hits: int, n: int, z: float = 1.96) -> tuple[float, float]:

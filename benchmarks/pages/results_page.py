@@ -38,10 +38,11 @@ HEADER = (
 
 
 def rows(results: pathlib.Path = RESULTS) -> list[str]:
-  """One summary row per recorded verdict, benchmark by benchmark (sorted by name): the paper (once per
-  paper), the claim, the verdict (budget-sensitive ones marked), the one number it turns on, and a link to
-  the results file whose verdict table holds the evidence, the budget, the seeds and the tuned rates."""
-  out, last_paper = [], None
+  """One summary row per recorded verdict, grouped by paper in the order the benchmarks (sorted by name) first
+  name it, so a paper's claims on a second workload (the language model's) sit under its first: the paper
+  (once per paper), the claim, the verdict (budget-sensitive ones marked), the one number it turns on, and a
+  link to the results file whose verdict table holds the evidence, the budget, the seeds and the tuned rates."""
+  by_paper: dict[str, list[list[str]]] = {}
   for path in _verdict_files(results):
     name = path.name.removesuffix("_verdicts.json")
     for v in json.loads(path.read_text()):
@@ -50,16 +51,13 @@ def rows(results: pathlib.Path = RESULTS) -> list[str]:
         + (f" {BUDGET_SENSITIVE}" if v.get("budget_sensitive") else "")
         + (f" {ON_TEST_SET}" if v.get("tuned_on") == "test set" else "")
       )
-      cells = [
-        "" if v["paper"] == last_paper else v["paper"],
-        v["claim"],
-        verdict,
-        v.get("decides") or "-",
-        f"[results](../benchmarks/results/{name}.md)",
-      ]
-      last_paper = v["paper"]
-      out.append("| " + " | ".join(c.replace("|", "/") for c in cells) + " |")
-  return out
+      cells = [v["claim"], verdict, v.get("decides") or "-", f"[results](../benchmarks/results/{name}.md)"]
+      by_paper.setdefault(v["paper"], []).append(cells)
+  return [
+    "| " + " | ".join(c.replace("|", "/") for c in [paper if i == 0 else "", *cells]) + " |"
+    for paper, claims in by_paper.items()
+    for i, cells in enumerate(claims)
+  ]
 
 
 def _verdict_files(results: pathlib.Path) -> list[pathlib.Path]:
