@@ -1012,6 +1012,19 @@ def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_fou
   assert "perplexity" in (results / "low_communication_lm.md").read_text()
 
 
+def test_the_language_models_equal_time_reading_interpolates_between_evaluations():
+  from types import SimpleNamespace
+
+  from benchmarks.common import harness
+
+  module = importlib.import_module("benchmarks.claims.low_communication_lm")
+  history = SimpleNamespace(eval_time=[0.0, 10.0, 20.0], eval_metrics={"accuracy": [0.1, 0.3, 0.5]})
+  cell = harness.Cell("all-reduce AdamW", [SimpleNamespace(history=history)] * 2, "")
+  # Halfway between the evaluations at 10 s and 20 s (the last one before 15 s would read 0.3).
+  assert module.at_time(cell, 15.0) == pytest.approx([0.4, 0.4])
+  assert module.at_time(cell, 20.0) == pytest.approx([0.5, 0.5])  # the quickest run's own end
+
+
 def test_low_communication_reads_the_half_budget_at_the_half_way_evaluation():
   module = importlib.import_module("benchmarks.claims.low_communication")
   history = made_up_history(40, {"accuracy": [0.1, 0.5, 0.82, 0.79, 0.85]}, eval_event=np.arange(5) * 10)
