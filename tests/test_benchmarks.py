@@ -1035,6 +1035,10 @@ def test_low_communication_reads_the_half_budget_at_the_half_way_evaluation():
   # Events 0-20 evaluated at 0, 10 and 20 s: 0.82 at the half-way evaluation, held from 20 s (after 10 s).
   assert half["final_accuracy"] == pytest.approx(0.82) and half["time_to_target_held"] == 20.0
   assert half["time_to_target_held_after"] == 10.0 and half["bytes_moved"] == 50.0
+  # Its simulated time and its evaluations end there too (the language model reads accuracy at a time).
+  assert half["simulated_time"] == 20.0
+  kept = module.at_half({"k": _harness.Cell("x", [run], "")})["k"].histories[0]
+  assert list(kept.eval_time) == [0.0, 10.0, 20.0] and list(kept.eval_metrics["accuracy"]) == [0.1, 0.5, 0.82]
 
 
 def test_sim_vs_real_tiny_calibrates_on_shaped_hosts_runs_real_and_simulated_and_compares(tmp_path):

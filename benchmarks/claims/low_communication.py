@@ -215,8 +215,9 @@ def run_cells(bench, plan: Plan, picks: dict, seeds=None, only=None) -> dict[tup
 
 
 def at_half(cells: dict[tuple, harness.Cell], target: float = TARGET) -> dict[tuple, harness.Cell]:
-  """The cells read at their half-way evaluation: final accuracy there, the crossing that holds up to it,
-  half the bytes (a constant rate: the first half of a run is the run of half the budget)."""
+  """The cells read at their half-way evaluation: final accuracy and simulated time there, the crossing that
+  holds up to it, half the bytes (a constant rate: the first half of a run is the run of half the budget),
+  and the evaluations up to it (a reading at a time, as the language model's, must not see beyond)."""
   out = {}
   for key, cell in cells.items():
     runs = []
@@ -232,8 +233,15 @@ def at_half(cells: dict[tuple, harness.Cell], target: float = TARGET) -> dict[tu
         "time_to_target_held_after": None if i is None else float(times[i - 1]) if i > 0 else 0.0,
         "bytes_moved": s.get("bytes_moved", 0.0) / 2,
         "gradients": s.get("gradients", 0) // 2,
+        "simulated_time": float(times[-1]),
       }
-      runs.append(dataclasses.replace(result, summary=summary))
+      evaluations = {
+        "eval_time": times,
+        "eval_version": np.asarray(h.eval_version)[keep],
+        "eval_event": np.asarray(h.eval_event)[keep],
+        "eval_metrics": {name: np.asarray(v)[keep] for name, v in h.eval_metrics.items()},
+      }
+      runs.append(dataclasses.replace(result, summary=summary, history=dataclasses.replace(h, **evaluations)))
     out[key] = harness.Cell(cell.label, runs, cell.command)
   return out
 
