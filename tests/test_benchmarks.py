@@ -982,6 +982,9 @@ def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_fou
   )
   exp = experiment.build(experiment.for_strategy(config, "diloco", 0))
   assert exp.model.num_params == 1_049_184 and config.run.gradients == 3121  # 4 passes of 24,964 sequences
+  assert (
+    config.cluster.slow_fraction == 0.0
+  )  # equal workers, as its cells are named (the default has stragglers)
   assert len(exp.dataset.train["label"]) == module.SEQUENCES
   results = tmp_path / "results"
   argv = ["--size", "tiny", "--results-dir", str(results), "--runs-dir", str(tmp_path / "runs")]
