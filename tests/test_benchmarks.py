@@ -845,7 +845,7 @@ def test_the_advisor_checks_budget_names_each_scenarios_own_run():
   assert budget("OrMo table, 16 het.") == "10 epochs (18750 gradients) of the MLP on Fashion-MNIST"
   assert budget("low communication, 32 workers, 100 Mbit/s") == "25600 gradients of the MLP on Fashion-MNIST"
   assert (
-    budget("language model, 8 workers, 100 Mbit/s")
+    budget("language model, 8 workers, 100 Mbit/s, a quarter 4x slower")
     == "3200 gradients of the small transformer on the Jargon File"
   )
 
