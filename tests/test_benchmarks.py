@@ -949,6 +949,8 @@ def test_low_communication_tiny_tunes_per_link_class_trains_sync_runs_once_and_d
   # One grid per link class (two in the tiny plan), on the validation split only.
   assert {e["setting"] for e in tuning} == {"lr grid, K=8, slow links", "lr grid, K=8, fast links"}
   assert all(e["summary"]["evaluated_on"] == "validation" for e in tuning)
+  # Equal tokens: every method's run ends on a whole round of the same number of gradients.
+  assert {e["summary"]["gradients"] for e in entries} == {module.gradients(module.TINY)} == {200}
   cells = [e for e in entries if " lr=" not in e["label"]]
   assert len(cells) == 4 * 2 * 2  # 4 methods x 2 links x 2 worker speeds, 1 seed
   # The synchronous methods train once (slow link, equal workers); their three other cells (the fast
@@ -981,7 +983,8 @@ def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_fou
     BENCHMARKS.parent / "configs" / f"{module.CONFIG}.yaml", module.overrides(plan, module.SLOW_LINK)
   )
   exp = experiment.build(experiment.for_strategy(config, "diloco", 0))
-  assert exp.model.num_params == 1_049_184 and config.run.gradients == 3121  # 4 passes of 24,964 sequences
+  # 4 passes of 24,964 sequences, up to whole rounds of DiLoCo H = 100 on 4 workers (400 gradients).
+  assert exp.model.num_params == 1_049_184 and config.run.gradients == 3200
   assert (
     config.cluster.slow_fraction == 0.0
   )  # equal workers, as its cells are named (the default has stragglers)
@@ -999,6 +1002,8 @@ def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_fou
     "async local SGD H=50",
   }
   assert all(e["summary"]["evaluated_on"] == "validation" for e in tuning)
+  # Equal tokens: every method's run ends on a whole round of the same number of gradients.
+  assert {e["summary"]["gradients"] for e in entries} == {module.gradients(module.TINY)} == {200}
   # The synchronous methods trained on one link, re-timed on the other; asynchronous local SGD trained on both.
   retimed = sorted(e["label"] for e in entries if e.get("retimed_from"))
   assert retimed == [
