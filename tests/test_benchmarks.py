@@ -949,8 +949,6 @@ def test_low_communication_tiny_tunes_per_link_class_trains_sync_runs_once_and_d
   # One grid per link class (two in the tiny plan), on the validation split only.
   assert {e["setting"] for e in tuning} == {"lr grid, K=8, slow links", "lr grid, K=8, fast links"}
   assert all(e["summary"]["evaluated_on"] == "validation" for e in tuning)
-  # Equal tokens: every method's run ends on a whole round of the same number of gradients.
-  assert {e["summary"]["gradients"] for e in entries} == {module.gradients(module.TINY)} == {200}
   cells = [e for e in entries if " lr=" not in e["label"]]
   assert len(cells) == 4 * 2 * 2  # 4 methods x 2 links x 2 worker speeds, 1 seed
   # The synchronous methods train once (slow link, equal workers); their three other cells (the fast
