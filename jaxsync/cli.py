@@ -556,8 +556,7 @@ class _PreemptionNotice:
   take a machine. The first SIGTERM or SIGINT is noted and the run stops after
   the chunk it is in (``run.chunk`` events; before the first chunk, after it:
   compiling first), writing a checkpoint there; a second one ends the process
-  at once (SIGTERM as it does by default, SIGINT with ``KeyboardInterrupt``), or
-  at the next safe point where Python dropped that exception in a callback.
+  at once (SIGTERM as it does by default, SIGINT with ``KeyboardInterrupt``).
   In a multi-process run every process asks its own notice: the processes of
   a synchronous run stop together at the round where the first notice is seen,
   a parameter server (process 0) at its chunk's end, telling its workers to
@@ -565,21 +564,18 @@ class _PreemptionNotice:
   """
 
   by: int | None = None  # the signal that asked (class-wide: one notice per process)
-  # The second Ctrl-C's, kept: Python drops an exception raised where it cannot propagate (a garbage
-  # collector's callback, such as XLA's), so the next safe point raises it again.
-  again: BaseException | None = None
 
   def __init__(self):
-    _PreemptionNotice.by = _PreemptionNotice.again = None
+    _PreemptionNotice.by = None
     if threading.current_thread() is threading.main_thread():
       signal.signal(signal.SIGTERM, self._note)
       signal.signal(signal.SIGINT, self._note)
 
   def _note(self, signum, frame):
     if _PreemptionNotice.by is not None:
-      stop = KeyboardInterrupt() if signum == signal.SIGINT else SystemExit(128 + signum)
-      _PreemptionNotice.again = stop
-      raise stop
+      if signum == signal.SIGINT:
+        raise KeyboardInterrupt
+      raise SystemExit(128 + signum)
     _PreemptionNotice.by = signum
     if signum == signal.SIGINT:
       print(
@@ -589,8 +585,6 @@ class _PreemptionNotice:
       )
 
   def __call__(self) -> bool:
-    if _PreemptionNotice.again is not None:  # the second signal's exception was dropped on its way
-      raise _PreemptionNotice.again
     return _PreemptionNotice.by is not None
 
 

@@ -440,26 +440,6 @@ def test_an_existing_out_is_refused_before_anything_is_built(capsys, tmp_path, m
   assert (taken / "notes.txt").read_text() == "mine"
 
 
-def test_a_second_signal_whose_exception_python_dropped_stops_the_run_at_the_next_safe_point():
-  """A second Ctrl-C raises KeyboardInterrupt in the signal handler; where that lands in a callback Python
-  cannot propagate from (XLA's garbage-collector callback: "Exception ignored in ..."), the run would go on to
-  its chunk's end. The notice keeps it and raises it at the next safe point instead."""
-  saved = signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM)
-  try:
-    for signum, expected in ((signal.SIGINT, KeyboardInterrupt), (signal.SIGTERM, SystemExit)):
-      notice = cli._PreemptionNotice()
-      notice._note(signum, None)  # the first: noted, the run stops at its chunk's end
-      assert notice() is True
-      with pytest.raises(expected):
-        notice._note(signum, None)  # the second, raised in the handler ... and dropped there
-      with pytest.raises(expected) as raised:
-        notice()  # ... so the next safe point raises it again
-      assert signum != signal.SIGTERM or raised.value.code == 128 + signal.SIGTERM
-  finally:
-    signal.signal(signal.SIGINT, saved[0])
-    signal.signal(signal.SIGTERM, saved[1])
-
-
 @pytest.mark.parametrize(
   "when, started_by, presses",
   [
