@@ -556,7 +556,10 @@ class _PreemptionNotice:
   take a machine. The first SIGTERM or SIGINT is noted and the run stops after
   the chunk it is in (``run.chunk`` events; before the first chunk, after it:
   compiling first), writing a checkpoint there; a second one ends the process
-  at once (SIGTERM as it does by default, SIGINT with ``KeyboardInterrupt``).
+  at once (SIGTERM as it does by default, SIGINT with ``KeyboardInterrupt``;
+  where that exception lands in a callback Python cannot propagate it from, such
+  as XLA's garbage-collector callback, Python drops it and the first's stop at
+  the chunk's end, with its checkpoint, stands).
   In a multi-process run every process asks its own notice: the processes of
   a synchronous run stop together at the round where the first notice is seen,
   a parameter server (process 0) at its chunk's end, telling its workers to

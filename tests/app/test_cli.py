@@ -480,7 +480,11 @@ def test_ctrl_c_stops_at_the_chunks_end_with_a_checkpoint_or_at_once_when_presse
     proc.communicate()
   assert proc.returncode == 130
   assert "jaxsync: stopping at the end of this chunk, with a checkpoint (Ctrl-C again to stop now)." in err
-  if presses == 1:
+  # Python drops an exception raised where it cannot propagate: a second Ctrl-C landing in XLA's
+  # garbage-collector callback ("Exception ignored in ... _xla_gc_callback", seen under load) leaves the first
+  # press's stop at the chunk's end, with its checkpoint, the graceful outcome.
+  dropped = presses == 2 and "Exception ignored in" in err and "raise KeyboardInterrupt" in err
+  if presses == 1 or dropped:
     done = int(re.search(r"interrupted \(Ctrl-C\) after (\d+) events", err)[1])
     assert RunCheckpoints(out / "checkpoints").latest_step() == done > 0
     last = f"all of them in the run's last checkpoint; continue the run with `jaxsync resume {out}`."
