@@ -1016,19 +1016,36 @@ def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_fou
     "a language model: ahead of all-reduce AdamW at equal simulated time on a 100 Mbit/s link"
   }
   assert "perplexity" in (results / "low_communication_lm.md").read_text()
+  # Its comparisons are named without the reading's time, so the half budget's match the full budget's.
+  timed = next(v for v in verdicts if "equal simulated time" in v["claim"])
+  assert [c["label"] for c in timed["comparisons"]] == [
+    f"DiLoCo H={h} - all-reduce AdamW at equal time (points)" for h in (10, 50, 100)
+  ]
 
 
-def test_the_language_models_equal_time_reading_interpolates_between_evaluations():
+def test_the_language_models_equal_time_reading_counts_the_updates_made_by_then():
   from types import SimpleNamespace
 
   from benchmarks.common import harness
 
   module = importlib.import_module("benchmarks.claims.low_communication_lm")
-  history = SimpleNamespace(eval_time=[0.0, 10.0, 20.0], eval_metrics={"accuracy": [0.1, 0.3, 0.5]})
-  cell = harness.Cell("all-reduce AdamW", [SimpleNamespace(history=history)] * 2, "")
-  # Halfway between the evaluations at 10 s and 20 s (the last one before 15 s would read 0.3).
-  assert module.at_time(cell, 15.0) == pytest.approx([0.4, 0.4])
-  assert module.at_time(cell, 20.0) == pytest.approx([0.5, 0.5])  # the quickest run's own end
+
+  def cell(updates_per_evaluation):
+    history = SimpleNamespace(
+      eval_time=[0.0, 10.0, 20.0],
+      eval_event=[0, updates_per_evaluation, 2 * updates_per_evaluation],
+      eval_metrics={"accuracy": [0.1, 0.3, 0.5]},
+    )
+    return harness.Cell("x", [SimpleNamespace(history=history)] * 2, "")
+
+  # Evaluated every 20 updates (all-reduce's rounds): at 15 s, 10 of the 20 updates after 10 s are made (the
+  # last evaluation before 15 s would read 0.3); at 14.9 s, 9 of them.
+  assert module.at_time(cell(20), 15.0) == pytest.approx([0.4, 0.4])
+  assert module.at_time(cell(20), 14.9) == pytest.approx([0.39, 0.39])
+  # Evaluated after every update (DiLoCo's outer rounds): its model is the 10 s one until the round at 20 s.
+  assert module.at_time(cell(1), 15.0) == pytest.approx([0.3, 0.3])
+  assert module.at_time(cell(1), 20.0) == module.at_time(cell(20), 25.0) == pytest.approx([0.5, 0.5])
+  assert module.at_time(cell(1), 0.0) == pytest.approx([0.1, 0.1])
 
 
 def test_low_communication_reads_the_half_budget_at_the_half_way_evaluation():

@@ -70,11 +70,11 @@ TINY = Plan(workers=2, passes=0.02, model="{layers: 1, width: 32, heads: 2, tied
 
 def gradients(plan: Plan) -> int:
   """The run's gradients of 32 sequences: at least ``plan.passes`` passes over the training text, rounded up to
-  whole rounds of the longest period (H = 100 steps on every worker), so that every method, whose runs end on a
+  whole rounds of every period (H = 100 steps on every worker: 400 gradients), so that every method, whose runs end on a
   whole round or event, trains on exactly these tokens (3,121 gradients gave all-reduce 3,124, DiLoCo H = 10
   3,160, H = 50 3,200, asynchronous local SGD 3,150)."""
-  longest = max(METHODS[m][1].get("period", 1) for m in plan.methods) * plan.workers
-  return math.ceil(plan.passes * SEQUENCES / 32 / longest) * longest
+  rounds = math.lcm(*(METHODS[m][1].get("period", 1) for m in plan.methods)) * plan.workers
+  return math.ceil(plan.passes * SEQUENCES / 32 / rounds) * rounds
 
 
 def overrides(plan: Plan, link: str) -> list[str]:
@@ -126,19 +126,34 @@ def run_cells(bench, plan: Plan, rates: dict[str, float], seeds=None, only=None)
 
 
 def at_time(cell: harness.Cell, seconds: float) -> list[float]:
-  """Each seed's next-byte accuracy at ``seconds`` simulated, interpolated linearly between the evaluations
-  around it: reading the last evaluation before it instead would hand the slower run up to one evaluation
-  interval (1/40 of its run) less training than the time allows."""
-  return [
-    float(np.interp(seconds, np.asarray(h.eval_time), np.asarray(h.eval_metrics["accuracy"])))
-    for h in cell.histories
-  ]
+  """Each seed's next-byte accuracy at ``seconds`` simulated: that of the model in force then.
+
+  Between two evaluations (times ``t_i < t_j``, after updates ``e_i < e_j``, accuracies ``a_i, a_j``) the run
+  makes ``e_j - e_i`` updates, taken as evenly spread in time; the reading counts those done by ``seconds``:
+  ``a_i + (a_j - a_i) floor((e_j - e_i) (seconds - t_i) / (t_j - t_i)) / (e_j - e_i)``. A run evaluated after
+  every update (DiLoCo's outer rounds) reads as a step, its model unchanged until the next round; one
+  evaluated every 20 updates (all-reduce's rounds) nearly as a line. Reading the last evaluation instead
+  would hand the second up to 20 rounds less training than the time allows; a line would hand the first
+  part of a round it has not made."""
+  out = []
+  for h in cell.histories:
+    times, updates = np.asarray(h.eval_time), np.asarray(h.eval_event)
+    accuracy = np.asarray(h.eval_metrics["accuracy"])
+    i = int(np.searchsorted(times, seconds * (1 + 1e-9), side="right")) - 1
+    if i < 0 or i >= len(times) - 1:
+      out.append(float(accuracy[max(i, 0)]))
+      continue
+    span = int(updates[i + 1] - updates[i])
+    done = math.floor(span * (seconds - times[i]) / (times[i + 1] - times[i])) if span else 0
+    out.append(float(accuracy[i] + (accuracy[i + 1] - accuracy[i]) * done / max(span, 1)))
+  return out
 
 
 def budget(cells: dict[tuple, harness.Cell], link: str) -> float | None:
-  """When the quickest run of ``link`` ends (the mean over its seeds)."""
+  """When the quickest run of ``link`` ends (the mean over its seeds); a run cut before its first update (the
+  tiny plan's DiLoCo H = 100 at half its budget) ends nothing."""
   ends = [c.mean("simulated_time") for k, c in cells.items() if k[1] == link and c.results]
-  return min((e for e in ends if e is not None), default=None)
+  return min((e for e in ends if e is not None and e > 0), default=None)
 
 
 def equal_time_claim(cells, plan: Plan):
@@ -153,9 +168,7 @@ def equal_time_claim(cells, plan: Plan):
   adjusted = harness.holm([t["p"] for t in tests.values()])
   ahead = [k for (k, t), p in zip(tests.items(), adjusted) if t["diff"] > 0 and p < 0.05]
   comparisons = harness.Comparisons(
-    harness.Comparison(
-      f"{k[3]} - all-reduce AdamW at {seconds:.3g} s (points)", 100 * t["diff"], p, 100 * t["se"]
-    )
+    harness.Comparison(f"{k[3]} - all-reduce AdamW at equal time (points)", 100 * t["diff"], p, 100 * t["se"])
     for (k, t), p in zip(tests.items(), adjusted)
   )
   evidence = (
@@ -216,7 +229,7 @@ def table(cells, plan: Plan) -> str:
       row += [
         c.text("final_accuracy", 1, 100) + "%",
         f"{np.mean(perplexity):.2f}" if perplexity else "-",
-        f"{100 * np.mean(at_time(c, seconds)):.1f}%" if seconds else "-",
+        f"{100 * np.mean(at_time(c, seconds)):.1f}%" if seconds is not None else "-",
       ]
     rows.append(row)
   header = ["method"] + [
