@@ -1016,6 +1016,7 @@ def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_fou
     "a language model: ahead of all-reduce AdamW at equal simulated time on a 100 Mbit/s link"
   }
   assert "perplexity" in (results / "low_communication_lm.md").read_text()
+  assert (results / "low_communication_lm" / "accuracy_over_time.png").stat().st_size > 10_000
   # Its comparisons are named without the reading's time, so the half budget's match the full budget's.
   timed = next(v for v in verdicts if "equal simulated time" in v["claim"])
   assert [c["label"] for c in timed["comparisons"]] == [

@@ -268,6 +268,15 @@ def main(argv: list[str]) -> int:
     "Next-byte accuracy and perplexity on the test tail",
     table(cells, plan) + "\n\nAt equal time: each run read when the quickest run of its link ended.",
   )
+  bench.compare_figure(
+    "accuracy_over_time",
+    {
+      f"{link}, {plan.workers} equal workers: next-byte accuracy on the test tail": {
+        m: c.histories for (_, l, _, m), c in cells.items() if l == link and c.results
+      }
+      for link in plan.links
+    },
+  )
   bench.write()
   return 0
 
