@@ -17,8 +17,11 @@ SGD; the outer rate at the papers' 0.7. 3 seeds a cell (5 where a claim's two si
 deviations). The synchronous methods' runs are trained once and re-timed on the second link. Holm over each
 claim's family; at half the budget: the same runs at their half-way evaluation (a constant rate).
 
-A run costs about 10 min of one core here (35 runs with the tuning: about 6 hours), so the store fills over several sittings: each resumes from it, and
-``--report-only`` rewrites the results file from it, naming what it lacks.
+A run costs about 10 min of this 2-core machine (12 tuning runs and 21 to about 35 reported ones: 5 to 8
+hours), so the store fills over several sittings: each resumes from it, and ``--report-only`` rewrites the
+results file from it, naming what it lacks. The tuning is at 10 Gbit/s; asynchronous local SGD, whose updates
+depend on the clock, reuses its pick on 100 Mbit/s (its exchange, about 0.7 s a round there, is small against
+its 7 s of local steps).
 
 Run: ``python -m benchmarks.claims.low_communication_lm [--size tiny|default] [--report-only]``.
 """
