@@ -8,7 +8,7 @@ of overlap, int4 on the wire) and asynchronous local SGD (Liu et al., 2024; Dela
 synchronous all-reduce with AdamW, on 100 Mbit/s and 10 Gbit/s links.
 Reported: next-byte accuracy and perplexity per byte (``exp`` of the mean cross-entropy) on the test tail,
 at equal tokens (every run's end) and at equal simulated time (each run read when the quickest run of its link
-has ended, interpolated between its evaluations).
+has ended, counting the updates it made by then between two evaluations).
 
 Protocol (the harness's): the inner AdamW rate tuned on the held-out seed's validation split (the stretch of
 text before the test tail), on the final validation accuracy, for all-reduce, DiLoCo (H = 50, its picks
@@ -73,9 +73,9 @@ TINY = Plan(workers=2, passes=0.02, model="{layers: 1, width: 32, heads: 2, tied
 
 def gradients(plan: Plan) -> int:
   """The run's gradients of 32 sequences: at least ``plan.passes`` passes over the training text, rounded up to
-  whole rounds of every period (H = 100 steps on every worker: 400 gradients), so that every method, whose runs end on a
-  whole round or event, trains on exactly these tokens (3,121 gradients gave all-reduce 3,124, DiLoCo H = 10
-  3,160, H = 50 3,200, asynchronous local SGD 3,150)."""
+  whole rounds of every period (H = 100 steps on every worker: 400 gradients), so that every method, whose
+  runs end on a whole round or event, trains on exactly these tokens (3,121 gradients gave all-reduce 3,124,
+  DiLoCo H = 10 3,160, H = 50 3,200, asynchronous local SGD 3,150)."""
   rounds = math.lcm(*(METHODS[m][1].get("period", 1) for m in plan.methods)) * plan.workers
   return math.ceil(plan.passes * SEQUENCES / 32 / rounds) * rounds
 
