@@ -1049,6 +1049,36 @@ def test_the_language_models_equal_time_reading_counts_the_updates_made_by_then(
   assert module.at_time(cell(1), 0.0) == pytest.approx([0.1, 0.1])
 
 
+def test_the_language_models_close_comparisons_at_equal_time_get_more_seeds():
+  from types import SimpleNamespace
+
+  from benchmarks.common import harness
+
+  module = importlib.import_module("benchmarks.claims.low_communication_lm")
+  plan = module.Plan()
+
+  def cell(accuracies, end):  # one run a seed, evaluated at 0 and 10 s, ending at ``end``
+    runs = [
+      SimpleNamespace(
+        summary={"simulated_time": end, "final_accuracy": 0.5 + 0.1 * i},
+        history=SimpleNamespace(
+          eval_time=[0.0, 10.0], eval_event=[0, 1], eval_metrics={"accuracy": [0.0, a]}
+        ),
+      )
+      for i, a in enumerate(accuracies)
+    ]
+    return harness.Cell("x", runs, "")
+
+  key = lambda m: (plan.workers, module.SLOW_LINK, "equal workers", m)  # noqa: E731
+  cells = {
+    key("all-reduce AdamW"): cell([0.30, 0.32, 0.34], 100.0),
+    key("DiLoCo H=10"): cell([0.31, 0.33, 0.35], 20.0),  # within two std of all-reduce at 10 s
+    key("DiLoCo H=50"): cell([0.50, 0.51, 0.52], 10.0),  # far ahead
+  }
+  # Equal tokens (the final accuracies, read at the fast link) are not compared here: no fast-link cell.
+  assert module.too_close(cells, plan) == {key("all-reduce AdamW"), key("DiLoCo H=10")}
+
+
 def test_low_communication_reads_the_half_budget_at_the_half_way_evaluation():
   module = importlib.import_module("benchmarks.claims.low_communication")
   history = made_up_history(40, {"accuracy": [0.1, 0.5, 0.82, 0.79, 0.85]}, eval_event=np.arange(5) * 10)

@@ -187,6 +187,25 @@ def equal_time_claim(cells, plan: Plan):
   return (f"{word} ({len(ahead)} of {len(ours)} periods significantly ahead)", evidence, comparisons, number)
 
 
+def too_close(cells, plan: Plan) -> set[tuple]:
+  """The cells of every comparison whose two sides lie within two standard deviations (they get 5 seeds):
+  at equal tokens (the final accuracy) and at equal time on the slow link (the accuracy then)."""
+  key = lambda m, link=FAST_LINK: (plan.workers, link, "equal workers", m)  # noqa: E731
+  pairs = [(key(f"DiLoCo H={h}"), key("all-reduce AdamW")) for h in (10, 50, 100)]
+  pairs += [(key("Streaming DiLoCo H=50"), key("DiLoCo H=50"))]
+  pairs += [(key("async local SGD H=50", link), key("DiLoCo H=50", link)) for link in plan.links]
+  close = family._close(cells, pairs, "final_accuracy")
+  seconds = budget(cells, SLOW_LINK)
+  sync = key("all-reduce AdamW", SLOW_LINK)
+  for h in (10, 50, 100) if seconds is not None and sync in cells else ():
+    ours = key(f"DiLoCo H={h}", SLOW_LINK)
+    if ours in cells and harness.values_too_close(
+      at_time(cells[ours], seconds), at_time(cells[sync], seconds)
+    ):
+      close |= {ours, sync}
+  return close
+
+
 def decide(cells, plan: Plan) -> dict[str, dict[str, tuple]]:
   def pairs(ours, theirs, links):
     return [
@@ -250,11 +269,7 @@ def main(argv: list[str]) -> int:
   rates = tune(bench, plan)
   cells = run_cells(bench, plan, rates)
   if args.size != "tiny" and args.seeds is None:
-    key = lambda m, link=FAST_LINK: (plan.workers, link, "equal workers", m)  # noqa: E731
-    pairs = [(key(f"DiLoCo H={h}"), key("all-reduce AdamW")) for h in (10, 50, 100)]
-    pairs += [(key("Streaming DiLoCo H=50"), key("DiLoCo H=50"))]
-    pairs += [(key("async local SGD H=50", link), key("DiLoCo H=50", link)) for link in plan.links]
-    close = family._close(cells, pairs, "final_accuracy")
+    close = too_close(cells, plan)
     if close:
       cells.update(run_cells(bench, plan, rates, seeds=5, only=close))
   full, half = decide(cells, plan), decide(family.at_half(cells, TARGET), plan)

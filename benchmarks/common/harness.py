@@ -819,8 +819,13 @@ def seeds_for(seeds, key) -> int | None:
 def too_close(a: Cell, b: Cell, key: str) -> bool:
   """Whether two cells' means of ``key`` lie within two standard deviations of each other (the larger
   of the two std's): such a pair gets 5 seeds instead of 3."""
-  x = [v for v in a.values(key) if v is not None and np.isfinite(v)]
-  y = [v for v in b.values(key) if v is not None and np.isfinite(v)]
+  return values_too_close(a.values(key), b.values(key))
+
+
+def values_too_close(a: list, b: list) -> bool:
+  """Whether two samples' means lie within two standard deviations of each other (the larger of the two)."""
+  x = [v for v in a if v is not None and np.isfinite(v)]
+  y = [v for v in b if v is not None and np.isfinite(v)]
   if len(x) < 2 or len(y) < 2:
     return False
   spread = max(float(np.std(x, ddof=1)), float(np.std(y, ddof=1)))
