@@ -1075,8 +1075,39 @@ def test_the_language_models_close_comparisons_at_equal_time_get_more_seeds():
     key("DiLoCo H=10"): cell([0.31, 0.33, 0.35], 20.0),  # within two std of all-reduce at 10 s
     key("DiLoCo H=50"): cell([0.50, 0.51, 0.52], 10.0),  # far ahead
   }
-  # Equal tokens (the final accuracies, read at the fast link) are not compared here: no fast-link cell.
-  assert module.too_close(cells, plan) == {key("all-reduce AdamW"), key("DiLoCo H=10")}
+  # Equal tokens (the final accuracies, read at the fast link) are not compared here: no fast-link cell. The
+  # close pair's runs are re-timed on the fast link, so their 5 seeds go there too.
+  fast = lambda m: (plan.workers, module.FAST_LINK, "equal workers", m)  # noqa: E731
+  assert module.too_close(cells, plan) == {
+    key("all-reduce AdamW"),
+    key("DiLoCo H=10"),
+    fast("all-reduce AdamW"),
+    fast("DiLoCo H=10"),
+  }
+  assert module.budget_text(plan) == (
+    "4.1 passes over the text (3200 gradients, 4 workers; DiLoCo's outer rounds: 80, 16, 8 at H = 10, 50, 100)"
+  )
+
+
+def test_the_language_models_equal_time_is_set_by_runs_that_used_their_budget():
+  from types import SimpleNamespace
+
+  from benchmarks.common import harness
+
+  module = importlib.import_module("benchmarks.claims.low_communication_lm")
+
+  def cell(*runs):
+    return harness.Cell("x", [SimpleNamespace(summary=dict(r)) for r in runs], "")
+
+  done = lambda t: {"simulated_time": t, "stopped_by": "events"}  # noqa: E731
+  cells = {
+    (4, "100mbps", "equal workers", "a"): cell(done(100.0), done(120.0)),
+    # One seed stopped early by a divergence: the time is its other seed's; a cell cut before any update: none.
+    (4, "100mbps", "equal workers", "b"): cell(done(90.0), {"simulated_time": 3.0, "stopped_by": "diverged"}),
+    (4, "100mbps", "equal workers", "c"): cell(done(0.0)),
+    (4, "10gbps", "equal workers", "a"): cell(done(10.0)),
+  }
+  assert module.budget(cells, "100mbps") == 90.0 and module.budget(cells, "10gbps") == 10.0
 
 
 def test_low_communication_reads_the_half_budget_at_the_half_way_evaluation():

@@ -80,6 +80,16 @@ def gradients(plan: Plan) -> int:
   return math.ceil(plan.passes * SEQUENCES / 32 / rounds) * rounds
 
 
+def budget_text(plan: Plan) -> str:
+  """The budget in a verdict's words: passes, gradients, workers, and the outer rounds each period makes."""
+  periods = sorted({METHODS[m][1]["period"] for m in plan.methods if METHODS[m][0] == "diloco"})
+  rounds = ", ".join(str(gradients(plan) // (plan.workers * h)) for h in periods)
+  return (
+    f"{gradients(plan) * 32 / SEQUENCES:.2g} passes over the text ({gradients(plan)} gradients, {plan.workers}"
+    f" workers; DiLoCo's outer rounds: {rounds} at H = {', '.join(map(str, periods))})"
+  )
+
+
 def overrides(plan: Plan, link: str) -> list[str]:
   return [
     f"model.options={plan.model}",
@@ -134,8 +144,8 @@ def at_time(cell: harness.Cell, seconds: float) -> list[float]:
   Between two evaluations (times ``t_i < t_j``, after updates ``e_i < e_j``, accuracies ``a_i, a_j``) the run
   makes ``e_j - e_i`` updates, taken as evenly spread in time; the reading counts those done by ``seconds``:
   ``a_i + (a_j - a_i) floor((e_j - e_i) (seconds - t_i) / (t_j - t_i)) / (e_j - e_i)``. A run evaluated after
-  every update (DiLoCo's outer rounds) reads as a step, its model unchanged until the next round; one
-  evaluated every 20 updates (all-reduce's rounds) nearly as a line. Reading the last evaluation instead
+  every update (DiLoCo's outer rounds at H = 50 and 100; every second round at H = 10) reads as a step, its model
+  unchanged until the next round; one evaluated every 20 updates (all-reduce's rounds) nearly as a line. Reading the last evaluation instead
   would hand the second up to 20 rounds less training than the time allows; a line would hand the first
   part of a round it has not made."""
   out = []
@@ -147,16 +157,25 @@ def at_time(cell: harness.Cell, seconds: float) -> list[float]:
       out.append(float(accuracy[max(i, 0)]))
       continue
     span = int(updates[i + 1] - updates[i])
-    done = math.floor(span * (seconds - times[i]) / (times[i + 1] - times[i])) if span else 0
+    done = max(0, math.floor(span * (seconds - times[i]) / (times[i + 1] - times[i]))) if span else 0
     out.append(float(accuracy[i] + (accuracy[i + 1] - accuracy[i]) * done / max(span, 1)))
   return out
 
 
 def budget(cells: dict[tuple, harness.Cell], link: str) -> float | None:
-  """When the quickest run of ``link`` ends (the mean over its seeds); a run cut before its first update (the
-  tiny plan's DiLoCo H = 100 at half its budget) ends nothing."""
-  ends = [c.mean("simulated_time") for k, c in cells.items() if k[1] == link and c.results]
-  return min((e for e in ends if e is not None and e > 0), default=None)
+  """When the quickest method of ``link`` ends its runs (the mean over its seeds). A run stopped because it
+  diverged has not used its budget, and one cut before its first update (the tiny plan's DiLoCo H = 100 at half
+  its budget) ends nothing: neither sets the time."""
+  ends = []
+  for key, cell in cells.items():
+    times = [
+      s["simulated_time"]
+      for s in cell.summaries
+      if s.get("stopped_by") != "diverged" and s.get("simulated_time")
+    ]
+    if key[1] == link and times:
+      ends.append(float(np.mean(times)))
+  return min(ends, default=None)
 
 
 def equal_time_claim(cells, plan: Plan):
@@ -203,7 +222,10 @@ def too_close(cells, plan: Plan) -> set[tuple]:
       at_time(cells[ours], seconds), at_time(cells[sync], seconds)
     ):
       close |= {ours, sync}
-  return close
+  # A synchronous method's runs are the same updates on both links (trained once, re-timed): 5 seeds on both.
+  return close | {
+    (w, link, s, m) for (w, _, s, m) in close if METHODS[m][0] != "async_local_sgd" for link in plan.links
+  }
 
 
 def decide(cells, plan: Plan) -> dict[str, dict[str, tuple]]:
@@ -278,8 +300,7 @@ def main(argv: list[str]) -> int:
   for paper, claims in full.items():
     bench.decided(
       paper, claims, half.get(paper, {}), seeds=seeds,
-      budget=f"{gradients(plan) * 32 / SEQUENCES:.2g} passes over the text ({gradients(plan)} gradients,"
-      f" {plan.workers} workers)",
+      budget=budget_text(plan),
       picks=f"tuned on the final validation accuracy (the outer rate at 0.7): {picked}",
     )  # fmt: skip
   bench.section(
