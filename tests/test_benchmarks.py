@@ -586,6 +586,37 @@ def test_holm_adjusts_a_family_of_p_values():
   assert _harness.holm([0.6, 0.7]) == [1.0, 1.0]
 
 
+def test_a_match_within_a_point_is_tested_for_non_inferiority_not_for_a_difference():
+  from scipy import stats
+
+  # Half a point behind, spread 1 point: t = (-0.005 + 0.01) / se with se = sqrt(2 (0.01^2) / 3), 4 df.
+  ours, theirs = [0.495, 0.505, 0.515], [0.50, 0.51, 0.52]
+  se = np.sqrt(2 * 0.01**2 / 3)
+  within = _harness.welch(ours, theirs, margin=0.01)
+  assert within["diff"] == pytest.approx(-0.005) and within["se"] == pytest.approx(se)
+  assert within["p"] == pytest.approx(stats.t.sf(0.005 / se, 4))
+  # Tight seeds a tenth of a point behind: significantly within a point, though they differ significantly.
+  tight = [0.499, 0.4991, 0.4989], [0.500, 0.5001, 0.4999]
+  assert _harness.welch(*tight)["p"] < 0.01 and _harness.welch(*tight, margin=0.01)["p"] < 0.001
+  # Two points behind: nowhere near.
+  assert _harness.welch([0.48, 0.481, 0.479], [0.50, 0.501, 0.499], margin=0.01)["p"] > 0.99
+  family = importlib.import_module("benchmarks.claims.low_communication")
+  cell = lambda *a: _harness.Cell("x", [types.SimpleNamespace(summary={"final_accuracy": v}) for v in a], "")  # noqa: E731
+  near, far, base = (8, "10gbps", "equal workers", "near"), (8, "10gbps", "equal workers", "far"), (8, "10gbps", "equal workers", "base")  # fmt: skip
+  cells = {near: cell(*tight[0]), far: cell(0.48, 0.481, 0.479), base: cell(*tight[1])}
+  word, evidence, comparisons, _ = family._accuracy_claim(cells, [(near, base), (far, base)])
+  assert word == "**partly** (1 of 2 significantly within 1 point, 1 more than 1 behind in the mean)"
+  # Within a point in the mean but not significantly (a wide spread): not "holds".
+  wide = (8, "10gbps", "equal workers", "wide")
+  cells[wide] = cell(0.48, 0.50, 0.52)
+  assert family._accuracy_claim(cells, [(near, base), (wide, base)])[0].startswith(
+    "**partly** (1 of 2 signif"
+  )
+  assert family._accuracy_claim(cells, [(near, base)])[0].startswith("**holds** (1 of 1 signif")
+  assert family._accuracy_claim(cells, [(far, base)])[0].startswith("**does not hold** (0 of 1 signif")
+  assert [c.significant for c in comparisons] == [True, False] and "within 1: p = " in evidence
+
+
 def summary_history(accuracy, elapsed: float, updates: int):
   """A History of ``elapsed`` one-second events ending at version ``updates``, evaluated at 0, 10, 20, ..."""
   n = int(elapsed)

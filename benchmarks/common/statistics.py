@@ -10,9 +10,12 @@ import math
 import numpy as np
 
 
-def welch(a: list[float | None], b: list[float | None]) -> dict[str, float]:
+def welch(a: list[float | None], b: list[float | None], *, margin: float | None = None) -> dict[str, float]:
   """Mean difference ``a - b``, its standard error and Welch's two-sided p over each side's finite values
-  (unpaired; NaN where either has fewer than 2, or where neither varies: no spread to test against)."""
+  (unpaired; NaN where either has fewer than 2, or where neither varies: no spread to test against).
+
+  ``margin``: instead, the one-sided p of a non-inferiority test, against ``a - b <= -margin`` (a small p:
+  ``a`` is significantly less than ``margin`` behind ``b``), Welch's t of ``(a - b + margin) / se``."""
   from scipy import stats
 
   x = np.asarray([v for v in a if v is not None and np.isfinite(v)], float)
@@ -21,7 +24,12 @@ def welch(a: list[float | None], b: list[float | None]) -> dict[str, float]:
     diff = float(x.mean() - y.mean()) if len(x) and len(y) else float("nan")
     return {"diff": diff, "se": float("nan"), "p": float("nan")}
   se = float(np.sqrt(x.var(ddof=1) / len(x) + y.var(ddof=1) / len(y)))
-  p = float(stats.ttest_ind(x, y, equal_var=False).pvalue) if se > 0 else float("nan")
+  if se == 0:
+    p = float("nan")
+  elif margin is None:
+    p = float(stats.ttest_ind(x, y, equal_var=False).pvalue)
+  else:
+    p = float(stats.ttest_ind(x + margin, y, equal_var=False, alternative="greater").pvalue)
   return {"diff": float(x.mean() - y.mean()), "se": se, "p": p}
 
 
