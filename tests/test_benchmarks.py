@@ -103,7 +103,9 @@ def test_ormo_table_tiny(tmp_path):
   recorded = json.loads((results / "ormo_table_verdicts.json").read_text())[0]
   assert recorded["at_half"] == verdict[1][7]
   # The number the verdict turns on, in its own column and in the file the Results page reads.
-  assert verdict[1][2] == recorded["decides"] and "steps hold in the mean" in recorded["decides"]
+  assert (
+    verdict[1][2] == recorded["decides"] and "steps hold (≳: not significantly below)" in recorded["decides"]
+  )
   assert main[0] == ["rule", "4 hom.", "8 het."] and [r[0] for r in main[1:]] == ["ASGD", "OrMo"]
   for row in main[1:]:
     for cell in row[1:]:
@@ -605,7 +607,9 @@ def test_a_match_within_a_point_is_tested_for_non_inferiority_not_for_a_differen
   near, far, base = (8, "10gbps", "equal workers", "near"), (8, "10gbps", "equal workers", "far"), (8, "10gbps", "equal workers", "base")  # fmt: skip
   cells = {near: cell(*tight[0]), far: cell(0.48, 0.481, 0.479), base: cell(*tight[1])}
   word, evidence, comparisons, _ = family._accuracy_claim(cells, [(near, base), (far, base)])
-  assert word == "**partly** (1 of 2 significantly within 1 point, 1 more than 1 behind in the mean)"
+  assert (
+    word == "**partly** (1 of 2 significantly less than 1 point behind, 1 more than 1 behind in the mean)"
+  )
   # Within a point in the mean but not significantly (a wide spread): not "holds".
   wide = (8, "10gbps", "equal workers", "wide")
   cells[wide] = cell(0.48, 0.50, 0.52)
@@ -614,7 +618,7 @@ def test_a_match_within_a_point_is_tested_for_non_inferiority_not_for_a_differen
   )
   assert family._accuracy_claim(cells, [(near, base)])[0].startswith("**holds** (1 of 1 signif")
   assert family._accuracy_claim(cells, [(far, base)])[0].startswith("**does not hold** (0 of 1 signif")
-  assert [c.significant for c in comparisons] == [True, False] and "within 1: p = " in evidence
+  assert [c.significant for c in comparisons] == [True, False] and "less than 1 behind: p = " in evidence
 
 
 def summary_history(accuracy, elapsed: float, updates: int):
@@ -1315,6 +1319,10 @@ def test_adaptive_k_claims_count_only_what_survives_holm():
   assert number.startswith("fixed k=") and "against adaptive k" in number and "after Holm" in number
   assert verdict == "**not reproduced**"
   assert "significantly sooner than adaptive k: fixed k=32; significantly later: fixed k=2" in evidence
+  # The comparisons point the claim's way: adaptive k's speed-up over each fixed k (k=2 slower: positive).
+  comparisons = {c.label: c.effect for c in rest[-2]}
+  assert comparisons["fixed k=2: adaptive k's speed-up over it (log)"] > 0
+  assert comparisons["fixed k=32: adaptive k's speed-up over it (log)"] < 0
   verdict, evidence, *rest = said["per-worker BB steps: 25% fewer steps, 27% less time"]
   number = _deciding(rest)
   assert number.startswith("1 Gbit/s: ") and "x plain's speed (p = " in number  # the surest network
@@ -1375,6 +1383,29 @@ def test_inhad_speed_claim_counts_a_layout_only_where_holm_keeps_it():
   assert verdict == "**not reproduced**" and "4 nodes x 1 - (p = " in evidence
 
 
+def test_inhad_nearly_the_same_accuracy_is_an_equivalence_test():
+  """Near Horovod's accuracy: significantly within a point either way (two one-sided Welch tests, Holm over
+  the layouts), not a mean gap under a point."""
+  inhad = importlib.import_module("benchmarks.claims.inhad_layouts")
+
+  def cell(accuracy):
+    runs = [types.SimpleNamespace(summary={"final_accuracy": a, "time_to_target_held": 1.0, "bytes_moved": 1.0}) for a in accuracy]  # fmt: skip
+    return _harness.Cell("x", runs, "")
+
+  tight, noisy = [0.850, 0.851, 0.852, 0.853, 0.854], [0.83, 0.87, 0.84, 0.86, 0.85]
+  accurate = {
+    "any layout": {"ASP": cell(tight), "all-reduce (flat ring)": cell(tight)},
+    "4 nodes x 1": {"InHAD": cell([a - 0.003 for a in tight])},  # 0.3 points behind, tight: near
+    "2 nodes x 2": {"InHAD": cell([a - 0.003 for a in noisy]), "hierarchical all-reduce": cell(noisy[::-1])},
+  }
+  verdict, evidence, _, comparisons, _ = inhad.decide(accurate, accurate)[
+    '"nearly the same accuracy as Horovod"'
+  ]
+  # The second's mean is as close, but its seeds spread 2 points: not shown to be near.
+  assert verdict == "**partly**" and [c.significant for c in comparisons] == [True, False]
+  assert "4 nodes x 1 -0.30 (p = 0.0" in evidence
+
+
 def test_ea_wild_claims_count_only_what_survives_holm():
   """ea_wild_comparison's verdicts on made-up cells: a lead in the mean that Holm's correction does not keep
   decides nothing, for accuracy (part 1, part 2) and for time to the target at the sweep's ends."""
@@ -1408,6 +1439,9 @@ def test_ea_wild_claims_count_only_what_survives_holm():
   first, speed, accurate = found.values()
   assert first[0] == "**reproduced**" and "p = 0.000 after Holm" in first[1]
   assert speed[0] == "**reproduced**"
+  # Each end's comparison points the claim's way: EA-wild sooner at the lowest ratio, sync at the highest.
+  assert [c.label.split(": ")[1][:11] for c in speed[3]] == ["EA-wild soo", "sync sooner"]
+  assert all(c.effect > 0 and c.significant for c in speed[3])
   assert accurate[0] == "**reproduced**"
   # Ahead of ASGD in the mean only: not separated, "partly"; behind it significantly: not reproduced.
   part1["ea_wild"] = cell([a + 0.0005 for a in base])
@@ -1434,6 +1468,11 @@ def test_ea_wild_claims_count_only_what_survives_holm():
   assert (
     verdict == "**partly**" and "at ratio 0.1 with 8 workers" in evidence and "-1.50 to -0.50" in evidence
   )
+  assert "significantly less than 1 point behind (one-sided Welch, Holm over the cells) in 1 of 2" in evidence
+  # Half a point behind with seeds as spread as the gap: within a point in the mean, not significantly.
+  noisy = [0.84, 0.86, 0.85, 0.83, 0.87]
+  accuracy[(8, 0.1)] = {"ea_wild": cell([a + 0.005 for a in noisy]), "sync": cell(noisy[::-1])}
+  assert list(decide(part1, part2, accuracy).values())[2][0] == "**partly**"
 
 
 def test_the_catalog_names_every_benchmark_module_and_each_runs_as_a_module():

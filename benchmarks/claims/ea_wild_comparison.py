@@ -505,9 +505,14 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
     + " ".join(per_k),
     "time",
     harness.Comparisons(
+      # In the claim's direction: EA-wild sooner at the lowest ratio, sync sooner at the highest.
       harness.Comparison(
-        f"{k} workers, ratio {r:g}: EA-wild sooner (log of sync's time over EA-wild's)",
-        None if _time_ratio(part2[(k, r)]) is None else -math.log(_time_ratio(part2[(k, r)])),
+        f"{k} workers, ratio {r:g}: EA-wild sooner (log of sync's time over EA-wild's)"
+        if r != ratios[-1]
+        else f"{k} workers, ratio {r:g}: sync sooner (log of EA-wild's time over sync's)",
+        None
+        if _time_ratio(part2[(k, r)]) is None
+        else (1 if r == ratios[-1] else -1) * math.log(_time_ratio(part2[(k, r)])),
         speed_p[(k, r)],
         harness.log_ratio_se(
           part2[(k, r)]["ea_wild"].values("time_to_target_held"),
@@ -529,8 +534,8 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
       )
     ),
   )
-  # 3. Sync within 1 point of EA-wild's accuracy in every part-2 cell; a cell fails only where EA-wild is
-  # more than 1 point ahead and significantly so (Holm over the cells).
+  # 3. Sync at least as accurate as EA-wild, within a point, in every part-2 cell: a non-inferiority test per
+  # cell (Welch, one-sided, against sync a point or more behind; Holm over the cells).
   cells = {
     point: c
     for point, c in part2_accuracy.items()
@@ -538,28 +543,41 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
   }
   if cells:
     gaps = {
-      point: harness.welch(c["sync"].values("final_accuracy"), c["ea_wild"].values("final_accuracy"))
+      point: harness.welch(
+        c["sync"].values("final_accuracy"), c["ea_wild"].values("final_accuracy"), margin=0.01
+      )
       for point, c in cells.items()
     }
     gap_p = dict(zip(gaps, harness.holm([t["p"] for t in gaps.values()])))
-    worse = [point for point, t in gaps.items() if t["diff"] < -0.01 and gap_p[point] < 0.05]
+    held = [point for point in gaps if gap_p[point] < 0.05]
+    behind = [point for point, t in gaps.items() if not t["diff"] >= -0.01]
     diffs = [100 * t["diff"] for t in gaps.values()]
+    word = (
+      "**not reproduced**"
+      if len(behind) == len(gaps)
+      else "**reproduced**"
+      if len(held) == len(gaps)
+      else "**partly**"
+    )
     out["sync is at least as accurate"] = (
-      "**reproduced**" if not worse else "**partly**" if len(worse) < len(gaps) else "**not reproduced**",
+      word,
       f"sync's final accuracy minus EA-wild's over part 2's cells, {min(diffs):+.2f} to {max(diffs):+.2f}"
-      " points; EA-wild more than 1 point ahead, significantly after Holm over the cells, at "
-      + (", ".join(f"ratio {r:g} with {k} workers" for k, r in worse) or "none")
-      + " (within 1 point counts as as accurate)",
+      " points (within 1 point counts as as accurate); sync significantly less than 1 point behind (one-sided"
+      f" Welch, Holm over the cells) in {len(held)} of {len(gaps)} cells; more than 1 point behind in the mean"
+      " at " + (", ".join(f"ratio {r:g} with {k} workers" for k, r in behind) or "none"),
       "accuracy",
       harness.Comparisons(
         harness.Comparison(
-          f"{k} workers, ratio {r:g}: sync - EA-wild (points)", 100 * t["diff"], gap_p[(k, r)], 100 * t["se"]
+          f"{k} workers, ratio {r:g}: sync - EA-wild + 1 (points)",
+          100 * t["diff"] + 1,
+          gap_p[(k, r)],
+          100 * t["se"],
         )
         for (k, r), t in gaps.items()
       ),
       harness.Deciding(
-        f"sync - EA-wild {min(diffs):+.2f} to {max(diffs):+.2f} points; EA-wild significantly ahead in "
-        f"{len(worse)} of {len(gaps)} cells"
+        f"sync - EA-wild {min(diffs):+.2f} to {max(diffs):+.2f} points; sync significantly less than 1 point"
+        f" behind in {len(held)} of {len(gaps)} cells"
       ),
     )
   return out

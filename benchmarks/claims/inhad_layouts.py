@@ -340,23 +340,35 @@ def decide(fast, accurate) -> dict[str, tuple[str, str, str]]:
       harness.Deciding(_best_speed_text(speed, adjusted)),
     )
   }
-  gap = {}
+  gap, se, equivalent = {}, {}, {}
   for layout in layouts:
     row = accurate[layout]
     horovod = row.get("hierarchical all-reduce") or accurate["any layout"]["all-reduce (flat ring)"]
-    gap[layout] = (
-      100 * harness.welch(row["InHAD"].values("final_accuracy"), horovod.values("final_accuracy"))["diff"]
+    ours, theirs = row["InHAD"].values("final_accuracy"), horovod.values("final_accuracy")
+    test = harness.welch(ours, theirs)
+    gap[layout], se[layout] = 100 * test["diff"], 100 * test["se"]
+    # Two one-sided tests (TOST): less than a point behind and less than a point ahead, both significant.
+    margin = NEAR_POINTS / 100
+    equivalent[layout] = max(
+      harness.welch(ours, theirs, margin=margin)["p"], harness.welch(theirs, ours, margin=margin)["p"]
     )
-  near = [layout for layout, x in gap.items() if abs(x) <= NEAR_POINTS]
+  near_p = dict(zip(equivalent, harness.holm(list(equivalent.values()))))
+  near = [layout for layout in gap if near_p[layout] < 0.05]
   out['"nearly the same accuracy as Horovod"'] = (
     f"**{word(near, gap)}**",
     "InHAD's final accuracy minus the hierarchical all-reduce's (Horovod's on a cluster of nodes; the flat"
-    f" ring where a node holds one worker), near within {NEAR_POINTS:g} point: "
-    + ", ".join(f"{layout} {x:+.2f}" for layout, x in gap.items())
+    f" ring where a node holds one worker), near: significantly within {NEAR_POINTS:g} point either way (two"
+    " one-sided Welch tests, Holm over the layouts): "
+    + ", ".join(f"{layout} {x:+.2f} (p = {near_p[layout]:.3f})" for layout, x in gap.items())
     + " points",
     "accuracy",
     harness.Comparisons(
-      harness.Comparison(f"{layout}: within {NEAR_POINTS:g} point of Horovod's mode", NEAR_POINTS - abs(x))
+      harness.Comparison(
+        f"{layout}: within {NEAR_POINTS:g} point of Horovod's mode",
+        NEAR_POINTS - abs(x),
+        near_p[layout],
+        se[layout],
+      )
       for layout, x in gap.items()
     ),
     harness.Deciding(

@@ -342,9 +342,9 @@ def _speed_claim(cells, pairs, what: str):
 
 
 def _accuracy_claim(cells, pairs):
-  """A claim that ours matches theirs within a point: holds where every gap is significantly within it (a
-  non-inferiority test: Welch, one-sided, against ours a point or more behind, after Holm), does not where no
-  mean gap is within it, partly otherwise."""
+  """A claim that ours matches theirs within a point: holds where ours is significantly less than a point
+  behind everywhere (a non-inferiority test: Welch, one-sided, against ours a point or more behind, after Holm;
+  ahead counts), does not where every mean is a point or more behind, partly otherwise."""
   gaps, comparisons, below, within = {}, [], [], []
   values = {(a, b): (cells[a].values("final_accuracy"), cells[b].values("final_accuracy")) for a, b in pairs}
   tests = {pair: harness.welch(x, y, margin=NEAR_POINTS / 100) for pair, (x, y) in values.items()}
@@ -370,19 +370,19 @@ def _accuracy_claim(cells, pairs):
     else "**partly**"
   )
   evidence = "; ".join(
-    f"{_where(a)} {a[3]} {gaps[(a, b)]:+.2f} points (within {NEAR_POINTS:g}: p = {p:.3f} after Holm)"
+    f"{_where(a)} {a[3]} {gaps[(a, b)]:+.2f} points (less than {NEAR_POINTS:g} behind: p = {p:.3f} after Holm)"
     for (a, b), p in zip(tests, adjusted)
   )
   ps = dict(zip(tests, adjusted))
   worst = min(gaps.items(), key=lambda x: x[1], default=None)
   number = harness.Deciding(
-    f"at worst {worst[1]:+.2f} points ({worst[0][0][3]}, {_where(worst[0][0])}; within {NEAR_POINTS:g}:"
+    f"at worst {worst[1]:+.2f} points ({worst[0][0][3]}, {_where(worst[0][0])}; less than {NEAR_POINTS:g} behind:"
     f" p = {ps[worst[0]]:.3f})"
     if worst
     else "not measured"
   )
   counts = (
-    f"{len(within)} of {len(pairs)} significantly within {NEAR_POINTS:g} point,"
+    f"{len(within)} of {len(pairs)} significantly less than {NEAR_POINTS:g} point behind,"
     f" {len(below)} more than {NEAR_POINTS:g} behind in the mean"
   )
   return (f"{word} ({counts})", evidence, harness.Comparisons(comparisons), number)
