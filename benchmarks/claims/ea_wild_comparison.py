@@ -552,13 +552,7 @@ def decide(part1, part2, part2_accuracy, crossings, target: float, workers, rati
     held = [point for point in gaps if gap_p[point] < 0.05]
     behind = [point for point, t in gaps.items() if not t["diff"] >= -0.01]
     diffs = [100 * t["diff"] for t in gaps.values()]
-    word = (
-      "**not reproduced**"
-      if len(behind) == len(gaps)
-      else "**reproduced**"
-      if len(held) == len(gaps)
-      else "**partly**"
-    )
+    word = harness.match_word(len(held), len(behind), len(gaps), yes="reproduced", no="not reproduced")
     out["sync is at least as accurate"] = (
       word,
       f"sync's final accuracy minus EA-wild's over part 2's cells, {min(diffs):+.2f} to {max(diffs):+.2f}"

@@ -362,13 +362,7 @@ def _accuracy_claim(cells, pairs):
       below.append(a)
     if p < 0.05:
       within.append(a)
-  word = (
-    "**does not hold**"
-    if len(below) == len(pairs)
-    else "**holds**"
-    if len(within) == len(pairs)
-    else "**partly**"
-  )
+  word = harness.match_word(len(within), len(below), len(pairs))
   evidence = "; ".join(
     f"{_where(a)} {a[3]} {gaps[(a, b)]:+.2f} points (less than {NEAR_POINTS:g} behind: p = {p:.3f} after Holm)"
     for (a, b), p in zip(tests, adjusted)

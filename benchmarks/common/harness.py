@@ -72,6 +72,7 @@ from benchmarks.common.verdicts import (  # noqa: F401 (the claims build harness
   Verdict,
   evidence_changes,
   finite_record,
+  match_word,
 )
 from jaxsync._src.app import commands, experiment
 from jaxsync._src.app import config as config_lib  # noqa: E402

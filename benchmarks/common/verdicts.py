@@ -65,6 +65,13 @@ def evidence_changes(full: Comparisons | None, half: Comparisons | None) -> list
   return changed
 
 
+def match_word(shown: int, missed: int, total: int, *, yes: str = "holds", no: str = "does not hold") -> str:
+  """The word of a claim that ours matches theirs within a margin, over ``total`` comparisons: ``yes`` where
+  every one shows it significantly (``shown``: a non-inferiority or equivalence test, after Holm), ``no`` where
+  every mean misses the margin (``missed``), "partly" otherwise."""
+  return f"**{no}**" if missed == total else f"**{yes}**" if shown == total else "**partly**"
+
+
 class Deciding(str):
   """The one number a claim's verdict turns on, in words (e.g. "0.89x ASP at 10 Gbit/s, p = 0.667 after
   Holm"): a claim's ``(verdict, evidence, ...)`` carries it among what it rests on, and the Results page's
