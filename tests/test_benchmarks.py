@@ -1035,7 +1035,9 @@ def test_the_language_model_benchmark_learns_a_million_parameter_decoder_for_fou
   tuning = [e for e in entries if " lr=" in e["label"]]
   assert {e["label"].split(" lr=")[0] for e in tuning} == {
     "all-reduce AdamW",
+    "DiLoCo H=10",
     "DiLoCo H=50",
+    "DiLoCo H=100",
     "async local SGD H=50",
   }
   assert all(e["summary"]["evaluated_on"] == "validation" for e in tuning)

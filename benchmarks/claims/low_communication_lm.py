@@ -11,13 +11,13 @@ at equal tokens (every run's end) and at equal simulated time (each run read whe
 has ended, counting the updates it made by then between two evaluations).
 
 Protocol (the harness's): the inner AdamW rate tuned on the held-out seed's validation split (the stretch of
-text before the test tail), on the final validation accuracy, for all-reduce, DiLoCo (H = 50, its picks
-serving every H and Streaming DiLoCo, as the Streaming DiLoCo paper reuses DiLoCo's) and asynchronous local
+text before the test tail), on the final validation accuracy, for all-reduce, DiLoCo at each H (H = 50's
+picks serving Streaming DiLoCo, as the Streaming DiLoCo paper reuses DiLoCo's) and asynchronous local
 SGD; the outer rate at the papers' 0.7. 3 seeds a cell (5 where a claim's two sides are within two standard
 deviations). The synchronous methods' runs are trained once and re-timed on the second link. Holm over each
 claim's family; at half the budget: the same runs at their half-way evaluation (a constant rate).
 
-A run costs about 10 min of this 2-core machine (12 tuning runs and 21 to about 35 reported ones: 5 to 8
+A run costs about 10 min of this 2-core machine (20 tuning runs and 21 to about 35 reported ones: 7 to 9
 hours), so the store fills over several sittings: each resumes from it, and ``--report-only`` rewrites the
 results file from it, naming what it lacks. The tuning is at 10 Gbit/s; asynchronous local SGD, whose updates
 depend on the clock, reuses its pick on 100 Mbit/s (its exchange, about 0.7 s a round there, is small against
@@ -50,11 +50,10 @@ METHODS = {
   "Streaming DiLoCo H=50": ("streaming_diloco", {"period": 50}),
   "async local SGD H=50": ("async_local_sgd", {"period": 50}),
 }
-TUNED_AS = {
-  "DiLoCo H=10": "DiLoCo H=50",
-  "DiLoCo H=100": "DiLoCo H=50",
-  "Streaming DiLoCo H=50": "DiLoCo H=50",
-}
+# With H = 50's inner rate, H = 10 ended at 35.5-38.0% next-byte accuracy (test, 3 seeds), where H = 50 had
+# reached 46.7% (validation) in tuning: a rate need not carry across H, so every H is tuned on the grid, as the
+# MLP family tunes each H.
+TUNED_AS = {"Streaming DiLoCo H=50": "DiLoCo H=50"}
 SLOW_LINK, FAST_LINK = "100mbps", "10gbps"
 
 
