@@ -370,9 +370,8 @@ def _accuracy_claim(cells, pairs):
   )
   ps = dict(zip(tests, adjusted))
   unshown = [pair for pair in gaps if not ps[pair] < 0.05]
-  if (
-    unshown
-  ):  # what keeps it from holding: the least sure gap (a NaN p, untested, the least of all), then the worst
+  # What keeps it from holding: the least sure gap not shown (a NaN p, untested, the least sure), then the worst.
+  if unshown:
     pair = max(unshown, key=lambda q: (np.nan_to_num(ps[q], nan=2.0), -gaps[q]))
     lead = f"not shown: {gaps[pair]:+.2f} points"
   else:
