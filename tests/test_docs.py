@@ -480,10 +480,10 @@ def test_every_number_of_a_verdict_is_in_its_results_file():
 
 
 def rerun_sections(page: str) -> list[tuple[str, list[str], str]]:
-  """(heading, results files, text) of each section of the Fashion-MNIST reruns on the Results page: the
-  files it links or names, its text without figures, links and the sentences about the first round (their
-  numbers are history, in no current file)."""
-  body = page[page.index("## The Fashion-MNIST reruns") : page.index("## The digits reproductions")]
+  """(heading, results files, text) of each section of the reruns on the Results page (Fashion-MNIST's and the
+  language model's): the files it links or names, its text without figures, links and the sentences about the
+  first round (their numbers are history, in no current file)."""
+  body = page[page.index("## The reruns") : page.index("## The digits reproductions")]
   sections = []
   for section in re.split(r"\n(?=### )", body)[1:]:
     named = re.findall(r"`([\w-]+\.md)`", section) + re.findall(r"benchmarks/results/([\w./-]+\.md)", section)
@@ -516,7 +516,7 @@ def test_every_number_of_a_rerun_section_is_in_its_results_file():
 
 def test_a_rerun_section_reads_its_files_and_skips_the_first_round():
   page = (
-    "## The Fashion-MNIST reruns\n\n### A\n\nIt ran 12 runs ([`x.md`](../benchmarks/results/ormo_table.md)). "
+    "## The reruns\n\n### A\n\nIt ran 12 runs ([`x.md`](../benchmarks/results/ormo_table.md)). "
     "**What changed from the first round** (1.5 epochs): 80.3 before. Then 7.5 points, see `server_bound.md`."
     "\n\n## The digits reproductions\n"
   )

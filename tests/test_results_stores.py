@@ -63,6 +63,8 @@ def test_every_config_key_is_either_in_the_stores_format_or_added_at_its_default
     "ormo_table",
     "inhad_layouts",
     "adaptive_k_regimes",
+    # The language model's 64 runs (about 10 s of reading).
+    "low_communication_lm",
     # A store in three parts (881 runs; about 2 min of reading): the heavy tier.
     pytest.param("low_communication", marks=pytest.mark.heavy),
   ],
