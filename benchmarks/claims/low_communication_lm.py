@@ -8,14 +8,16 @@ of overlap, int4 on the wire) and asynchronous local SGD (Liu et al., 2024; Dela
 synchronous all-reduce with AdamW, on 100 Mbit/s and 10 Gbit/s links.
 Reported: next-byte accuracy and perplexity per byte (``exp`` of the mean cross-entropy) on the test tail,
 at equal tokens (every run's end) and at equal simulated time (each run read when the quickest run of its link
-has ended, counting the updates it made by then between two evaluations).
+has ended; a reading that falls between two evaluations moves from the first toward the second by the share of
+the updates between them made by then: ``at_time``).
 
 Protocol (the harness's): the inner AdamW rate tuned on the held-out seed's validation split (the stretch of
 text before the test tail), on the final validation accuracy, for all-reduce, DiLoCo at each H (H = 50's
 picks serving Streaming DiLoCo, as the Streaming DiLoCo paper reuses DiLoCo's) and asynchronous local
 SGD; the outer rate at the papers' 0.7. 3 seeds a cell (5 where a claim's two sides are within two standard
 deviations). The synchronous methods' runs are trained once and re-timed on the second link. Holm over each
-claim's family; at half the budget: the same runs at their half-way evaluation (a constant rate).
+claim's family; at half the budget: the same runs read at their half-way evaluation (the learning rate is
+constant, so a run's midpoint stands for a run of half the budget).
 
 A run costs about 10 min of a 2-core machine: the committed store's 64 runs (20 tuning runs, 25 reported runs
 trained, 19 re-timed from them) took 8.1 hours of training, spread over several sittings that each resumed from
