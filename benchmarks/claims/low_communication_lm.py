@@ -21,9 +21,9 @@ constant, so a run's midpoint stands for a run of half the budget).
 
 A run costs about 10 min of a 2-core machine: the committed store's 64 runs (20 tuning runs, 25 reported runs
 trained, 19 re-timed from them) took 8.1 hours of training, spread over several sittings that each resumed from
-the store; ``--report-only`` rewrites the results file from it, naming what it lacks. The tuning is at 10 Gbit/s; asynchronous local SGD, whose updates
-depend on the clock, reuses its pick on 100 Mbit/s (its exchange, about 0.7 s a round there, is small against
-its 7 s of local steps).
+the store; ``--report-only`` rewrites the results file from it, naming what it lacks. The tuning is at
+10 Gbit/s; asynchronous local SGD, whose updates depend on the clock, reuses its pick on 100 Mbit/s (its
+exchange, about 0.7 s a round there, is small against its 7 s of local steps).
 
 Run: ``python -m benchmarks.claims.low_communication_lm [--size tiny|default] [--report-only]``.
 """
@@ -163,20 +163,22 @@ def at_time(cell: harness.Cell, seconds: float) -> list[float]:
   return out
 
 
+def ends(cell: harness.Cell) -> float | None:
+  """When a cell's runs end: the mean simulated time of its seeds that used their budget. A run stopped because
+  it diverged has not, and one cut before its first update (the tiny plan's DiLoCo H = 100 at half its budget)
+  ends nothing: neither counts."""
+  times = [
+    s["simulated_time"]
+    for s in cell.summaries
+    if s.get("stopped_by") != "diverged" and s.get("simulated_time")
+  ]
+  return float(np.mean(times)) if times else None
+
+
 def budget(cells: dict[tuple, harness.Cell], link: str) -> float | None:
-  """When the quickest method of ``link`` ends its runs (the mean over its seeds). A run stopped because it
-  diverged has not used its budget, and one cut before its first update (the tiny plan's DiLoCo H = 100 at half
-  its budget) ends nothing: neither sets the time."""
-  ends = []
-  for key, cell in cells.items():
-    times = [
-      s["simulated_time"]
-      for s in cell.summaries
-      if s.get("stopped_by") != "diverged" and s.get("simulated_time")
-    ]
-    if key[1] == link and times:
-      ends.append(float(np.mean(times)))
-  return min(ends, default=None)
+  """When the quickest method of ``link`` ends its runs (``ends``)."""
+  times = [ends(cell) for key, cell in cells.items() if key[1] == link]
+  return min((t for t in times if t is not None), default=None)
 
 
 def equal_time_claim(cells, plan: Plan):
@@ -274,12 +276,11 @@ def table(cells, plan: Plan) -> str:
         row += ["missing"] * 4
         continue
       perplexity = [math.exp(v) for v in c.values("final_loss") if v is not None and math.isfinite(v)]
-      seconds = budget(cells, link)
-      took = [s["simulated_time"] for s in c.summaries if s.get("simulated_time")]
+      seconds, took = budget(cells, link), ends(c)
       row += [
         c.text("final_accuracy", 1, 100) + "%",
         f"{np.mean(perplexity):.2f}" if perplexity else "-",
-        f"{np.mean(took):.1f}" if took else "-",
+        f"{took:.1f}" if took is not None else "-",
         f"{100 * np.mean(at_time(c, seconds)):.1f}%" if seconds is not None else "-",
       ]
     rows.append(row)
@@ -315,8 +316,8 @@ def main(argv: list[str]) -> int:
   bench.section(
     "Next-byte accuracy and perplexity on the test tail",
     table(cells, plan)
-    + "\n\nSimulated s: the mean time a run took. At equal time: each run read when the quickest run of its"
-    + " link ended (the least of the simulated s column).",
+    + "\n\nSimulated s: when the runs end (the mean over the seeds that used their budget). At equal time:"
+    + " each run read when the quickest run of its link ended (the least of the simulated s column).",
   )
   bench.compare_figure(
     "accuracy_over_time",
