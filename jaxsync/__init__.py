@@ -103,11 +103,16 @@ _RULES = {
 }
 
 # Running a whole config from Python (a notebook, a script), as `jaxsync train` does.
-_APP = {"train_config": "jaxsync._src.app.commands", "plan": "jaxsync._src.plan.planner"}
+_APP = {
+  "train_config": "jaxsync._src.app.commands",
+  "load_model": "jaxsync._src.app.trained_model",
+  "plan": "jaxsync._src.plan.planner",
+}
 
 if _typing.TYPE_CHECKING:  # for type checkers and IDEs; at run time, __getattr__ imports them on first use
   from jaxsync import calibration, datasets, dist, models, planning, sim, strategies
   from jaxsync._src.app.commands import train_config
+  from jaxsync._src.app.trained_model import load_model
   from jaxsync._src.plan.planner import plan
   from jaxsync._src.rules.adaptive_k import AdaptiveKState, adaptive_k
   from jaxsync._src.rules.barzilai_borwein import (
@@ -160,6 +165,7 @@ __all__ = (
   "easgd_center",
   "easgd_worker",
   "gradient_noise_ratio",
+  "load_model",
   "look_ahead",
   "models",
   "on_release",

@@ -39,6 +39,23 @@ def _require_choice(key: str, value: Any, options: Any, expected: str | None = N
     )
 
 
+def _require_builder(key: str, value: Any, registry: Any) -> None:
+  """``value`` is a registered name of ``registry``, or ``module:attribute`` naming one's own (imported now)."""
+  from jaxsync._src.core import import_path
+
+  if value in registry:
+    return
+  if import_path.is_import_path(value):
+    try:
+      registry.lookup(value, key)
+    except ValueError as err:
+      raise ConfigError(str(err).split(": ", 1)[1]) from None
+    return
+  _require_choice(
+    key, value, registry, f"one of {', '.join(registry)}, or module:attribute naming your own (mymodule:build)"
+  )
+
+
 def _unknown_keys(where: str, unknown: list[str], valid: Any) -> str:
   """``strategy.options.momentom (did you mean 'momentum'?)``: each unknown key with its closest valid one."""
   valid = tuple(valid)
@@ -65,7 +82,8 @@ class DataConfig:
   """Which data (``jaxsync.datasets.load``) and each worker's batch size."""
 
   name: str = _key(
-    "digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, jargon, ...)"
+    "digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, jargon, ...), or "
+    "module:attribute naming your own loader"
   )
   data_dir: str | None = _key(
     None, meaning="where the dataset's files are (null: its default place, e.g. $FASHION_MNIST_DIR)"
@@ -87,7 +105,7 @@ class DataConfig:
   def __post_init__(self):
     from jaxsync._src.data.datasets import DATASETS
 
-    _require_choice("data.name", self.name, DATASETS)
+    _require_builder("data.name", self.name, DATASETS)
     _positive("data", self, "batch_size", "num_examples", "sequence_length")
     share = self.validation
     ok = not isinstance(share, bool) and isinstance(share, (int, float)) and 0.0 <= share < 1.0
@@ -104,7 +122,8 @@ class ModelConfig:
   """Which model (``jaxsync.models.make``); ``hidden`` widths for ``mlp``, ``options`` for any."""
 
   name: str = _key(
-    "cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet, transformer)"
+    "cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet, transformer), or "
+    "module:attribute naming your own (an nnx builder, a Linen module class or factory)"
   )
   hidden: list[int] | None = _key(None, meaning="the hidden layer widths of an mlp (null: its default)")
   options: dict[str, Any] = _key(
@@ -115,7 +134,7 @@ class ModelConfig:
   def __post_init__(self):
     from jaxsync._src.models.networks import MODELS
 
-    _require_choice("model.name", self.name, MODELS)
+    _require_builder("model.name", self.name, MODELS)
     _require(
       self.hidden is None or (self.name == "mlp" and all(h > 0 for h in self.hidden)),
       "model.hidden",

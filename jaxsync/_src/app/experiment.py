@@ -21,6 +21,7 @@ import numpy as np
 
 from jaxsync._src.advisor import advisor
 from jaxsync._src.app.config import Config, ConfigError, ScheduleConfig
+from jaxsync._src.core import import_path
 from jaxsync._src.data import datasets
 from jaxsync._src.data.worker_data import WorkerData
 from jaxsync._src.interface.history import History
@@ -30,7 +31,13 @@ from jaxsync._src.sim.time_model import TimeModel
 from jaxsync._src.steps.records import EvalSchedule
 from jaxsync._src.strategies import registry as strategies
 from jaxsync._src.strategies import schedules
-from jaxsync._src.strategies.strategy import Blueprint, RateClock, Strategy, with_worker_speeds
+from jaxsync._src.strategies.strategy import (
+  Blueprint,
+  RateClock,
+  Strategy,
+  with_model_state,
+  with_worker_speeds,
+)
 
 # The share of the training examples a tuning run holds out and scores on (6,000 of Fashion-MNIST's 60,000).
 TUNING_VALIDATION = 0.1
@@ -148,36 +155,8 @@ def build(config: Config) -> Experiment:
   schedule counts on (:func:`learning_rate`), without building a rule.
   """
   data_cfg, cluster, run = config.data, config.cluster, config.run
-  with _section("data"):
-    dataset = datasets.load(
-      data_cfg.name,
-      data_dir=data_cfg.data_dir,
-      seed=config.seed,
-      num_examples=data_cfg.num_examples,
-      sequence_length=data_cfg.sequence_length,
-    )
-    if data_cfg.validation:
-      dataset = datasets.hold_out(dataset, data_cfg.validation)
-  with _section("model"):
-    reads = models.input_key(config.model.name)
-    if reads != dataset.input_key:
-      raise ConfigError(
-        f"model: model.name={config.model.name!r} reads {reads!r} but data.name={data_cfg.name!r} gives "
-        f"{dataset.input_key!r}; expected a model of {dataset.input_key!r} "
-        f"({', '.join(n for n in models.MODELS if models.input_key(n) == dataset.input_key)})."
-      )
-    options = dict(config.model.options)
-    if config.model.hidden:
-      if "hidden" in options:
-        raise ConfigError("model: model.hidden and model.options.hidden are both set; expected one of them.")
-      options["hidden"] = tuple(config.model.hidden)
-    model = models.make(
-      config.model.name,
-      input_shape=dataset.input_shape,
-      num_classes=dataset.num_classes,
-      seed=config.seed,
-      **options,
-    )
+  dataset = build_dataset(config)
+  model = build_model(config, dataset)
   name, options = config.strategy.name, config.strategy.options
   if config.strategy.schedule != ScheduleConfig():
     with _section(f"strategy {name!r}"):
@@ -187,9 +166,15 @@ def build(config: Config) -> Experiment:
     options = {**options, "learning_rate": rate}
   with _section(f"strategy {name!r}"):
     strategy = strategies.make(name, cluster.num_workers, **options)
+  if model.has_state:  # the rules see the parameters; the state rides beside them (docs/guide/own_model.md)
+    strategy = with_model_state(strategy)
   with _section("data.batch_size"):
     data = WorkerData(
-      dataset.train, num_workers=cluster.num_workers, batch_size=data_cfg.batch_size, seed=config.seed
+      dataset.train,
+      num_workers=cluster.num_workers,
+      batch_size=data_cfg.batch_size,
+      seed=config.seed,
+      rng=model.uses_rng,
     )
   with _section("cluster"):
     time_model = TimeModel(
@@ -214,6 +199,56 @@ def build(config: Config) -> Experiment:
     eval_every_time=run.eval_every_time,
     num_events=math.ceil(run.gradients / strategy.gradients_per_event),
   )
+
+
+def build_dataset(config: Config) -> datasets.Dataset:
+  """The dataset of ``config`` (with its validation split when it holds one out), checked; raises ConfigError."""
+  data_cfg = config.data
+  with _section("data"):
+    dataset = datasets.load(
+      data_cfg.name,
+      data_dir=data_cfg.data_dir,
+      seed=config.seed,
+      num_examples=data_cfg.num_examples,
+      sequence_length=data_cfg.sequence_length,
+    )
+    if data_cfg.validation:
+      dataset = datasets.hold_out(dataset, data_cfg.validation)
+  return dataset
+
+
+def build_model(config: Config, dataset: datasets.Dataset) -> models.Model:
+  """The model of ``config`` for ``dataset``'s inputs and classes, checked against them; raises ConfigError."""
+  data_cfg, cluster = config.data, config.cluster
+  with _section("model"):
+    own = import_path.is_import_path(config.model.name)
+    reads = dataset.input_key if own else models.input_key(config.model.name)
+    if reads != dataset.input_key:
+      raise ConfigError(
+        f"model: model.name={config.model.name!r} reads {reads!r} but data.name={data_cfg.name!r} gives "
+        f"{dataset.input_key!r}; expected a model of {dataset.input_key!r} "
+        f"({', '.join(n for n in models.MODELS if models.input_key(n) == dataset.input_key)})."
+      )
+    options = dict(config.model.options)
+    if config.model.hidden:
+      if "hidden" in options:
+        raise ConfigError("model: model.hidden and model.options.hidden are both set; expected one of them.")
+      options["hidden"] = tuple(config.model.hidden)
+    model = models.make(
+      config.model.name,
+      input_shape=dataset.input_shape,
+      num_classes=dataset.num_classes,
+      seed=config.seed,
+      inputs=dataset.input_key if own else None,
+      **options,
+    )
+    if model.has_state and cluster.servers > 1:
+      raise ConfigError(
+        f"cluster: cluster.servers={cluster.servers} is invalid for model.name={config.model.name!r}, which "
+        "keeps state beside its parameters (BatchNorm statistics); expected 1: a sharded parameter server "
+        "serves raveled parameters only."
+      )
+  return model
 
 
 def held_out_metrics(model: models.Model, dataset: datasets.Dataset, evaluate_on: str = "test"):

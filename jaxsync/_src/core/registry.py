@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
-from jaxsync._src.core import validation
+from jaxsync._src.core import import_path, validation
 
 T = TypeVar("T", bound=Callable)
 
@@ -55,9 +55,23 @@ class Registry(Mapping[str, T]):
 
     return add
 
-  def lookup(self, name: str) -> T:
-    """The builder registered under ``name``; a ``ValueError`` listing the registered names if none is."""
-    return self._builders[validation.check_choice(self._what, "name", name, tuple(self._builders))]
+  def lookup(self, name: str, key: str = "name") -> T:
+    """The builder registered under ``name``, or the one ``name = "module:attribute"`` imports.
+
+    A registered name wins; ``module:attribute`` imports the module (found as Python finds it:
+    the current directory, ``PYTHONPATH``, installed packages). Anything else is a ``ValueError``
+    listing the registered names.
+
+    Args:
+      name: a registered name, or ``module:attribute``.
+      key: the argument or config key the name came from, for the error message.
+    """
+    if name in self._builders:
+      return self._builders[name]
+    if import_path.is_import_path(name):
+      return import_path.resolve(self._what, key, name)
+    valid = (*self._builders, "module:attribute (your own, e.g. mymodels:ResNet)")
+    return self._builders[validation.check_choice(self._what, key, name, valid)]
 
   def __getitem__(self, name: str) -> T:
     return self._builders[name]

@@ -537,6 +537,8 @@ def load(
     Jargon File", version 4.4.7, 2003 (public domain).
   """
   loader = DATASETS.lookup(name)
+  if not callable(loader):
+    raise validation.invalid(_WHAT, "name", name, f"a dataset loader (it names a {type(loader).__name__})")
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
   given = dict(
     data_dir=data_dir,
@@ -555,4 +557,64 @@ def load(
       f"{_WHAT}: the loader of name={name!r} returned a {type(dataset).__name__}; expected a "
       "jaxsync.datasets.Dataset."
     )
+  check(dataset, name)
   return dataset
+
+
+# What each input key holds: its dtype kind, the rank of one example, and its labels' rank per example.
+_INPUT_LAYOUT = {"image": ("f", 3, 0, "float images [N, height, width, channels]"),
+                 "tokens": ("iu", 1, 1, "integer tokens [N, sequence_length]")}  # fmt: skip
+
+
+def check(dataset: Dataset, name: str | None = None) -> None:
+  """Checks a dataset's splits before anything trains on it: keys, dtypes, shapes and label range.
+
+  Each split (``train``, ``test``, ``validation``) must hold the inputs under
+  :attr:`Dataset.input_key` (float images ``[N, H, W, C]``, or integer tokens
+  ``[N, T]``) and integer labels under ``"label"`` (``[N]``, or ``[N, T]`` for
+  tokens) in ``[0, num_classes)``, all with the same ``N``, the same example
+  shape in every split, and at least one example.
+
+  Raises:
+    ValueError: one line naming the dataset, the split, the key and what was expected.
+  """
+  what = f"{_WHAT}: the dataset {name or dataset.name!r}"
+  if dataset.input_key not in _INPUT_LAYOUT:
+    raise ValueError(f"{what} has input_key={dataset.input_key!r}; expected 'image' or 'tokens'.")
+  kinds, rank, label_rank, layout = _INPUT_LAYOUT[dataset.input_key]
+  if isinstance(dataset.num_classes, bool) or not isinstance(dataset.num_classes, int) or dataset.num_classes < 2:
+    raise ValueError(f"{what} has num_classes={dataset.num_classes!r}; expected an integer >= 2.")
+  shapes = set()
+  splits = {"train": dataset.train, "test": dataset.test, "validation": dataset.validation}
+  for split, arrays in splits.items():
+    if arrays is None and split == "validation":
+      continue
+    if not isinstance(arrays, dict):
+      raise ValueError(f"{what}: its {split} split is a {type(arrays).__name__}; expected a dict of arrays.")
+    missing = [k for k in (dataset.input_key, "label") if k not in arrays]
+    if missing:
+      raise ValueError(
+        f"{what}: its {split} split has keys {sorted(arrays)}, without {missing}; expected "
+        f"{dataset.input_key!r} ({layout}) and 'label' (integer class labels)."
+      )
+    inputs, labels = np.asarray(arrays[dataset.input_key]), np.asarray(arrays["label"])
+    if inputs.dtype.kind not in kinds or inputs.ndim != rank + 1:
+      raise ValueError(
+        f"{what}: {split}[{dataset.input_key!r}] is {inputs.dtype} of shape {inputs.shape}; expected {layout}."
+      )
+    if labels.dtype.kind not in "iu" or labels.shape != inputs.shape[: 1 + label_rank]:
+      raise ValueError(
+        f"{what}: {split}['label'] is {labels.dtype} of shape {labels.shape}; expected integer labels of "
+        f"shape {inputs.shape[: 1 + label_rank]} (one per {'token' if label_rank else 'example'})."
+      )
+    if not len(labels):
+      raise ValueError(f"{what}: its {split} split is empty; expected at least one example.")
+    low, high = int(labels.min()), int(labels.max())
+    if low < 0 or high >= dataset.num_classes:
+      raise ValueError(
+        f"{what}: {split}['label'] spans {low}..{high}, outside the model's outputs 0..{dataset.num_classes - 1}; "
+        f"expected labels in [0, num_classes={dataset.num_classes})."
+      )
+    shapes.add(inputs.shape[1:])
+  if len(shapes) > 1:
+    raise ValueError(f"{what}: its splits' examples differ in shape ({sorted(shapes)}); expected one shape.")

@@ -43,6 +43,11 @@ class WorkerData:
     num_workers: ``K >= 1``.
     batch_size: ``b``, examples per worker-step, at most ``S``.
     seed: the shuffling seed.
+    rng: each batch also holds ``"_rng"``: ``[b]`` uint32, one number per
+      worker and step (the same in every example of the batch) drawn from
+      ``(seed, worker, step)``, from which a model with dropout draws its
+      random numbers (``jaxsync.models.classification_loss``). Each worker's
+      streams are its own, and a resumed run draws the same ones.
 
   Example:
     >>> import numpy as np, jaxsync
@@ -51,7 +56,7 @@ class WorkerData:
     (2,)
   """
 
-  def __init__(self, arrays: Any, *, num_workers: int, batch_size: int, seed: int = 0):
+  def __init__(self, arrays: Any, *, num_workers: int, batch_size: int, seed: int = 0, rng: bool = False):
     num_workers = validation.check_int(_WHAT, "num_workers", num_workers)
     batch_size = validation.check_int(_WHAT, "batch_size", batch_size)
     seed = validation.check_int(_WHAT, "seed", seed, low=0)
@@ -79,6 +84,9 @@ class WorkerData:
     self.shard_size = shard
     self.num_examples = n
     self.seed = seed
+    if not isinstance(rng, bool):
+      raise validation.invalid(_WHAT, "rng", rng, "True or False")
+    self.rng = rng
     self.shards = jnp.asarray(order.reshape(num_workers, shard), jnp.int32)
     self._key_data = jax.random.key_data(jax.random.key(seed))
     # a p + c < 2^31 for every position p < S: a <= (2^31 - 1) / S - 1 keeps int32 exact.
@@ -91,14 +99,14 @@ class WorkerData:
   # each seed's program differ, so a persistent compilation cache could not serve one seed's from another's.
   def tree_flatten(self):
     children = (self.arrays, self.shards, self._units, self._key_data)
-    aux = (self.num_workers, self.batch_size, self.shard_size, self.num_examples, self.seed)
+    aux = (self.num_workers, self.batch_size, self.shard_size, self.num_examples, self.seed, self.rng)
     return children, aux
 
   @classmethod
   def tree_unflatten(cls, aux, children):
     data = object.__new__(cls)
     data.arrays, data.shards, data._units, data._key_data = children
-    data.num_workers, data.batch_size, data.shard_size, data.num_examples, data.seed = aux
+    data.num_workers, data.batch_size, data.shard_size, data.num_examples, data.seed, data.rng = aux
     return data
 
   def indices(self, worker: jax.Array, step: jax.Array) -> jax.Array:
@@ -124,5 +132,12 @@ class WorkerData:
 
   def batch(self, worker: jax.Array, step: jax.Array) -> Any:
     """``worker``'s batch at its ``step``: the arrays indexed by :meth:`indices`."""
-    idx = self.indices(jnp.asarray(worker, jnp.int32), jnp.asarray(step, jnp.int32))
-    return jax.tree.map(lambda x: x[idx], self.arrays)
+    worker, step = jnp.asarray(worker, jnp.int32), jnp.asarray(step, jnp.int32)
+    idx = self.indices(worker, step)
+    batch = jax.tree.map(lambda x: x[idx], self.arrays)
+    if self.rng:
+      # A stream apart from the shuffling's (fold 1 of the seed's key), then the worker, then its step.
+      key = jax.random.fold_in(jax.random.wrap_key_data(self._key_data), 1)
+      key = jax.random.fold_in(jax.random.fold_in(key, worker), step)
+      batch = {**batch, "_rng": jnp.broadcast_to(jax.random.bits(key, (), jnp.uint32), (self.batch_size,))}
+    return batch

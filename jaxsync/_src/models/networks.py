@@ -19,10 +19,11 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
-from flax import nnx
+from flax import linen, nnx
 
-from jaxsync._src.core import validation
+from jaxsync._src.core import validation, variables
 from jaxsync._src.core.registry import Registry
+from jaxsync._src.models import forward as forward_lib
 from jaxsync._src.models.layers import BatchStatNorm, ShiftConv
 from jaxsync._src.models.transformer import Transformer
 
@@ -192,7 +193,7 @@ def register(
 
   Example:
     >>> import jaxsync
-    >>> from flax import nnx
+    >>> from flax import linen, nnx
     >>> @jaxsync.models.register("linear_example")
     ... def linear(input_shape, num_classes, rngs, *, bias=True):
     ...   height, width, channels = input_shape
@@ -299,19 +300,26 @@ _FLOPS: dict[tuple, float] = {}
 
 @dataclasses.dataclass(frozen=True)
 class Model:
-  """A named model as plain functions: what the simulator and the runtimes need.
+  """A model as plain functions over the tree the runtimes carry: what the simulator and the runtimes need.
+
+  A model with state that is not a parameter (BatchNorm's running statistics,
+  any nnx ``Variable`` that is not a ``Param``, any Linen collection but
+  ``params``) is carried as ``{"params": theta, "model_state": s}``; one
+  without, as its parameters alone (``jaxsync._src.core.variables``).
 
   Attributes:
-    name: the registry name.
-    params: the initial parameters, a plain nested dict of arrays.
-    apply: ``(params, inputs) -> logits``, pure and jittable; ``inputs`` is
+    name: the registry name, or the ``module:attribute`` it was imported from.
+    params: the initial carried tree: the parameters, with the state beside
+      them when there is some (:attr:`has_state`).
+    apply: ``(params, inputs) -> logits`` in evaluation mode (the running
+      statistics, no dropout), pure and jittable; ``inputs`` is
       ``[batch, *input_shape]`` of :attr:`input_dtype` (float32 images
       ``[batch, height, width, channels]``, or int32 tokens ``[batch, T]``).
     input_shape: one example's shape: ``(height, width, channels)``, or
       ``(sequence_length,)`` for a language model.
     num_classes: the number of output classes (a language model's vocabulary
       size).
-    num_params: the number of parameters.
+    num_params: the number of trainable parameters (the state not counted).
     flops_per_sample: forward FLOPs for one example (an image, or a whole
       sequence of ``sequence_length`` tokens), from XLA's cost analysis of
       the compiled forward pass as implemented (convolutions as
@@ -321,6 +329,15 @@ class Model:
       computation-to-communication ratio (HPCAsia 2020) uses it.
     input_key: the batch key the model reads: ``"image"`` (labels ``[batch]``)
       or ``"tokens"`` (labels ``[batch, T]``, one per position).
+    train_apply: ``(params, inputs, rng) -> (logits, new_model_state)`` in
+      training mode; ``rng`` (a ``uint32``, per worker and step: the batch's
+      ``"_rng"``) seeds the random streams (dropout), ``None`` for a model
+      without any. ``new_model_state`` is ``{}`` for a model without state.
+    export: ``params -> the user's own model``: an nnx module in ``eval()``
+      mode, or Linen variables ``{"params", "batch_stats", ...}``.
+    uses_rng: the training pass draws random numbers (dropout): its batches
+      need ``"_rng"`` (``WorkerData(..., rng=True)``).
+    kind: ``"nnx"`` or ``"linen"``.
   """
 
   name: str
@@ -331,24 +348,53 @@ class Model:
   num_params: int
   flops_per_sample: float
   input_key: str = "image"
+  train_apply: Callable[[Any, jax.Array, Any], tuple[jax.Array, Any]] | None = None
+  export: Callable[[Any], Any] | None = None
+  uses_rng: bool = False
+  kind: str = "nnx"
 
   @property
   def input_dtype(self) -> Any:
     """The dtype of the inputs: float32 for images, int32 for tokens."""
     return INPUTS[self.input_key][0]
 
+  @property
+  def has_state(self) -> bool:
+    """Whether the model keeps state beside its parameters (BatchNorm's running statistics)."""
+    return variables.carries_state(self.params)
+
 
 def make(
-  name: str, *, input_shape: tuple[int, ...], num_classes: int, seed: int = 0, **options: Any
+  name: str,
+  *,
+  input_shape: tuple[int, ...],
+  num_classes: int,
+  seed: int = 0,
+  inputs: str | None = None,
+  **options: Any,
 ) -> Model:
-  """Builds the model registered as ``name`` (``mlp``, ``cnn``, ``transformer``, ...) for ``input_shape``.
+  """Builds the model registered as ``name`` (``mlp``, ``cnn``, ``transformer``, ...), or one's own, for ``input_shape``.
+
+  ``name`` is a registered name or ``module:attribute``, imported as Python
+  finds modules (the current directory, ``PYTHONPATH``, installed packages),
+  naming one of:
+
+  * an nnx builder ``builder(input_shape, num_classes, rngs, **options) ->
+    nnx.Module`` (a function, or an ``nnx.Module`` class with that
+    ``__init__``), as :func:`register` takes;
+  * a Linen module class, built with ``num_classes`` when it has that field and
+    with ``options`` as its other fields, or a Linen module instance;
+  * a factory ``factory(input_shape, num_classes, rngs, **options)`` returning
+    a Linen module.
 
   Args:
-    name: one of :data:`MODELS`: a built-in, or a model added with :func:`register`.
+    name: one of :data:`MODELS`, or ``module:attribute``.
     input_shape: ``(height, width, channels)`` of one image, or
       ``(sequence_length,)`` for a model of tokens (``transformer``).
     num_classes: output classes, ``>= 2`` (the vocabulary size for tokens).
     seed: the initialization seed.
+    inputs: the batch key the model reads (``"image"`` or ``"tokens"``);
+      ``None``: the registered model's own, ``"image"`` for an imported one.
     **options: the builder's keyword-only options: ``hidden`` (a tuple of
       layer widths) for ``mlp``; ``layers`` (2), ``width`` (64), ``heads``
       (2), ``mlp_ratio`` (4) and ``tied`` (True: the output layer is the token
@@ -356,6 +402,12 @@ def make(
 
   Returns:
     A :class:`Model`.
+
+  Raises:
+    ValueError: an unknown name or option, a module that fails to import, a
+      builder that returns no module, or a model whose outputs are not one
+      logit per class (``[batch, num_classes]``, ``[batch, T, num_classes]``
+      for tokens): each in one line naming what would be valid.
 
   Example:
     >>> import jaxsync
@@ -372,37 +424,82 @@ def make(
     Vaswani et al., "Attention Is All You Need", NeurIPS 2017 (the transformer).
   """
   builder = MODELS.lookup(name)
-  key_name = input_key(name)
+  if inputs is None:
+    key_name = input_key(name)
+  else:
+    key_name = validation.check_choice(_WHAT, "inputs", inputs, tuple(INPUTS))
   dtype, expected, ndim = INPUTS[key_name]
   shape = tuple(input_shape)
   if len(shape) != ndim or not all(isinstance(d, int) and d >= 1 for d in shape):
     raise validation.invalid(_WHAT, "input_shape", input_shape, f"{expected}, positive integers")
   num_classes = validation.check_int(_WHAT, "num_classes", num_classes, low=2)
   seed = validation.check_int(_WHAT, "seed", seed, low=0)
+  example = jnp.zeros((2, *shape), dtype)
+  forward = _build(name, builder, shape, num_classes, seed, options, example)
+  params = forward.carried
+  _check_outputs(name, forward.evaluate, params, example, num_classes)
+
+  key = (name, shape, num_classes, repr(sorted(options.items())))
+  if key not in _FLOPS:  # the same network at any seed: compiled once per process
+    one = jnp.zeros((1, *shape), dtype)
+    cost = jax.jit(forward.evaluate).lower(params, one).compile().cost_analysis()
+    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+    _FLOPS[key] = float(cost.get("flops", 0.0)) if cost else 0.0
+  trainable = variables.params_of(params)
+  num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(trainable))
+  return Model(
+    name, params, forward.evaluate, shape, num_classes, num_params, _FLOPS[key], key_name,
+    train_apply=forward.train, export=forward.export, uses_rng=forward.uses_rng, kind=forward.kind,
+  )  # fmt: skip
+
+
+def _build(name, builder, shape, num_classes, seed, options, example) -> forward_lib.Forward:
+  """The user's module from ``builder`` (nnx or Linen), as forward passes; checks the options it takes."""
+  if forward_lib.is_linen(builder):
+    module = forward_lib.linen_instance(name, builder, num_classes, options)
+    return forward_lib.from_linen(name, module, example, seed)
+  if not callable(builder):
+    raise validation.invalid(
+      _WHAT, "name", name, f"a model builder, an nnx.Module class or a Linen module (it names a {type(builder).__name__})"
+    )
   accepted = _options(builder)
   unknown = [] if accepted is None else sorted(set(options) - set(accepted))
   if unknown:
     takes = ", ".join(repr(o) for o in accepted) or "no options"
     raise ValueError(f"{_WHAT}: unknown option(s) {unknown} for name={name!r}; {name!r} takes {takes}.")
-  module = builder(shape, num_classes, nnx.Rngs(seed), **options)
+  try:
+    module = builder(shape, num_classes, nnx.Rngs(seed), **options)
+  except TypeError as err:
+    raise ValueError(
+      f"{_WHAT}: name={name!r}: calling it as builder(input_shape={shape}, num_classes={num_classes}, "
+      f"rngs, **options) raised TypeError: {err}; expected the signature of jaxsync.models.register's builders."
+    ) from None
+  if isinstance(module, linen.Module):
+    return forward_lib.from_linen(name, module, example, seed)
   if not isinstance(module, nnx.Module):
     raise ValueError(
-      f"{_WHAT}: the builder of name={name!r} returned a {type(module).__name__}; expected an nnx.Module."
+      f"{_WHAT}: the builder of name={name!r} returned a {type(module).__name__}; expected an nnx.Module "
+      "(or a Linen module)."
     )
-  graphdef, state = nnx.split(module)
-  params = nnx.to_pure_dict(state)
+  return forward_lib.from_nnx(name, module)
 
-  def apply(p, inputs):
-    return nnx.merge(graphdef, p)(inputs)
 
-  key = (name, shape, num_classes, repr(sorted(options.items())))
-  if key not in _FLOPS:  # the same network at any seed: compiled once per process
-    one = jnp.zeros((1, *shape), dtype)
-    cost = jax.jit(apply).lower(params, one).compile().cost_analysis()
-    cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-    _FLOPS[key] = float(cost.get("flops", 0.0)) if cost else 0.0
-  num_params = sum(math.prod(x.shape) for x in jax.tree.leaves(params))
-  return Model(name, params, apply, shape, num_classes, num_params, _FLOPS[key], key_name)
+def _check_outputs(name, evaluate, params, example, num_classes) -> None:
+  """The model gives one logit per class: ``[batch, num_classes]`` (``[batch, T, num_classes]`` for tokens)."""
+  try:
+    out = jax.eval_shape(evaluate, params, example)
+  except Exception as err:
+    raise ValueError(
+      f"{_WHAT}: name={name!r}: its forward pass on inputs of shape {tuple(example.shape)} "
+      f"({example.dtype}) raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+    ) from None
+  want = (*example.shape, num_classes) if example.dtype == jnp.int32 else (example.shape[0], num_classes)
+  got = getattr(out, "shape", None)
+  if got != want:
+    raise ValueError(
+      f"{_WHAT}: name={name!r} returns outputs of shape {got} for inputs of shape {tuple(example.shape)}; "
+      f"expected {want}: one logit per class of the dataset (num_classes={num_classes})."
+    )
 
 
 def zeros_batch(model: Model, size: int) -> jax.Array:
@@ -410,12 +507,30 @@ def zeros_batch(model: Model, size: int) -> jax.Array:
   return jnp.zeros((size, *model.input_shape), model.input_dtype)
 
 
+RNG_KEY = "_rng"
+
+
 def classification_loss(model: Model) -> Callable[[Any, dict], jax.Array]:
-  """``loss_fn(params, batch)``: mean softmax cross-entropy of the model's logits against ``batch["label"]``.
+  r"""``loss_fn(params, batch)``: mean softmax cross-entropy of the model's logits against ``batch["label"]``.
 
   The model reads ``batch[model.input_key]``: images with one label each, or
   tokens ``[batch, T]`` with one label (the next token) per position, the
   loss then being the mean over every position of every sequence.
+
+  The pass runs in training mode. For a model with state (``params =
+  {"params": theta, "model_state": s}``) the loss carries the state's change
+  in its gradient and nothing in its value:
+
+  .. math::
+
+    L(\theta, s) = \mathrm{CE}(f_\theta(x; \bar s)) + \langle \bar{(s - s')}, s \rangle
+      - \overline{\langle (s - s'), s \rangle}, \qquad \nabla_s L = s - s'
+
+  (bars: ``stop_gradient``; ``s'`` the state after the pass), which the
+  strategies' rules apply as ``s <- s - grad_s = s'``
+  (``jaxsync.strategies.with_model_state``). A model that draws random
+  numbers (dropout) takes them from ``batch["_rng"]`` (``WorkerData(...,
+  rng=True)``: per worker and step, the same on a resumed run).
 
   Args:
     model: a :class:`Model`.
@@ -425,11 +540,37 @@ def classification_loss(model: Model) -> Callable[[Any, dict], jax.Array]:
   """
   key = model.input_key
 
-  def loss_fn(params, batch):
-    logits = model.apply(params, batch[key])
+  def cross_entropy(logits, batch):
     return optax.softmax_cross_entropy_with_integer_labels(logits, batch["label"]).mean()
 
-  return loss_fn
+  if not model.has_state and not model.uses_rng:
+
+    def loss_fn(params, batch):
+      return cross_entropy(model.apply(params, batch[key]), batch)
+
+    return loss_fn
+
+  def stateful_loss_fn(params, batch):
+    rng = None
+    if model.uses_rng:
+      if RNG_KEY not in batch:
+        raise ValueError(
+          f"{_WHAT}: model {model.name!r} draws random numbers (dropout) and its batch has no {RNG_KEY!r}; "
+          f"expected batches of WorkerData(..., rng=True) (it has {sorted(batch)})."
+        )
+      rng = batch[RNG_KEY].reshape(-1)[0]
+    state = variables.model_state_of(params)
+    frozen = variables.join(variables.params_of(params), jax.lax.stop_gradient(state))
+    logits, new_state = model.train_apply(frozen, batch[key], rng)
+    loss = cross_entropy(logits, batch)
+    if not model.has_state:
+      return loss
+    change = jax.tree.map(lambda s, n: jax.lax.stop_gradient(s - n), state, new_state)
+    inner = sum(jnp.vdot(c, s).astype(jnp.float32) for c, s in zip(jax.tree.leaves(change), jax.tree.leaves(state)))
+    # Zero in value, s - s' in gradient (the equation above).
+    return loss + (inner - jax.lax.stop_gradient(inner))
+
+  return stateful_loss_fn
 
 
 def classification_metrics(

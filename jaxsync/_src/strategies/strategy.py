@@ -20,6 +20,7 @@ import optax
 
 from jaxsync._src.core import validation
 from jaxsync._src.rules import guard
+from jaxsync._src.rules.model_state import keep_model_state
 
 
 class Engine(enum.StrEnum):
@@ -315,6 +316,49 @@ def with_worker_speeds(strategy: Strategy, step_times) -> Strategy:
     )
   steps = dynamic_local_steps(strategy.local_steps, times, strategy.options.get("min_local_steps", 1))
   return dataclasses.replace(strategy, unit_local_steps=steps)
+
+
+def with_model_state(strategy: Strategy) -> Strategy:
+  """``strategy`` for a model carried with its state (``{"params", "model_state"}``: BatchNorm statistics).
+
+  Its rules see the parameters alone (:func:`jaxsync._src.rules.model_state.keep_model_state`):
+  no weight decay, momentum or learning rate touches the state, and each arriving change of the
+  state is applied as it is. What that does to the state, family by family
+  (docs/guide/own_model.md):
+
+  * gradient strategies (all-reduce, the parameter-server family): the server's state takes each
+    accepted gradient's change of it, so an all-reduce round ends at the mean of the workers' new
+    states and a parameter server adds each arrival's change to its own;
+  * local strategies (local SGD, DiLoCo, Streaming DiLoCo, asynchronous local SGD): each worker
+    keeps its own state through its local steps; a round's outer step sets the global state to the
+    workers' mean, and every worker starts the next round from it;
+  * elastic strategies (EASGD, EAMSGD, EA-wild): each worker keeps its own state; the centre's
+    moves towards each exchanging worker's as its parameters do, ``alpha (s_k - s_center)``.
+
+  Args:
+    strategy: a strategy (``jaxsync.strategies.make``).
+
+  Returns:
+    The same strategy, its rules wrapped; a rule already wrapped is not wrapped again.
+  """
+  elastic = strategy.protocol == WorkerProtocol.ELASTIC
+
+  def wrapped(rule):
+    if rule is None or getattr(rule, "_keeps_model_state", False):
+      return rule
+    tx = keep_model_state(rule)
+    return _Marked(tx.init, tx.update)
+
+  # The elastic centre rule takes a worker's model, not a gradient: on the whole tree it moves the
+  # centre's state towards the worker's, which is how elastic averaging combines them.
+  server_rule = strategy.server_rule if elastic else wrapped(strategy.server_rule)
+  return dataclasses.replace(strategy, server_rule=server_rule, worker_rule=wrapped(strategy.worker_rule))
+
+
+class _Marked(optax.GradientTransformationExtraArgs):
+  """A rule :func:`with_model_state` wrapped (so that wrapping twice is one wrapping)."""
+
+  _keeps_model_state = True
 
 
 def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:

@@ -65,6 +65,61 @@ def _as_process_zero(writes: bool):
     multihost.process_index = real
 
 
+MODEL_FILE = "model.npz"
+
+
+def save_model(run_dir: str | pathlib.Path, params: Any) -> pathlib.Path:
+  """Writes the trained model (the carried tree: parameters, and state beside them) to ``run_dir/model.npz``.
+
+  One array per leaf, in the tree's order, with each leaf's path (``__paths__``), written to a
+  temporary name and renamed, so the file is whole or absent. What ``jaxsync.load_model`` reads.
+  """
+  path = pathlib.Path(run_dir) / MODEL_FILE
+  flat = jax.tree_util.tree_flatten_with_path(params)[0]
+  arrays = {f"leaf_{i}": np.asarray(leaf) for i, (_, leaf) in enumerate(flat)}
+  paths = np.array([jax.tree_util.keystr(p) for p, _ in flat])
+  partial = path.with_name(path.name + ".partial")
+  with open(partial, "wb") as f:
+    np.savez(f, __paths__=paths, **arrays)
+  partial.replace(path)
+  return path
+
+
+def restore_model(run_dir: str | pathlib.Path, like: Any) -> Any:
+  """The tree :func:`save_model` wrote in ``run_dir``, restored into the structure of ``like``.
+
+  Raises:
+    CheckpointError: no such file (a run that has not finished), or one whose leaves' paths,
+      shapes or dtypes differ from ``like``'s.
+  """
+  path = pathlib.Path(run_dir) / MODEL_FILE
+  if not path.is_file():
+    raise CheckpointError(
+      f"{str(path)!r} does not exist: the run has not finished (a run writes its model when it ends); "
+      f"expected a finished run directory (jaxsync resume {str(run_dir)!r} finishes it)."
+    )
+  flat = jax.tree_util.tree_flatten_with_path(like)[0]
+  try:
+    with np.load(path, allow_pickle=False) as saved:
+      paths = [str(p) for p in saved["__paths__"]]
+      leaves = [saved[f"leaf_{i}"] for i in range(len(paths))]
+  except Exception as err:  # a truncated or foreign file
+    raise CheckpointError(f"{str(path)!r} is corrupt: {_first_line(err)}") from None
+  want = [jax.tree_util.keystr(p) for p, _ in flat]
+  if paths != want:
+    raise CheckpointError(
+      f"{str(path)!r} holds a model of {len(paths)} arrays that differ from this config's {len(want)} "
+      f"(first difference: {next((a, b) for a, b in zip([*paths, None], [*want, None]) if a != b)})."
+    )
+  for name, leaf, (_, ref) in zip(paths, leaves, flat):
+    if leaf.shape != np.shape(ref) or leaf.dtype != np.asarray(ref).dtype:
+      raise CheckpointError(
+        f"{str(path)!r}: {name} is {leaf.dtype}{list(leaf.shape)}, this config's model has "
+        f"{np.asarray(ref).dtype}{list(np.shape(ref))}."
+      )
+  return jax.tree_util.tree_unflatten(jax.tree.structure(like), leaves)
+
+
 class RunCheckpoints:
   """The checkpoints of one run, in ``directory`` (one sub-directory per saved event count).
 

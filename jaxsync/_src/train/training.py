@@ -33,7 +33,7 @@ from jaxsync._src.interface.history import History
 from jaxsync._src.interface.runtime import FaultAfterProgress, PreemptedError, Runtime
 from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.train import plots, run_directory
-from jaxsync._src.train.checkpoints import RunCheckpoints, fingerprint
+from jaxsync._src.train.checkpoints import RunCheckpoints, fingerprint, save_model
 from jaxsync._src.train.progress import Reporter
 from jaxsync._src.train.summary import summarize
 from jaxsync._src.train.writers import RunWriters, eval_rows, time_key, train_row
@@ -242,6 +242,7 @@ def _finish(
   writers.write([final_row])
   writers.close()
   if primary:
+    save_model(run_dir, final_params)
     run_directory.write_json(run_dir / "summary.json", summary)
     if make_plots:
       plots.plot_run(history, run_dir / "plots", label=label, target=target)
