@@ -52,7 +52,10 @@ def _require_builder(key: str, value: Any, registry: Any) -> None:
       raise ConfigError(str(err).split(": ", 1)[1]) from None
     return
   _require_choice(
-    key, value, registry, f"one of {', '.join(registry)}, or module:attribute naming your own (mymodule:build)"
+    key,
+    value,
+    registry,
+    f"one of {', '.join(registry)}, or module:attribute naming your own (mymodule:build)",
   )
 
 
@@ -82,8 +85,9 @@ class DataConfig:
   """Which data (``jaxsync.datasets.load``) and each worker's batch size."""
 
   name: str = _key(
-    "digits", meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, jargon, ...), or "
-    "module:attribute naming your own loader"
+    "digits",
+    meaning="the dataset: a name of jaxsync.datasets (digits, fashion_mnist, mnist, jargon, ...), or "
+    "module:attribute naming your own loader",
   )
   data_dir: str | None = _key(
     None, meaning="where the dataset's files are (null: its default place, e.g. $FASHION_MNIST_DIR)"
@@ -122,8 +126,9 @@ class ModelConfig:
   """Which model (``jaxsync.models.make``); ``hidden`` widths for ``mlp``, ``options`` for any."""
 
   name: str = _key(
-    "cnn", meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet, transformer), or "
-    "module:attribute naming your own (an nnx builder, a Linen module class or factory)"
+    "cnn",
+    meaning="the model: a name of jaxsync.models (mlp, cnn, lenet, resnet20, mobilenet, transformer), or "
+    "module:attribute naming your own (an nnx builder, a Linen module class or factory)",
   )
   hidden: list[int] | None = _key(None, meaning="the hidden layer widths of an mlp (null: its default)")
   options: dict[str, Any] = _key(

@@ -44,7 +44,9 @@ def load_model(run_dir: str | pathlib.Path) -> Any:
   run_dir = pathlib.Path(run_dir)
   path = run_dir / "config.yaml"
   if not path.is_file():
-    raise ValueError(f"load_model: {str(run_dir)!r} is not a jaxsync run directory: {str(path)!r} is missing.")
+    raise ValueError(
+      f"load_model: {str(run_dir)!r} is not a jaxsync run directory: {str(path)!r} is missing."
+    )
   config = config_lib.load(path)
   model = experiment.build_model(config, experiment.build_dataset(config))
   carried = checkpoints.restore_model(run_dir, model.params)

@@ -582,7 +582,11 @@ def check(dataset: Dataset, name: str | None = None) -> None:
   if dataset.input_key not in _INPUT_LAYOUT:
     raise ValueError(f"{what} has input_key={dataset.input_key!r}; expected 'image' or 'tokens'.")
   kinds, rank, label_rank, layout = _INPUT_LAYOUT[dataset.input_key]
-  if isinstance(dataset.num_classes, bool) or not isinstance(dataset.num_classes, int) or dataset.num_classes < 2:
+  if (
+    isinstance(dataset.num_classes, bool)
+    or not isinstance(dataset.num_classes, int)
+    or dataset.num_classes < 2
+  ):
     raise ValueError(f"{what} has num_classes={dataset.num_classes!r}; expected an integer >= 2.")
   shapes = set()
   splits = {"train": dataset.train, "test": dataset.test, "validation": dataset.validation}

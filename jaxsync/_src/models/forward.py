@@ -169,7 +169,9 @@ def from_linen(name: str, module: linen.Module, example: jax.Array, seed: int) -
 
   def evaluate(carried, inputs):
     return module.apply(
-      {"params": variables.params_of(carried), **variables.model_state_of(carried)}, inputs, **mode_args(False)
+      {"params": variables.params_of(carried), **variables.model_state_of(carried)},
+      inputs,
+      **mode_args(False),
     )
 
   def train(carried, inputs, rng):

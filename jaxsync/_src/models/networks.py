@@ -460,7 +460,10 @@ def _build(name, builder, shape, num_classes, seed, options, example) -> forward
     return forward_lib.from_linen(name, module, example, seed)
   if not callable(builder):
     raise validation.invalid(
-      _WHAT, "name", name, f"a model builder, an nnx.Module class or a Linen module (it names a {type(builder).__name__})"
+      _WHAT,
+      "name",
+      name,
+      f"a model builder, an nnx.Module class or a Linen module (it names a {type(builder).__name__})",
     )
   accepted = _options(builder)
   unknown = [] if accepted is None else sorted(set(options) - set(accepted))
@@ -566,7 +569,9 @@ def classification_loss(model: Model) -> Callable[[Any, dict], jax.Array]:
     if not model.has_state:
       return loss
     change = jax.tree.map(lambda s, n: jax.lax.stop_gradient(s - n), state, new_state)
-    inner = sum(jnp.vdot(c, s).astype(jnp.float32) for c, s in zip(jax.tree.leaves(change), jax.tree.leaves(state)))
+    inner = sum(
+      jnp.vdot(c, s).astype(jnp.float32) for c, s in zip(jax.tree.leaves(change), jax.tree.leaves(state))
+    )
     # Zero in value, s - s' in gradient (the equation above).
     return loss + (inner - jax.lax.stop_gradient(inner))
 

@@ -94,7 +94,9 @@ def keep_model_state(rule: optax.GradientTransformation) -> optax.GradientTransf
     if value_fn is not None and model_state is not None:
       extra_args["value_fn"] = lambda p: value_fn(variables.join(p, model_state))
     param_updates, inner = rule.update(
-      updates[variables.PARAMS], state.inner, variables.params_of(params) if params is not None else None,
+      updates[variables.PARAMS],
+      state.inner,
+      variables.params_of(params) if params is not None else None,
       **extra_args,
     )
     change = jax.tree.map(jnp.negative, updates[variables.MODEL_STATE])
