@@ -12,12 +12,20 @@ the language model ``transformer``, tokens ``[batch, T]`` to next-token logits
   @jaxsync.models.register("wide_mlp")
   def wide_mlp(input_shape, num_classes, rngs, *, width=512):
     ...  # returns an nnx.Module: images [batch, H, W, C] -> logits [batch, num_classes]
+
+or, with no registration, a config's ``model.name: mymodule:MyModel`` names
+one's own nnx builder or Linen module, imported where Python finds it
+(:func:`make`); its BatchNorm statistics and dropout streams are carried
+beside its parameters. :class:`ShiftConv` is the convolution jaxsync's own
+networks use, for a model of one's own: inside the simulator's compiled loop
+XLA's CPU convolution (what ``nnx.Conv`` runs) is tens of times slower.
 """
 
 from jaxsync._src.models.networks import (
   MODELS,
   BatchStatNorm,
   Model,
+  ShiftConv,
   classification_loss,
   classification_metrics,
   input_key,
@@ -30,6 +38,7 @@ __all__ = [
   "MODELS",
   "BatchStatNorm",
   "Model",
+  "ShiftConv",
   "classification_loss",
   "classification_metrics",
   "input_key",

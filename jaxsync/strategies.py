@@ -17,6 +17,7 @@ from jaxsync._src.strategies.strategy import (
   Strategy,
   dynamic_local_steps,
   reject_nonfinite,
+  with_model_state,
   with_worker_speeds,
 )
 
@@ -32,5 +33,6 @@ __all__ = [
   "make",
   "names",
   "reject_nonfinite",
+  "with_model_state",
   "with_worker_speeds",
 ]

@@ -6,6 +6,7 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import TypeVar
 
 from jaxsync._src.core import import_path, validation
+from jaxsync._src.core.suggestions import did_you_mean
 
 T = TypeVar("T", bound=Callable)
 
@@ -70,8 +71,14 @@ class Registry(Mapping[str, T]):
       return self._builders[name]
     if import_path.is_import_path(name):
       return import_path.resolve(self._what, key, name)
-    valid = (*self._builders, "module:attribute (your own, e.g. mymodels:ResNet)")
-    return self._builders[validation.check_choice(self._what, key, name, valid)]
+    options = ", ".join(repr(o) for o in self._builders)
+    raise validation.invalid(
+      self._what,
+      key,
+      name,
+      f"one of {options}, or module:attribute naming your own (mymodule:build)"
+      + did_you_mean(name, tuple(self._builders)),
+    )
 
   def __getitem__(self, name: str) -> T:
     return self._builders[name]

@@ -191,8 +191,12 @@ class RuntimeBase:
   ) -> History:
     """Assembles a :class:`History` from the records of one or more ``advance`` calls.
 
+    ``records`` is a list of what each ``advance`` returned, or one call's records alone.
+
     ``initial_metrics`` gives the first evaluation row for a state restored
     from a checkpoint (default: those of the last ``init``).
     """
+    if isinstance(records, EventRecord):  # the records of one advance, as advance returned them
+      records = [records]
     initial = self.initial_metrics if initial_metrics is None else initial_metrics
     return assemble_history(records, initial, self.metric_names, self.totals(state), clock=self.clock)

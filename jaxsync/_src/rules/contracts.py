@@ -123,4 +123,22 @@ def init_server_rule(rule: Any, params: Any) -> Any:
   """
   state = rule.init(params)
   server_version(state)
+  _check_model_state_kept(params, state)
   return state
+
+
+def _check_model_state_kept(params: Any, state: Any) -> None:
+  """A model carried with its state needs rules that keep it (else momentum and decay would act on it)."""
+  from jaxsync._src.core import variables
+  from jaxsync._src.rules.elastic import ElasticCenterState
+  from jaxsync._src.rules.model_state import KeepModelStateState
+
+  if not variables.carries_state(params):
+    return
+  nodes = jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, (KeepModelStateState, ElasticCenterState)))
+  if not any(isinstance(n, (KeepModelStateState, ElasticCenterState)) for n in nodes):
+    raise ValueError(
+      "init_server_rule: the parameters carry model state ({'params', 'model_state'}: BatchNorm "
+      "statistics) but the server rule does not keep it apart; expected the strategy of "
+      "jaxsync.strategies.with_model_state(strategy), whose rules see the parameters alone."
+    )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -384,7 +385,13 @@ class Simulator(RuntimeBase):
       done += ran
       if ran < n:  # stopped at max_time
         break
-    return state.params, self.history(records, state)
+    history = self.history(records, state)
+    if history.rejected_count:  # said once, as `jaxsync train`'s summary line says it
+      unit = "gradients" if self.strategy.engine == "async" else "rounds"
+      logging.getLogger("jaxsync.sim").warning(
+        "rejected %d of %d %s: not finite", history.rejected_count, len(history.time), unit
+      )
+    return state.params, history
 
 
 def run(
@@ -394,7 +401,8 @@ def run(
   data: WorkerData,
   time_model: TimeModel,
   *,
-  num_events: int,
+  num_events: int | None = None,
+  num_gradients: int | None = None,
   seed: int = 0,
   eval_fn: Callable[[optax.Params], dict[str, Any]] | None = None,
   eval_every: int | None = None,
@@ -403,6 +411,12 @@ def run(
 ) -> tuple[optax.Params, History]:
   """Simulates a strategy on a model, data and cluster; see :class:`Simulator`.
 
+  The budget is given in events or in gradients (exactly one of them). An
+  event is an arrival of one gradient for most asynchronous strategies, but a
+  synchronous round computes ``K`` gradients, and a DiLoCo round ``K x H``:
+  ``num_gradients=G`` runs ``ceil(G / strategy.gradients_per_event)`` events,
+  the same work whatever the strategy.
+
   Args:
     strategy: from :func:`jaxsync.strategies.make`.
     loss_fn: ``(params, batch) -> scalar``.
@@ -410,6 +424,8 @@ def run(
     data: a :class:`WorkerData`.
     time_model: a :class:`TimeModel`.
     num_events: arrivals (async) or rounds (sync) to simulate.
+    num_gradients: or the worker gradients to compute (``jaxsync train``'s
+      ``run.gradients``).
     seed: jitter seed.
     eval_fn, eval_every, eval_every_time: the evaluation schedule.
     max_time: stop at this simulated time (at most ``num_events`` events).
@@ -426,4 +442,11 @@ def run(
     eval_every=eval_every,
     eval_every_time=eval_every_time,
   )
+  if (num_events is None) == (num_gradients is None):
+    raise ValueError(
+      f"{_WHAT}: run takes one budget; got {num_events=} and {num_gradients=}: expected exactly one of them."
+    )
+  if num_gradients is not None:
+    num_gradients = validation.check_int(_WHAT, "num_gradients", num_gradients)
+    num_events = -(-num_gradients // strategy.gradients_per_event)
   return sim.run(params, num_events, seed=seed, max_time=max_time)

@@ -368,7 +368,7 @@ def run_figures(
       )
 
   values, counts = staleness_counts(history)
-  if counts.sum() > 0:
+  if counts.sum() > 0 and len(values) > 1:  # a run with no staleness (a synchronous one) draws no histogram
     figures["staleness_hist"] = _staleness_figure(history, label, values, counts)
 
   if k_varies(history):
@@ -437,14 +437,15 @@ def compare_figures(
   """
   figures = {}
   clock = next((h.clock for hs in runs.values() for h in hs), "simulated")
-  for metric in _COMPARED_METRICS:
+  # The test split's metrics, and the validation split's (what a tuning run and `jaxsync advise` record).
+  for metric in (*_COMPARED_METRICS, *(f"validation_{m}" for m in _COMPARED_METRICS)):
     if not any(_has_metric(h, metric) for hs in runs.values() for h in hs):
       continue
     for axis in _AXES:
 
       def draw(ax, metric=metric, axis=axis):
         draw_compare(ax, runs, metric, axis, num_points)
-        if metric == "loss":
+        if metric.endswith("loss"):
           _log_scale_if_positive(ax, *[line.get_ydata() for line in ax.get_lines()])
 
       figures[f"compare_{metric}_vs_{axis}"] = _metric_figure(

@@ -9,6 +9,10 @@ from typing import Any, TextIO
 from jaxsync._src.train.run_directory import clean
 
 MODES = ("bar", "jsonl", "quiet")
+# The columns of the bar's line when the stream is not a terminal (a log file, a CI log).
+_LOG_WIDTH = 160
+# The columns from which the bar's line has room for every word (label, bar, counts, fields, time left).
+_WIDE = 140
 
 
 class Reporter:
@@ -21,7 +25,9 @@ class Reporter:
     """A run (or its resumed remainder) begins; ``done_events`` of ``total_events`` are behind it."""
 
   def update(self, snapshot: dict[str, Any]) -> None:
-    """After a chunk: ``event``, ``updates``, ``simulated_time`` (or ``wall_time``), ``loss``, the last eval metrics."""
+    """After a chunk: ``event``, ``updates``, ``simulated_time`` (or ``wall_time``), ``loss`` (the chunk's
+    mean batch loss), ``train_loss`` (the run's so far: the summary's ``final_train_loss`` at the end),
+    ``rejected_so_far`` (non-finite arrivals), the last evaluation's metrics."""
 
   def finish(self, summary: dict[str, Any]) -> None:
     """The run ended with ``summary`` (what ``summary.json`` holds)."""
@@ -62,7 +68,10 @@ class BarReporter(Reporter):
   def __init__(self, stream: TextIO | None = None):
     from rich.console import Console  # imported here: only the bar needs rich
 
-    self.console = Console(file=stream or sys.stderr)
+    stream = stream or sys.stderr
+    # In a terminal the bar fits its width; in a log (not a terminal, where rich would assume 80 columns
+    # and cut the line) it is one whole line.
+    self.console = Console(file=stream, width=None if stream.isatty() else _LOG_WIDTH)
     self._progress = None
     self._spinner = None
 
@@ -85,13 +94,17 @@ class BarReporter(Reporter):
     from rich import progress as rp
 
     self._stop_spinner()
+    wide = self.console.width >= _WIDE
     self._progress = rp.Progress(
       rp.TextColumn("[bold]{task.description}"),
-      rp.BarColumn(),
+      rp.BarColumn(bar_width=40 if wide else 10),
       rp.MofNCompleteColumn(),
       rp.TextColumn(
         "{task.fields[status]}{task.fields[clock]} {task.fields[time]} upd {task.fields[updates]} "
-        "train loss {task.fields[loss]} test acc {task.fields[acc]}"
+        "train loss {task.fields[loss]} test acc {task.fields[acc]}{task.fields[rejected]}"
+        if wide  # a narrow terminal: the numbers, fewer words
+        else "{task.fields[status]}{task.fields[time]} loss {task.fields[loss]} acc {task.fields[acc]}"
+        "{task.fields[rejected]}"
       ),
       rp.TimeRemainingColumn(),
       console=self.console,
@@ -108,6 +121,7 @@ class BarReporter(Reporter):
       updates=0,
       loss="-",
       acc="-",
+      rejected="",
     )
 
   def update(self, snapshot):
@@ -119,8 +133,9 @@ class BarReporter(Reporter):
       clock="sim" if "simulated_time" in snapshot else "wall",
       time=f"{snapshot.get('simulated_time', snapshot.get('wall_time', 0.0)):.1f}s",
       updates=snapshot["updates"],
-      loss=_short(snapshot.get("loss"), "{:.3g}"),
+      loss=_short(snapshot.get("train_loss"), "{:.3g}"),
       acc=_short(acc, "{:.3f}"),
+      rejected=f" rejected {snapshot['rejected_so_far']}" if snapshot.get("rejected_so_far") else "",
     )
 
   def finish(self, summary):

@@ -33,6 +33,20 @@ def divergence(
   return None
 
 
+def train_loss(losses, rejected) -> float | None:
+  """The training loss the papers tabulate: the mean batch loss of the last 10% of the events (rejected ones
+  left out); None when there is none or it is not finite. The progress bar's ``train loss`` and the
+  summary's ``final_train_loss`` are this number, of the events so far and of the whole run."""
+  tail = max(1, len(losses) // 10)
+  kept = np.asarray(losses[-tail:])[~np.asarray(rejected[-tail:], bool)]
+  return float(kept.mean()) if kept.size and np.isfinite(kept).all() else None
+
+
+def rejected_words(rejected: int, events: int, unit: str = "gradients") -> str | None:
+  """``"rejected 10 of 400 gradients: not finite"`` (``unit``: what an event is), or None when none was."""
+  return f"rejected {rejected} of {events} {unit}: not finite" if rejected else None
+
+
 def _prefix(final_metrics: dict[str, Any]) -> str:
   """``"validation_"`` for a run evaluated on its validation split only (no test metric), else ``""``."""
   if final_metrics and all(name.startswith("validation_") for name in final_metrics):
@@ -58,10 +72,7 @@ def summarize(
     "stopped_by": stopped_by,
   }
   summary.update({f"final_{name}": value for name, value in final_metrics.items()})
-  # The training loss the papers tabulate: the mean batch loss of the last 10% of the events.
-  tail = max(1, len(history.loss) // 10)
-  losses = np.asarray(history.loss[-tail:])[~np.asarray(history.rejected[-tail:], bool)]
-  summary["final_train_loss"] = float(losses.mean()) if losses.size and np.isfinite(losses).all() else None
+  summary["final_train_loss"] = train_loss(history.loss, history.rejected)
   prefix = _prefix(final_metrics)
   if final_metrics:
     summary["evaluated_on"] = "validation" if prefix else "test"
@@ -146,7 +157,12 @@ def final_line(summary: dict, run_dir) -> str:
     if tt is not None
     else "target not reached"
   )
+  events = summary.get("events", 0)
+  unit = "gradients" if summary.get("gradients") == events else "events"
+  rejected = rejected_words(summary.get("rejected", 0), events, unit)
   return (
     f"{summary.get('label', '')}: {shown} after {summary['updates']} updates, "
-    f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); run directory {run_dir}"
+    f"{summary[f'{clock}_time']:.1f} {clock} s ({reached}); "
+    + (f"{rejected}; " if rejected else "")
+    + f"run directory {run_dir}"
   )

@@ -35,7 +35,7 @@ from jaxsync._src.steps.records import EventRecord
 from jaxsync._src.train import plots, run_directory
 from jaxsync._src.train.checkpoints import RunCheckpoints, fingerprint, save_model
 from jaxsync._src.train.progress import Reporter
-from jaxsync._src.train.summary import summarize
+from jaxsync._src.train.summary import summarize, train_loss
 from jaxsync._src.train.writers import RunWriters, eval_rows, time_key, train_row
 
 log = logging.getLogger("jaxsync.train")
@@ -154,6 +154,10 @@ def _run_chunks(
       if evals:
         last_eval = {k: v for k, v in evals[-1].items() if k not in _ROW_KEYS}
       snapshot = {k: v for k, v in rows[-1].items() if k != "kind"}  # the train row: loss is the batch loss
+      # What the run's summary will call final_train_loss and rejected, of the events so far.
+      losses = np.concatenate([r.loss for r in records])
+      rejected = np.concatenate([r.rejected for r in records])
+      snapshot.update(train_loss=train_loss(losses, rejected), rejected_so_far=int(rejected.sum()))
       reporter.update({**snapshot, **{k: v for k, v in last_eval.items() if k != "loss"}})
     return ran
 
