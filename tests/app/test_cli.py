@@ -503,14 +503,17 @@ def test_the_bar_says_it_is_compiling_until_the_first_chunk():
   bar.phase("quickstart: loading data, building the model and strategy")
   bar.start("ormo K=8", 100, 0)
   assert bar._progress.tasks[0].fields["status"] == "compiling "
-  bar.update({"event": 10, "updates": 10, "simulated_time": 1.0, "loss": 0.5, "accuracy": 0.75})
+  bar.update(
+    {"event": 10, "updates": 10, "simulated_time": 1.0, "loss": 0.61, "train_loss": 0.5, "accuracy": 0.75}
+  )
   fields = bar._progress.tasks[0].fields
   assert fields["status"] == "" and fields["clock"] == "sim" and fields["time"] == "1.0s"
   bar.close()
   assert bar._progress is None
   shown = bar.console.file.getvalue()  # a stream that is no terminal gets the bar's last line at its end
-  # The loss on the bar is the training batches' (summary.json's final_loss is the test set's): labelled so.
-  assert "train loss 0.5" in shown and "test acc 0.750" in shown
+  # The loss on the bar is the training batches' (summary.json's final_loss is the test set's): labelled so,
+  # and it is the summary's final_train_loss of the events so far, not the last chunk's mean (0.61).
+  assert "train loss 0.5" in shown and "test acc 0.750" in shown and "0.61" not in shown
 
 
 def test_advise_ranks_the_candidates_writes_its_report_and_refuses_bad_questions(tmp_path, capsys):

@@ -295,3 +295,37 @@ def test_the_own_loop_example_trains_on_a_real_parameter_server(example):
   digits = jaxsync.datasets.load("digits")
   own = float((jnp.argmax(module(jnp.asarray(digits.test["image"])), -1) == digits.test["label"]).mean())
   assert own == pytest.approx(final["accuracy"], abs=1e-6)
+
+
+_BN_MLP = """
+from flax import nnx
+
+class Model(nnx.Module):
+  def __init__(self, input_shape, num_classes, rngs):
+    self.dense = nnx.Linear(64, 32, rngs=rngs)
+    self.norm = nnx.BatchNorm(32, rngs=rngs)
+    self.drop = nnx.Dropout(0.1, rngs=rngs)
+    self.head = nnx.Linear(32, num_classes, rngs=rngs)
+
+  def __call__(self, x):
+    x = self.drop(nnx.relu(self.norm(self.dense(x.reshape(x.shape[0], -1)))))
+    return self.head(x)
+"""
+
+
+@pytest.mark.heavy  # every strategy of the registry compiled once: about a minute
+@pytest.mark.parametrize("name", jaxsync.strategies.names())
+def test_every_strategy_trains_a_model_with_state_and_moves_its_statistics(own_module, name):
+  module = own_module(_BN_MLP)
+  info = jaxsync.strategies.describe(name)
+  options = {"learning_rate": 0.05} if "learning_rate" in info.options else {}
+  config = _config(f"{module}:Model", name, strategy={"options": options}, run={"gradients": 256})
+  exp = experiment.build(config)
+  params, history = jaxsync.sim.run(
+    exp.strategy, exp.loss_fn, exp.model.params, exp.data, exp.time_model, num_gradients=256
+  )
+  mean = np.asarray(variables.model_state_of(params)["norm"]["mean"])
+  assert np.isfinite(mean).all() and np.abs(mean).sum() > 0, name  # the statistics moved off their zeros
+  assert history.rejected_count == 0, name
+  metrics = exp.simulator().evaluate(params)
+  assert np.isfinite(metrics["loss"]), name

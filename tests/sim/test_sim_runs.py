@@ -447,3 +447,17 @@ def test_a_server_rule_with_two_versions_is_refused_before_the_first_event(name)
   strategy = dataclasses.replace(strategy, server_rule=two)
   with pytest.raises(ValueError, match="adaptive_k.*ordered_momentum|ordered_momentum.*adaptive_k"):
     jaxsync.sim.run(strategy, loss, params, data, jaxsync.sim.TimeModel(num_workers=2), num_events=4)
+
+
+@pytest.mark.parametrize("name, options", [("diloco", {"period": 5}), ("bsp", {}), ("asp", {})])
+def test_run_takes_a_budget_in_gradients_whatever_an_event_is(name, options):
+  """A DiLoCo round is K x H gradients, a BSP round K, an ASP arrival one: the same gradient budget."""
+  loss, params, data = problem(4)
+  strategy = jaxsync.strategies.make(name, 4, learning_rate=0.01, **options)
+  _, history = jaxsync.sim.run(
+    strategy, loss, params, data, jaxsync.sim.TimeModel(num_workers=4), num_gradients=200
+  )
+  assert int(history.worker_steps.sum()) == 200
+  with pytest.raises(ValueError, match="exactly one of them"):
+    jaxsync.sim.run(strategy, loss, params, data, jaxsync.sim.TimeModel(num_workers=4), num_events=5,
+                    num_gradients=200)  # fmt: skip

@@ -345,3 +345,19 @@ def test_the_staleness_histogram_is_stacked_by_worker_speed_and_says_why():
   sync = make_history()
   sync.worker = np.full(6, -1)
   assert plots.speed_classes(sync) == []
+
+
+def test_advise_and_tuning_runs_get_plots_of_their_validation_metrics(tmp_path):
+  """`jaxsync advise` scores its short runs on the validation split only: their curves are plotted."""
+  validation = {"validation_accuracy": [0.1, 0.5, 0.7], "validation_loss": [2.0, 1.0, 0.8]}
+  runs = {"asp": [make_history(metrics=validation)], "bsp": [make_history(metrics=validation)]}
+  figures = plots.compare_figures(runs, num_points=5, target=("validation_accuracy", 0.6))
+  stems = {f"compare_validation_{m}_vs_{a}" for m in ("accuracy", "loss") for a in ("time", "updates")}
+  assert set(figures) == stems
+  ax = figures["compare_validation_accuracy_vs_time"].axes[0]
+  np.testing.assert_allclose(ax.get_lines()[0].get_ydata(), [0.1, 0.5, 0.7])
+
+
+def test_a_run_without_staleness_draws_no_staleness_histogram():
+  figures = plots.run_figures(make_history(staleness=(0,) * 6), label="allreduce")
+  assert "staleness_hist" not in figures and RUN_METRIC_FILES <= set(figures)

@@ -95,3 +95,40 @@ def test_a_run_asked_to_stop_when_diverged_ends_at_the_first_chunk_with_nan_para
   # A rate that trains is never stopped.
   fine = run(0.5, True, "fine")
   assert fine.summary["stopped_by"] == "events" and not fine.summary["diverged"]
+
+
+def test_rejected_gradients_are_said_in_the_summary_line():
+  from jaxsync._src.train.summary import final_line
+
+  rejected = np.zeros(400, bool)
+  rejected[::40] = True
+  history = _history([0.5] * 400, rejected=rejected, accuracy=(0.5, 0.9))
+  summary = summarize(history, {"accuracy": 0.9, "loss": 0.3}, target=None, stopped_by="events")
+  summary["gradients"] = summary["events"]  # an asynchronous run: one gradient an event
+  summary["label"] = "asp"
+  assert summary["rejected"] == 10
+  assert "rejected 10 of 400 gradients: not finite; run directory runs/x" in final_line(summary, "runs/x")
+  summary["rejected"] = 0
+  assert "rejected" not in final_line(summary, "runs/x")
+
+
+def test_the_bar_shows_the_summary_s_train_loss_and_fits_a_log_line():
+  import io
+
+  from jaxsync._src.train.progress import BarReporter
+  from jaxsync._src.train.summary import train_loss
+
+  losses = np.linspace(2.0, 0.1, 1000).astype(np.float32)
+  history = _history(losses)
+  summary = summarize(history, {}, target=None, stopped_by="events")
+  assert train_loss(losses, np.zeros(1000, bool)) == summary["final_train_loss"]
+  stream = io.StringIO()  # not a terminal: a log file
+  bar = BarReporter(stream)
+  bar.start("ormo K=8 seed=0", 1000, 0)
+  snapshot = {"event": 1000, "updates": 1000, "simulated_time": 3.5, "loss": 0.612, "accuracy": 0.97}
+  bar.update({**snapshot, "train_loss": summary["final_train_loss"], "rejected_so_far": 3})
+  bar.finish(summary)
+  line = stream.getvalue().strip().splitlines()[-1]
+  assert f"train loss {summary['final_train_loss']:.3g}" in line and "0.612" not in line
+  assert line.rstrip().endswith(("0:00:00", "-:--:--")) or "test acc 0.970 rejected 3" in line, line
+  assert "test acc 0.970 rejected 3" in line  # the whole line, not cut at 80 columns
