@@ -173,6 +173,30 @@ def test_the_rules_never_touch_the_state_and_each_arrival_sets_it():
   assert float(jnp.abs(updates["model_state"]["var"]).sum()) == 0.0  # a rejected arrival changes nothing
 
 
+def test_a_server_moves_the_state_by_a_share_of_each_arrival_and_a_buffering_rule_by_the_mean():
+  from jaxsync._src.rules import contracts
+
+  model = {"params": jnp.zeros(2), "model_state": {"var": jnp.ones(2)}}
+  change = {"params": jnp.ones(2), "model_state": {"var": jnp.array([0.4, -0.4])}}
+  share = keep_model_state(optax.sgd(0.1), "share")
+  updates, _ = share.update(change, share.init(model), model, num_live_workers=4)
+  np.testing.assert_allclose(updates["model_state"]["var"], [-0.1, 0.1])  # a quarter: one of 4 arrivals
+  message = keep_model_state(optax.sgd(0.1), "message")  # a worker's message: the change itself
+  updates, _ = message.update(change, message.init(model), model)
+  np.testing.assert_allclose(updates["model_state"]["var"], [0.4, -0.4])
+  buffered = keep_model_state(jaxsync.adaptive_k(momentum=0.0, max_k=2), "share")
+  state, seen = buffered.init(model), []
+  for c in ([0.2, 0.2], [0.4, 0.0]):
+    g = {"params": jnp.ones(2), "model_state": {"var": jnp.array(c)}}
+    updates, state = buffered.update(
+      g, state, model, version=contracts.server_version(state), num_live_workers=4
+    )
+    seen.append((bool(contracts.released(state)), np.asarray(updates["model_state"]["var"])))
+  assert not seen[0][0] and not seen[0][1].any()  # held until the release
+  assert seen[1][0]
+  np.testing.assert_allclose(seen[1][1], [-0.3, -0.1])  # the mean of the two changes it released
+
+
 def test_a_strategy_without_with_model_state_is_refused_at_init(example):
   exp = experiment.build(_config("my_models:BatchNormCnn"))
   plain = jaxsync.strategies.make("asp", 4, learning_rate=0.05)
@@ -318,7 +342,7 @@ class Model(nnx.Module):
 def test_every_strategy_trains_a_model_with_state_and_moves_its_statistics(own_module, name):
   module = own_module(_BN_MLP)
   info = jaxsync.strategies.describe(name)
-  options = {"learning_rate": 0.05} if "learning_rate" in info.options else {}
+  options = {"learning_rate": 0.01} if "learning_rate" in info.options else {}
   config = _config(f"{module}:Model", name, strategy={"options": options}, run={"gradients": 256})
   exp = experiment.build(config)
   params, history = jaxsync.sim.run(

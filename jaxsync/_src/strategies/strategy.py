@@ -326,12 +326,14 @@ def with_model_state(strategy: Strategy) -> Strategy:
   state is applied as it is. What that does to the state, family by family
   (docs/guide/own_model.md):
 
-  * gradient strategies (all-reduce, the parameter-server family): the server's state takes each
-    accepted gradient's change of it, so an all-reduce round ends at the mean of the workers' new
-    states and a parameter server adds each arrival's change to its own;
-  * local strategies (local SGD, DiLoCo, Streaming DiLoCo, asynchronous local SGD): each worker
-    keeps its own state through its local steps; a round's outer step sets the global state to the
-    workers' mean, and every worker starts the next round from it;
+  * synchronous gradient strategies (all-reduce, BSP, fastest-k): a round's all-reduce averages the
+    workers' changes, so the state ends at the mean of the workers' new states;
+  * the parameter-server family: each accepted arrival moves the server's state by a ``1/K`` share of
+    its change (``K`` live workers; a round of ``K`` arrivals from one state moves it by their mean),
+    a buffering rule (adaptive-k, k-async, InHAD) by the mean of the changes it releases;
+  * local strategies (local SGD, DiLoCo, Streaming DiLoCo): each worker keeps its own state through
+    its local steps; a round's outer step sets the global state to the workers' mean, and every
+    worker starts the next round from it (asynchronous local SGD: as the parameter-server family);
   * elastic strategies (EASGD, EAMSGD, EA-wild): each worker keeps its own state; the centre's
     moves towards each exchanging worker's as its parameters do, ``alpha (s_k - s_center)``.
 
@@ -343,16 +345,24 @@ def with_model_state(strategy: Strategy) -> Strategy:
   """
   elastic = strategy.protocol == WorkerProtocol.ELASTIC
 
-  def wrapped(rule):
+  def wrapped(rule, mode):
     if rule is None or getattr(rule, "_keeps_model_state", False):
       return rule
-    tx = keep_model_state(rule)
+    tx = keep_model_state(rule, mode)
     return _Marked(tx.init, tx.update)
 
-  # The elastic centre rule takes a worker's model, not a gradient: on the whole tree it moves the
-  # centre's state towards the worker's, which is how elastic averaging combines them.
-  server_rule = strategy.server_rule if elastic else wrapped(strategy.server_rule)
-  return dataclasses.replace(strategy, server_rule=server_rule, worker_rule=wrapped(strategy.worker_rule))
+  # A server applies a round's mean as it is, and one of K asynchronous arrivals by a K-th share (a
+  # buffering rule, the mean of what it releases). The elastic centre rule takes a worker's model, not a
+  # gradient: on the whole tree it moves the centre's state towards the worker's, as elastic averaging does.
+  if elastic:
+    server_rule = strategy.server_rule
+  else:
+    server_rule = wrapped(strategy.server_rule, "share" if strategy.engine == Engine.ASYNC else "apply")
+  # A worker rule's output is its own step (local and elastic workers), or its message to the server.
+  worker_mode = "message" if strategy.protocol == WorkerProtocol.GRADIENT else "apply"
+  return dataclasses.replace(
+    strategy, server_rule=server_rule, worker_rule=wrapped(strategy.worker_rule, worker_mode)
+  )
 
 
 class _Marked(optax.GradientTransformationExtraArgs):
