@@ -14,6 +14,24 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 QUICKSTART = ROOT / "configs" / "quickstart.yaml"
 
 
+def jaxsync_process(*args: str, cwd=None):
+  """``python -m jaxsync.cli ARGS --progress quiet`` started in ``cwd`` (default: here), its output piped (stdout
+  and stderr together, as text), a 3 s heartbeat timeout: how the multi-process tests run jaxsync."""
+  import os
+  import subprocess
+  import sys
+
+  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
+  return subprocess.Popen(
+    [sys.executable, "-m", "jaxsync.cli", *args, "--progress", "quiet"],
+    stdout=subprocess.PIPE,
+    stderr=subprocess.STDOUT,
+    text=True,
+    env=env,
+    cwd=cwd or os.getcwd(),
+  )
+
+
 def quickstart_experiment(*overrides: str):
   """``configs/quickstart.yaml`` with the dotted ``overrides`` (as ``--set`` takes them), built."""
   from jaxsync._src.app import config as config_lib

@@ -34,15 +34,7 @@ BASE = ["model.name=mlp", "run.eval_every=50", "run.target_accuracy=0.9", "run.c
 
 
 def _start(*args, out):
-  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
-  return subprocess.Popen(
-    [sys.executable, "-m", "jaxsync.cli", *args, "--progress", "quiet"],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-    env=env,
-    cwd=os.getcwd(),
-  )
+  return helpers.jaxsync_process(*args)
 
 
 def _launch(n, out, overrides, *, timeout=240):

