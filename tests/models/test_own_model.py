@@ -259,30 +259,23 @@ def test_training_updates_the_running_statistics_towards_the_batch_statistics(ex
 
 
 @pytest.mark.heavy  # 2,400 gradients of DiLoCo: 25 s
-def test_diloco_with_batchnorm_evaluates_within_a_point_of_batch_statistics(example):
+def test_diloco_with_batchnorm_evaluates_within_a_point_of_batch_statistics(example, tmp_path):
   config = _config(
     "my_models:BatchNormCnn",
     "diloco",
     strategy={"options": {"learning_rate": 0.002, "period": 10}},
     run={"gradients": 2400, "eval_every": 6},
   )
-  result = jaxsync.train_config(
-    config_lib.to_dict(config), out=EXAMPLE / "runs" / "_diloco_test", overwrite=True
-  )
-  try:
-    exp = experiment.build(config)
-    module = exp.model.export(result.params)
-    x, y = jnp.asarray(exp.dataset.test["image"]), exp.dataset.test["label"]
-    eval_mode = float((jnp.argmax(module(x), -1) == y).mean())
-    module.train()  # batch statistics of the whole test set, dropout off for the comparison
-    module.drop.deterministic = True
-    train_mode = float((jnp.argmax(module(x), -1) == y).mean())
-    assert eval_mode == pytest.approx(result.summary["final_accuracy"], abs=1e-6)
-    assert abs(eval_mode - train_mode) <= 0.01, (eval_mode, train_mode)
-  finally:
-    import shutil
-
-    shutil.rmtree(EXAMPLE / "runs" / "_diloco_test", ignore_errors=True)
+  result = jaxsync.train_config(config_lib.to_dict(config), out=tmp_path / "diloco")
+  exp = experiment.build(config)
+  module = exp.model.export(result.params)
+  x, y = jnp.asarray(exp.dataset.test["image"]), exp.dataset.test["label"]
+  eval_mode = float((jnp.argmax(module(x), -1) == y).mean())
+  module.train()  # batch statistics of the whole test set, dropout off for the comparison
+  module.drop.deterministic = True
+  train_mode = float((jnp.argmax(module(x), -1) == y).mean())
+  assert eval_mode == pytest.approx(result.summary["final_accuracy"], abs=1e-6)
+  assert abs(eval_mode - train_mode) <= 0.01, (eval_mode, train_mode)
 
 
 # -- through the command line, and given back ------------------------------------------------------

@@ -437,10 +437,10 @@ def make(
   example = jnp.zeros((2, *shape), dtype)
   forward = _build(name, builder, shape, num_classes, seed, options, example)
   params = forward.carried
-  _check_outputs(name, forward.evaluate, params, example, num_classes)
 
   key = (name, shape, num_classes, repr(sorted(options.items())))
-  if key not in _FLOPS:  # the same network at any seed: compiled once per process
+  if key not in _FLOPS:  # the same network at any seed: checked and compiled once per process
+    _check_outputs(name, forward.evaluate, params, example, num_classes)
     one = jnp.zeros((1, *shape), dtype)
     cost = jax.jit(forward.evaluate).lower(params, one).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost

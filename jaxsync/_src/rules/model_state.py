@@ -56,10 +56,10 @@ def keep_model_state(
 
   .. math::
 
-    u_	heta, S' = 	ext{rule}(g_	heta, S, 	heta), \qquad
-    u_s = egin{cases} -c & 	ext{apply: a worker's own step, a round's mean} \
-                        -c / K & 	ext{share: one of } K 	ext{ asynchronous arrivals} \
-                        c & 	ext{message: a worker's message to its server} \end{cases}
+    u_\theta, S' = \text{rule}(g_\theta, S, \theta), \qquad
+    u_s = \begin{cases} -c & \text{apply: a worker's own step, a round's mean} \\
+                        -c / K & \text{share: one of } K \text{ asynchronous arrivals} \\
+                        c & \text{message: a worker's message to its server} \end{cases}
 
   With ``apply`` a worker's step sets its state to ``s'``, and an all-reduce
   round (or DiLoCo's outer step) that averaged the workers' changes sets it to
