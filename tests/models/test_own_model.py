@@ -234,7 +234,7 @@ def test_dropout_differs_per_worker_and_is_the_same_for_the_same_seed(example):
   "strategy",
   [
     "asp",
-    "diloco",
+    pytest.param("diloco", marks=pytest.mark.heavy),
     pytest.param("allreduce", marks=pytest.mark.heavy),
     pytest.param("easgd", marks=pytest.mark.heavy),
   ],
