@@ -48,9 +48,9 @@ class _Block(nn.Module):
   @nn.compact
   def __call__(self, x, train: bool):
     mask = nn.make_causal_mask(jnp.ones(x.shape[:2], jnp.int32))
-    y = nn.SelfAttention(num_heads=self.heads, dropout_rate=self.dropout, deterministic=not train)(
-      nn.LayerNorm()(x), mask=mask
-    )
+    y = nn.MultiHeadDotProductAttention(
+      num_heads=self.heads, dropout_rate=self.dropout, deterministic=not train
+    )(nn.LayerNorm()(x), mask=mask)
     x = x + nn.Dropout(self.dropout, deterministic=not train)(y)
     y = nn.Dense(4 * self.width)(nn.LayerNorm()(x))
     y = nn.Dense(self.width)(nn.gelu(y))

@@ -89,12 +89,27 @@ def test_a_config_names_a_model_by_import_path_and_it_is_built(example):
       None,
       "returned a int; expected an nnx.Module",
     ),
+    ("import no_such_dependency_here", None, "importing 'user_models_"),  # the module's own import failed
+    ("class Model:\n  pass", "{module}:Model.build", "has no attribute 'build'; it has no public names"),
+    (
+      "def Model(input_shape, num_classes, rngs):\n  raise RuntimeError('bad width')",
+      None,
+      "RuntimeError: bad width",
+    ),
   ],
-  ids=["missing module", "raises on import", "missing attribute", "returns no module"],
+  ids=[
+    "missing module",
+    "raises on import",
+    "missing attribute",
+    "returns no module",
+    "missing dependency",
+    "missing inner attribute",
+    "builder raises",
+  ],
 )
 def test_a_bad_import_path_fails_in_one_line_at_the_config(own_module, source, name, message):
   module = own_module(source)
-  name = name or f"{module}:Model"
+  name = (name or "{module}:Model").format(module=module)
   with pytest.raises((config_lib.ConfigError, ValueError)) as err:
     experiment.build(_config(name))
   text = str(err.value)
@@ -201,6 +216,13 @@ def test_a_strategy_without_with_model_state_is_refused_at_init(example):
   exp = experiment.build(_config("my_models:BatchNormCnn"))
   plain = jaxsync.strategies.make("asp", 4, learning_rate=0.05)
   with pytest.raises(ValueError, match="with_model_state"):
+    jaxsync.sim.Simulator(plain, exp.loss_fn, exp.data, exp.time_model).init(exp.model.params)
+
+
+def test_an_elastic_strategy_without_with_model_state_is_refused_for_its_worker_rule(example):
+  exp = experiment.build(_config("my_models:BatchNormCnn", "easgd"))
+  plain = jaxsync.strategies.make("easgd", 4, learning_rate=0.05)
+  with pytest.raises(ValueError, match="worker rule do not keep it apart"):
     jaxsync.sim.Simulator(plain, exp.loss_fn, exp.data, exp.time_model).init(exp.model.params)
 
 
@@ -354,3 +376,20 @@ def test_every_strategy_trains_a_model_with_state_and_moves_its_statistics(own_m
   assert history.rejected_count == 0, name
   metrics = exp.simulator().evaluate(params)
   assert np.isfinite(metrics["loss"]), name
+
+
+def test_tokens_outside_the_vocabulary_are_refused_by_name(own_module):
+  module = own_module(
+    """
+    import numpy as np
+    import jaxsync
+    def load(seed):
+      tokens = np.full((40, 8), 300, np.int32)
+      split = {"tokens": tokens, "label": np.zeros((40, 8), np.int32)}
+      return jaxsync.datasets.Dataset("bytes", split, split, 256, input_key="tokens")
+    """
+  )
+  with pytest.raises(
+    config_lib.ConfigError, match=r"\['tokens'\] spans 300..300; expected token ids in \[0, "
+  ):
+    experiment.build(_config("transformer", data={"name": f"{module}:load"}))

@@ -53,7 +53,7 @@ def resolve(what: str, key: str, name: str) -> Any:
   try:
     module = importlib.import_module(module_name)
   except ModuleNotFoundError as err:
-    if err.name is not None and module_name.startswith(err.name):
+    if err.name is not None and (err.name == module_name or module_name.startswith(err.name + ".")):
       raise ValueError(
         f"{what}: {key}={name!r} is invalid: no module named {err.name!r} in the current directory "
         f"({os.getcwd()}), on PYTHONPATH or among the installed packages; expected module:attribute of "
@@ -65,13 +65,14 @@ def resolve(what: str, key: str, name: str) -> Any:
       f"{what}: {key}={name!r}: importing {module_name!r} raised {type(err).__name__}: {err}"
     ) from None
   found: Any = module
+  where = f"module {module_name!r} ({getattr(module, '__file__', '?')})"
   for part in attribute.split("."):
     if not hasattr(found, part):
-      public = sorted(n for n in dir(module) if not n.startswith("_"))
+      public = sorted(n for n in dir(found) if not n.startswith("_"))
       shown = ", ".join(public[:12]) + (", ..." if len(public) > 12 else "")
       raise ValueError(
-        f"{what}: {key}={name!r} is invalid: module {module_name!r} ({getattr(module, '__file__', '?')}) "
-        f"has no attribute {attribute!r}; it has {shown or 'no public names'}."
+        f"{what}: {key}={name!r} is invalid: {where} has no attribute {part!r}; it has "
+        f"{shown or 'no public names'}."
       )
-    found = getattr(found, part)
+    found, where = getattr(found, part), f"{where}.{part}"
   return found

@@ -619,6 +619,11 @@ def check(dataset: Dataset, name: str | None = None) -> None:
         f"{what}: {split}['label'] spans {low}..{high}, outside the model's outputs 0..{dataset.num_classes - 1}; "
         f"expected labels in [0, num_classes={dataset.num_classes})."
       )
+    if dataset.input_key == "tokens" and (int(inputs.min()) < 0 or int(inputs.max()) >= dataset.num_classes):
+      raise ValueError(
+        f"{what}: {split}['tokens'] spans {int(inputs.min())}..{int(inputs.max())}; expected token ids in "
+        f"[0, num_classes={dataset.num_classes}) (the vocabulary)."
+      )
     shapes.add(inputs.shape[1:])
   if len(shapes) > 1:
     raise ValueError(f"{what}: its splits' examples differ in shape ({sorted(shapes)}); expected one shape.")

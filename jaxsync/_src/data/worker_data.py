@@ -136,8 +136,9 @@ class WorkerData:
     idx = self.indices(worker, step)
     batch = jax.tree.map(lambda x: x[idx], self.arrays)
     if self.rng:
-      # A stream apart from the shuffling's (fold 1 of the seed's key), then the worker, then its step.
-      key = jax.random.fold_in(jax.random.wrap_key_data(self._key_data), 1)
+      # A stream apart from the shuffling's (which folds the seed's key with each worker id): a split of
+      # the seed's key, then the worker, then its step.
+      key = jax.random.split(jax.random.wrap_key_data(self._key_data))[1]
       key = jax.random.fold_in(jax.random.fold_in(key, worker), step)
       batch = {**batch, "_rng": jnp.broadcast_to(jax.random.bits(key, (), jnp.uint32), (self.batch_size,))}
     return batch

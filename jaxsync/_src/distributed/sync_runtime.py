@@ -298,7 +298,7 @@ class SyncRuntime(RuntimeBase):
     state = SyncState(
       clock=jnp.zeros([], jnp.float32),
       params=params,
-      rule_state=contracts.init_server_rule(self.strategy.server_rule, params),
+      rule_state=contracts.init_server_rule(self.strategy.server_rule, params, self.strategy.worker_rule),
       version=jnp.zeros([], jnp.int32),
       steps=jnp.zeros([num_workers], jnp.int32),
       worker_params=stack_workers(params, num_workers) if local else (),

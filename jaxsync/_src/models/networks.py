@@ -441,6 +441,7 @@ def make(
   key = (name, shape, num_classes, repr(sorted(options.items())))
   if key not in _FLOPS:  # the same network at any seed: checked and compiled once per process
     _check_outputs(name, forward.evaluate, params, example, num_classes)
+    _check_training_pass(name, forward, example)
     one = jnp.zeros((1, *shape), dtype)
     cost = jax.jit(forward.evaluate).lower(params, one).compile().cost_analysis()
     cost = cost[0] if isinstance(cost, (list, tuple)) else cost
@@ -472,10 +473,11 @@ def _build(name, builder, shape, num_classes, seed, options, example) -> forward
     raise ValueError(f"{_WHAT}: unknown option(s) {unknown} for name={name!r}; {name!r} takes {takes}.")
   try:
     module = builder(shape, num_classes, nnx.Rngs(seed), **options)
-  except TypeError as err:
+  except Exception as err:  # the user's builder: whatever it raises is said in one line
     raise ValueError(
       f"{_WHAT}: name={name!r}: calling it as builder(input_shape={shape}, num_classes={num_classes}, "
-      f"rngs, **options) raised TypeError: {err}; expected the signature of jaxsync.models.register's builders."
+      f"rngs, **options) raised {type(err).__name__}: {_first_line(err)}; expected the signature of "
+      "jaxsync.models.register's builders."
     ) from None
   if isinstance(module, linen.Module):
     return forward_lib.from_linen(name, module, example, seed)
@@ -487,6 +489,23 @@ def _build(name, builder, shape, num_classes, seed, options, example) -> forward
   return forward_lib.from_nnx(name, module)
 
 
+def _first_line(err: BaseException) -> str:
+  text = str(err).strip()
+  return text.splitlines()[0] if text else ""
+
+
+def _check_training_pass(name, forward, example) -> None:
+  """The training pass runs (it is traced, not run): a model's error surfaces before training, in one line."""
+  rng = jnp.zeros([], jnp.uint32) if forward.uses_rng else None
+  try:
+    jax.eval_shape(lambda c, x: forward.train(c, x, rng), forward.carried, example)
+  except Exception as err:
+    raise ValueError(
+      f"{_WHAT}: name={name!r}: its training pass on inputs of shape {tuple(example.shape)} raised "
+      f"{type(err).__name__}: {_first_line(err)}"
+    ) from None
+
+
 def _check_outputs(name, evaluate, params, example, num_classes) -> None:
   """The model gives one logit per class: ``[batch, num_classes]`` (``[batch, T, num_classes]`` for tokens)."""
   try:
@@ -494,7 +513,7 @@ def _check_outputs(name, evaluate, params, example, num_classes) -> None:
   except Exception as err:
     raise ValueError(
       f"{_WHAT}: name={name!r}: its forward pass on inputs of shape {tuple(example.shape)} "
-      f"({example.dtype}) raised {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+      f"({example.dtype}) raised {type(err).__name__}: {_first_line(err)}"
     ) from None
   want = (*example.shape, num_classes) if example.dtype == jnp.int32 else (example.shape[0], num_classes)
   got = getattr(out, "shape", None)

@@ -114,31 +114,36 @@ def server_version(state: Any) -> jax.Array | None:
   return owners[0].count if owners else None
 
 
-def init_server_rule(rule: Any, params: Any) -> Any:
-  """``rule.init(params)``, refused at once (``ValueError``) if the rule chains two version-counting rules.
+def init_server_rule(rule: Any, params: Any, worker_rule: Any = None) -> Any:
+  """``rule.init(params)``, refused at once (``ValueError``) if the rule chains two version-counting rules,
+  or if ``params`` carry a model's state and the rules do not keep it apart.
 
   What every runtime calls to start a server rule, so that a chain with two
   versions fails before the first arrival, not after a run (see
-  :func:`server_version`).
+  :func:`server_version`). ``worker_rule`` is the strategy's (checked too).
   """
   state = rule.init(params)
   server_version(state)
-  _check_model_state_kept(params, state)
+  _check_model_state_kept(params, rule, state, worker_rule)
   return state
 
 
-def _check_model_state_kept(params: Any, state: Any) -> None:
+def _check_model_state_kept(params: Any, rule: Any, state: Any, worker_rule: Any) -> None:
   """A model carried with its state needs rules that keep it (else momentum and decay would act on it)."""
   from jaxsync._src.core import variables
   from jaxsync._src.rules.elastic import ElasticCenterState
-  from jaxsync._src.rules.model_state import KeepModelStateState
+  from jaxsync._src.rules.model_state import keeps_model_state
 
   if not variables.carries_state(params):
     return
-  nodes = jax.tree.leaves(state, is_leaf=lambda n: isinstance(n, (KeepModelStateState, ElasticCenterState)))
-  if not any(isinstance(n, (KeepModelStateState, ElasticCenterState)) for n in nodes):
+  # The elastic centre rule takes workers' models, not gradients: it averages their states as it is.
+  elastic = isinstance(state, ElasticCenterState)
+  bare = [] if keeps_model_state(rule) or elastic else ["server rule"]
+  if worker_rule is not None and not keeps_model_state(worker_rule):
+    bare.append("worker rule")
+  if bare:
     raise ValueError(
-      "init_server_rule: the parameters carry model state ({'params', 'model_state'}: BatchNorm "
-      "statistics) but the server rule does not keep it apart; expected the strategy of "
-      "jaxsync.strategies.with_model_state(strategy), whose rules see the parameters alone."
+      f"init_server_rule: the parameters carry model state ({{'params', 'model_state'}}: BatchNorm "
+      f"statistics) but the strategy's {' and '.join(bare)} do not keep it apart; expected the strategy "
+      "of jaxsync.strategies.with_model_state(strategy), whose rules see the parameters alone."
     )

@@ -20,6 +20,11 @@ _TREE_ARGS = ("center", "center_read")
 MODES = ("apply", "share", "message")
 
 
+class KeepsModelState(optax.GradientTransformationExtraArgs):
+  """What :func:`keep_model_state` returns: an optax transform that keeps a model's state apart (a marked
+  ``GradientTransformationExtraArgs``, so that a runtime can tell a wrapped rule from a bare one)."""
+
+
 class KeepModelStateState(NamedTuple):
   """The state of :func:`keep_model_state`: the wrapped rule's, and the changes a buffering rule holds.
 
@@ -81,7 +86,7 @@ def keep_model_state(
     mode: ``"apply"``, ``"share"`` or ``"message"`` (above).
 
   Returns:
-    An ``optax.GradientTransformationExtraArgs`` over the carried tree.
+    A :class:`KeepsModelState` (an ``optax.GradientTransformationExtraArgs``) over the carried tree.
 
   Example:
     >>> import jax.numpy as jnp, optax, jaxsync
@@ -145,7 +150,12 @@ def keep_model_state(
     state_updates = jax.tree.map(jnp.negative, change)
     return variables.join(param_updates, state_updates), new_state
 
-  return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+  return KeepsModelState(init_fn, update_fn)
+
+
+def keeps_model_state(rule: Any) -> bool:
+  """Whether ``rule`` is a :func:`keep_model_state` transform."""
+  return isinstance(rule, KeepsModelState)
 
 
 def contracts_released(state: Any) -> Any:

@@ -315,7 +315,7 @@ class EventEngine:
       clock=jnp.zeros([], jnp.float32),
       server=ServerState(
         params=params,
-        rule_state=contracts.init_server_rule(strategy.server_rule, params),
+        rule_state=contracts.init_server_rule(strategy.server_rule, params, strategy.worker_rule),
         version=jnp.zeros([], jnp.int32),
         pending=jnp.zeros([], jnp.int32),
         waiting=jnp.zeros([num_workers], jnp.bool_),

@@ -106,7 +106,7 @@ class RoundEngine:
       steps=jnp.zeros([num_workers], jnp.int32),
       used=jnp.zeros([num_workers], jnp.int32),
       params=params,
-      rule_state=contracts.init_server_rule(strategy.server_rule, params),
+      rule_state=contracts.init_server_rule(strategy.server_rule, params, strategy.worker_rule),
       version=jnp.zeros([], jnp.int32),
       worker_params=stack_workers(params, num_workers) if local else (),
       worker_state=stack_workers(strategy.worker_rule.init(params), num_workers) if local else (),

@@ -20,7 +20,7 @@ import optax
 
 from jaxsync._src.core import validation
 from jaxsync._src.rules import guard
-from jaxsync._src.rules.model_state import keep_model_state
+from jaxsync._src.rules.model_state import keep_model_state, keeps_model_state
 
 
 class Engine(enum.StrEnum):
@@ -323,7 +323,7 @@ def with_model_state(strategy: Strategy) -> Strategy:
 
   Its rules see the parameters alone (:func:`jaxsync._src.rules.model_state.keep_model_state`):
   no weight decay, momentum or learning rate touches the state, and each arriving change of the
-  state is applied as it is. What that does to the state, family by family
+  state is applied whole, or as a share of it (below). What that does to the state, family by family
   (docs/guide/own_model.md):
 
   * synchronous gradient strategies (all-reduce, BSP, fastest-k): a round's all-reduce averages the
@@ -346,10 +346,7 @@ def with_model_state(strategy: Strategy) -> Strategy:
   elastic = strategy.protocol == WorkerProtocol.ELASTIC
 
   def wrapped(rule, mode):
-    if rule is None or getattr(rule, "_keeps_model_state", False):
-      return rule
-    tx = keep_model_state(rule, mode)
-    return _Marked(tx.init, tx.update)
+    return rule if rule is None or keeps_model_state(rule) else keep_model_state(rule, mode)
 
   # A server applies a round's mean as it is, and one of K asynchronous arrivals by a K-th share (a
   # buffering rule, the mean of what it releases). The elastic centre rule takes a worker's model, not a
@@ -363,12 +360,6 @@ def with_model_state(strategy: Strategy) -> Strategy:
   return dataclasses.replace(
     strategy, server_rule=server_rule, worker_rule=wrapped(strategy.worker_rule, worker_mode)
   )
-
-
-class _Marked(optax.GradientTransformationExtraArgs):
-  """A rule :func:`with_model_state` wrapped (so that wrapping twice is one wrapping)."""
-
-  _keeps_model_state = True
 
 
 def reject_nonfinite(tx: optax.GradientTransformation) -> optax.GradientTransformationExtraArgs:

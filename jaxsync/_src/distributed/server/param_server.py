@@ -43,7 +43,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.flatten_util import ravel_pytree
 
-from jaxsync._src.core import validation
+from jaxsync._src.core import validation, variables
 from jaxsync._src.distributed import node_aggregator, wire
 from jaxsync._src.distributed.cluster import RunFaultError
 from jaxsync._src.distributed.server import checks, server_step, shards
@@ -287,6 +287,12 @@ class ParameterServer(RuntimeBase):
   def init(self, params, seed: int = 0) -> ServerState:
     """The state before the first arrival: every worker will get ``params`` (version 0)."""
     del seed  # the real cluster has no jitter seed
+    if self.num_shards > 1 and variables.carries_state(params):
+      raise validation.invalid(
+        _WHAT, "num_shards", self.num_shards,
+        "1 for a model with state beside its parameters (BatchNorm statistics): the shards serve raveled "
+        "parameters, whose rule would act on the state",
+      )  # fmt: skip
     params = jax.tree.map(jnp.asarray, params)
     self._start(params)
     if self.num_shards > 1:  # the rule's state is that of the raveled parameters (see :mod:`shards`)

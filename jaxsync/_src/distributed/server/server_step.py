@@ -177,7 +177,7 @@ def init(strategy: Strategy, params: Any, schedule: EvalSchedule) -> ServerState
   return ServerState(
     clock=jnp.zeros([], jnp.float32),
     params=params,
-    rule_state=contracts.init_server_rule(strategy.server_rule, params),
+    rule_state=contracts.init_server_rule(strategy.server_rule, params, strategy.worker_rule),
     version=jnp.zeros([], jnp.int32),
     pending=jnp.zeros([], jnp.int32),
     steps=zeros,
