@@ -255,7 +255,7 @@ def test_dropout_differs_per_worker_and_is_the_same_for_the_same_seed(example):
 @pytest.mark.parametrize(
   "strategy",
   [
-    "asp",
+    pytest.param("asp", marks=pytest.mark.heavy),
     pytest.param("diloco", marks=pytest.mark.heavy),
     pytest.param("allreduce", marks=pytest.mark.heavy),
     pytest.param("easgd", marks=pytest.mark.heavy),
@@ -333,6 +333,7 @@ def test_load_model_of_an_unfinished_run_says_how_to_finish_it(tmp_path):
     jaxsync.load_model(tmp_path)
 
 
+@pytest.mark.heavy  # a parameter server and two worker threads: 6 s
 def test_the_own_loop_example_trains_on_a_real_parameter_server(example):
   import own_loop
 
