@@ -35,11 +35,12 @@ def load_model(run_dir: str | pathlib.Path) -> Any:
 
   Example:
     >>> import tempfile, jaxsync
-    >>> config = {"run": {"gradients": 64, "eval_every": 1}, "cluster": {"num_workers": 2}}
+    >>> config = {"model": {"name": "mlp", "hidden": [16]}, "strategy": {"name": "asp"},
+    ...           "run": {"gradients": 16, "eval_every": 16}, "cluster": {"num_workers": 1}}
     >>> result = jaxsync.train_config(config, out=tempfile.mkdtemp(), overwrite=True)
-    >>> model = jaxsync.load_model(result.run_dir)
-    >>> type(model).__name__
-    'SmallCnn'
+    >>> model = jaxsync.load_model(result.run_dir)  # an nnx module, in eval() mode
+    >>> type(model).__name__, model(jaxsync.datasets.load("digits").test["image"][:3]).shape
+    ('Mlp', (3, 10))
   """
   run_dir = pathlib.Path(run_dir)
   path = run_dir / "config.yaml"
