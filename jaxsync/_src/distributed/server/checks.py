@@ -47,7 +47,8 @@ def check_kind(header: wire.Header, expected: wire.Kind, receiver: str) -> None:
 
 
 def is_late(header: wire.Header, worker: int, counters: HostCounters, *, rounds: bool) -> bool:
-  """Holds a message's version against the counters; True for a gradient of a round that closed without it.
+  """Holds a message's version against the counters; True for a gradient of a round that closed without it,
+  or of the open round from a worker whose message of it is in already.
 
   A late gradient is no rejection: it is dropped and counted (:func:`server_step.late`),
   never applied to another round.
@@ -56,6 +57,10 @@ def is_late(header: wire.Header, worker: int, counters: HostCounters, *, rounds:
   if header.version > current:
     raise wire.MessageError("future_version", f"version={header.version} but the server is at {current}")
   if rounds and header.version < current:
+    return True
+  if rounds and counters.waiting[worker]:
+    # Its message of the open round is in the sum already (it waits for the close): a second one from the
+    # same worker (a restarted process's, or its predecessor's) would count twice: dropped, as a late one.
     return True
   pulled = int(counters.pulled_version[worker])
   if header.version != pulled:
