@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src.core import validation, variables
-from jaxsync._src.rules import guard
+from jaxsync._src.rules import contracts, guard
 from jaxsync._src.rules.look_ahead import look_ahead
 
 # Extra args that are trees shaped like the carried model: the rule gets their parameter part.
@@ -108,7 +108,7 @@ def keep_model_state(
 
   def init_fn(carried):
     inner = rule.init(variables.params_of(carried))
-    if variables.carries_state(carried) and contracts_released(inner) is not None and mode != "message":
+    if variables.carries_state(carried) and contracts.released(inner) is not None and mode != "message":
       pending = optax.tree.zeros_like(variables.model_state_of(carried))
       return KeepModelStateState(inner, pending, jnp.zeros([], jnp.int32))
     return KeepModelStateState(inner)
@@ -135,7 +135,7 @@ def keep_model_state(
     if not isinstance(state.pending_count, tuple):  # a buffering rule: hold the changes, apply their mean
       pending = jax.tree.map(jnp.add, state.pending, arrived)
       count = state.pending_count + finite.astype(jnp.int32)
-      released = jnp.asarray(contracts_released(inner)) & (count > 0)
+      released = jnp.asarray(contracts.released(inner)) & (count > 0)
       mean = jax.tree.map(lambda p: p / jnp.maximum(count, 1).astype(p.dtype), pending)
       change = guard.keep_if(released, mean, optax.tree.zeros_like(mean))
       pending = guard.keep_if(released, optax.tree.zeros_like(pending), pending)
@@ -156,8 +156,3 @@ def keep_model_state(
 def keeps_model_state(rule: Any) -> bool:
   """Whether ``rule`` is a :func:`keep_model_state` transform."""
   return isinstance(rule, KeepsModelState)
-
-
-def contracts_released(state: Any) -> Any:
-  """The ``released`` flag of a buffering rule's state, or None (as ``contracts.released`` reads it)."""
-  return optax.tree.get(state, "released", None)
