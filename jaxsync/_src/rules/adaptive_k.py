@@ -274,6 +274,10 @@ def adaptive_k(
       # one reader: m2 += (k / (k - 1)) (g - mean_new)^2 equals the textbook
       # m2 += (g - mean_old)(g - mean_new).
       m2_scale = jnp.where(k >= 2, k_f / jnp.maximum(k_f - 1.0, 1.0), 0.0)
+      stale_weight = gamma_ ** (count - s).astype(jnp.float32)  # §11b, below
+      add_fresh, first_fresh, k_f, m2_scale, add_stale, first_stale, stale_weight = guard.computed_once(
+        add_fresh, first_fresh, k_f, m2_scale, add_stale, first_stale, stale_weight
+      )
 
       def new_mean(g, mean):
         g32 = g.astype(mean.dtype)
@@ -281,8 +285,7 @@ def adaptive_k(
         return jnp.where(add_fresh, jnp.where(first_fresh, g32, running), mean)
 
       mean = jax.tree.map(new_mean, updates, state.fresh_mean)
-      # §11b: a stale gradient of step j carries gamma^(S - j) in mc_S.
-      stale_weight = gamma_ ** (count - s).astype(jnp.float32)
+      # §11b: a stale gradient of step j carries gamma^(S - j) in mc_S (stale_weight, above).
 
       def new_stale(g, acc):
         weighted = (stale_weight * g).astype(acc.dtype)
@@ -298,7 +301,7 @@ def adaptive_k(
 
         m2 = jax.tree.map(new_m2, updates, mean, state.fresh_m2)
         mean, m2, stale_sum = lax.optimization_barrier((mean, m2, stale_sum))
-        m2_total = sum(jnp.sum(x) for x in jax.tree.leaves(m2))
+        m2_total = guard.tree_sum(jnp.sum, m2)
       else:
         m2 = state.fresh_m2  # () : the t-interval is implied, see below
         mean, stale_sum = lax.optimization_barrier((mean, stale_sum))
@@ -321,12 +324,13 @@ def adaptive_k(
           h = half_width_scale * jnp.sqrt(jnp.maximum(m, 0.0) / dof)
           return jnp.sum(jnp.square(jnp.maximum(jnp.abs(mu) - h, 0.0)))
 
-        ci_sq = sum(jax.tree.leaves(jax.tree.map(lower_sq, mean, m2)))
+        ci_sq = guard.tree_sum(lower_sq, mean, m2)
         tests_pass = tests_pass & (error <= theta**2 * ci_sq)
       release = add_fresh & (tests_pass | (k >= bound))
 
       has_stale = state.stale_count + add_stale.astype(jnp.int32) > 0
       stale_scale = jnp.where(has_stale, 1.0 / k_f, 0.0)
+      release, stale_scale, gamma_ = guard.computed_once(release, stale_scale, gamma_)
 
       def merge(mc, mu, acc):
         direction = gamma_ * mc.astype(mu.dtype) + mu + stale_scale * acc.astype(mu.dtype)

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import optax
+from jax import lax
 
 
 def learning_rate_at(learning_rate: optax.ScalarOrSchedule, count: jax.Array) -> jax.Array:
@@ -77,12 +78,92 @@ def tree_all_finite(tree: Any) -> jax.Array:
   with the NaN and Inf arrivals (``nonfinite_count``). ``optax.tree_utils``
   has no such check.
   """
-  leaves = [leaf for leaf in jax.tree.leaves(tree) if jnp.size(leaf)]
-  if not leaves:
-    return jnp.asarray(True)
-  return jnp.all(
-    jnp.stack([jnp.isfinite(jnp.sum(leaf, dtype=statistics_dtype(leaf.dtype))) for leaf in leaves])
-  )
+  sums = leaf_reductions(lambda leaf: jnp.sum(leaf, dtype=statistics_dtype(leaf.dtype)), tree)
+  return computed_once(jnp.all(jnp.isfinite(sums)))[0]
+
+
+def leaf_reductions(reduce: Callable[..., jax.Array], *trees: Any) -> jax.Array:
+  """``[reduce(*leaves) for each leaf position]`` as one vector, each a scalar reduction of one leaf.
+
+  The one way the rules reduce over a tree (norms, sums, the finite check).
+  A scalar combined from these (a sum, a flag) must go through
+  :func:`computed_once` before leaf loops read it (:func:`tree_sum` and
+  :func:`tree_all_finite` do): otherwise XLA copies the combination of all
+  ``n`` reductions into each of the ``n`` loops that read it, and compile
+  time grows with ``n**2`` (a 300-array OrMo update compiled in 123 s
+  against 1 s for ``optax.sgd``; ``benchmarks/results/compile_time.md``).
+  The barrier keeps the reductions apart from each other. Leaves with no
+  elements are skipped.
+  """
+  leaves = [jax.tree.leaves(t) for t in trees]
+  picked = [group for group in zip(*leaves) if jnp.size(group[0])]
+  if not picked:
+    return jnp.zeros([0], jnp.float32)
+  sums = lax.optimization_barrier([reduce(*group) for group in picked])
+  return jnp.stack(sums)
+
+
+def tree_sum(reduce: Callable[..., jax.Array], *trees: Any) -> jax.Array:
+  """``sum(reduce(*leaves))`` over the leaf positions of ``trees`` (0 for a tree with no elements)."""
+  return computed_once(jnp.sum(leaf_reductions(reduce, *trees)))[0]
+
+
+def computed_once(*scalars: Any) -> tuple[jax.Array, ...]:
+  """The given scalars, unchanged, computed once for every leaf loop that reads them.
+
+  A rule's per-leaf loops read a few scalars derived from its counters and
+  from reductions over the tree (``accept``, a coefficient, a norm). XLA fuses
+  cheap scalar arithmetic into each consumer, so every leaf's loop recomputed
+  the whole chain: at 300 arrays the OrMo update's fused code was 5x
+  ``optax.sgd``'s, and a scalar combined from all 300 leaves' reductions was
+  copied into all 300 loops (compile time growing with the square of the
+  number of arrays). An ``optimization_barrier`` does not stop that (XLA's CPU
+  pipeline expands barriers before fusion); a reduction does, so the scalars
+  are packed into one vector per kind and taken through a ``reduce_window`` of
+  ``max(x, lowest)``, which is ``x`` exactly (NaN and -0.0 included; a float32
+  denormal reads as 0, as XLA's CPU arithmetic reads it anyway).
+  Floating scalars of at most 32 bits travel as float32 (so gradients flow
+  through them, as in meta-learning a learning rate), integers and bools of at
+  most 32 bits as int32; wider scalars (under ``jax_enable_x64``), complex
+  ones and non-scalars pass through as they are.
+
+  Returns:
+    A tuple of the scalars, each with its own dtype and value.
+  """
+  values = [jnp.asarray(x) for x in scalars]
+  out = list(values)
+  for kind, lowest in ((jnp.float32, -jnp.inf), (jnp.int32, jnp.iinfo(jnp.int32).min)):
+    picked = [i for i, x in enumerate(values) if _packs_as(x) == kind]
+    if not picked:
+      continue
+    packed = jnp.stack([_to_packed(values[i], kind) for i in picked])
+    interleaved = jnp.stack([packed, jnp.full_like(packed, lowest)], axis=1).reshape(-1)
+    kept = lax.reduce_window(interleaved, jnp.asarray(lowest, kind), lax.max, (2,), (2,), "VALID")
+    for j, i in enumerate(picked):
+      out[i] = _from_packed(kept[j], values[i].dtype)
+  return tuple(out)
+
+
+def _packs_as(x: jax.Array) -> Any:
+  if x.ndim != 0 or x.dtype.itemsize > 4:
+    return None
+  if jnp.issubdtype(x.dtype, jnp.floating):
+    return jnp.float32
+  if jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_:
+    return jnp.int32
+  return None
+
+
+def _to_packed(x: jax.Array, kind: Any) -> jax.Array:
+  if x.dtype == jnp.uint32:
+    return lax.bitcast_convert_type(x, jnp.int32)
+  return x.astype(kind)  # floats widen to float32 and bools and narrower integers to int32 exactly
+
+
+def _from_packed(y: jax.Array, dtype: Any) -> jax.Array:
+  if dtype == jnp.uint32:
+    return lax.bitcast_convert_type(y, jnp.uint32)
+  return y.astype(dtype)
 
 
 def tree_scaled(tree: Any, scale: jax.Array) -> Any:
@@ -91,9 +172,13 @@ def tree_scaled(tree: Any, scale: jax.Array) -> Any:
 
 
 def tree_sq_norm(tree: Any) -> jax.Array:
-  """Squared Euclidean norm of a tree, accumulated in at least float32 (``optax.tree.norm``)."""
-  widened = jax.tree.map(lambda x: x.astype(statistics_dtype(x.dtype)), tree)
-  return optax.tree.norm(widened, squared=True) if jax.tree.leaves(tree) else jnp.zeros([], jnp.float32)
+  """Squared Euclidean norm of a tree (``|x|^2`` for complex leaves), accumulated in at least float32."""
+
+  def leaf(x):
+    x = jnp.abs(x) if jnp.iscomplexobj(x) else x
+    return jnp.sum(jnp.square(x.astype(statistics_dtype(x.dtype))))
+
+  return tree_sum(leaf, tree)
 
 
 def statistics_dtype(dtype: Any) -> Any:
@@ -179,6 +264,7 @@ def guarded_update(
   else:
     finite = jnp.asarray(grads_finite, jnp.bool_)
   accept = finite if version_ok is None else jnp.logical_and(finite, version_ok)
+  (accept,) = computed_once(accept)
   if rejected_state is None:
     rejected_state = state
 

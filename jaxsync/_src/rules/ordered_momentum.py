@@ -206,6 +206,9 @@ def ordered_momentum(
       # u_old, so XLA updates u in place instead of copying it first.
       from_momentum = crosses.astype(jnp.float32)
       from_gradient = from_momentum * momentum_coef - param_coef
+      accept, decay, momentum_coef, from_momentum, from_gradient = guard.computed_once(
+        accept, decay, momentum_coef, from_momentum, from_gradient
+      )
 
       new_momentum = jax.tree.map(
         lambda g, u: jnp.where(
