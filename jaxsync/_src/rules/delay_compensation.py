@@ -133,7 +133,7 @@ def dc_asgd(
   eps = validation.check_real(_RULE, "eps", eps, low=0.0, low_open=True, array_ok=True)
 
   def per_worker(tree):
-    return jax.tree.map(lambda p: jnp.broadcast_to(p, (num_workers, *jnp.shape(p))).copy(), tree)
+    return guard.stacked_like(tree, num_workers)
 
   def init_fn(params: optax.Params) -> DelayCompensationState:
     return DelayCompensationState(

@@ -193,7 +193,28 @@ def state_zeros(params: Any) -> Any:
   cycle of 64 arrivals in bfloat16 measured 2.6% error. Updates are cast back
   to the gradient's dtype, so only the state is wider.
   """
-  return jax.tree.map(lambda p: jnp.zeros(jnp.shape(p), statistics_dtype(jnp.result_type(p))), params)
+  # zeros_like keeps a sharded parameter's sharding under eager init (nnx.Optimizer's), as optax's own state does.
+  return jax.tree.map(lambda p: jnp.zeros_like(p, dtype=statistics_dtype(jnp.result_type(p))), params)
+
+
+def stacked_like(tree: Any, copies: int) -> Any:
+  """``copies`` copies of every leaf, stacked on a new leading axis, sharded as the leaf is on the others.
+
+  Per-worker state (DC-ASGD's backups) under eager init: a leaf with a
+  ``NamedSharding`` ``P(*spec)`` gives a stack sharded ``P(None, *spec)``, so
+  the stack is split over the devices as the parameter is (not copied whole
+  onto one device) and ``optax.tree_map_params`` sees the same layout.
+  """
+
+  def stack(p):
+    out = jnp.broadcast_to(p, (copies, *jnp.shape(p))).copy()
+    sharding = getattr(p, "sharding", None)
+    if isinstance(sharding, jax.sharding.NamedSharding) and not isinstance(p, jax.core.Tracer):
+      spec = jax.sharding.PartitionSpec(None, *sharding.spec)
+      out = jax.device_put(out, jax.sharding.NamedSharding(sharding.mesh, spec))
+    return out
+
+  return jax.tree.map(stack, tree)
 
 
 def keep_if(accept: jax.Array, new: Any, old: Any) -> Any:
