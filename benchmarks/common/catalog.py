@@ -30,6 +30,7 @@ GROUPS: dict[str, tuple[str, ...]] = {
     "suite_tiers",
     "plan_sweep",
     "sync_overhead",
+    "compile_time",
   ),
   "faults": ("fault_campaign", "churn"),
   "calibration": ("sim_vs_real", "plan_vs_published"),

@@ -30,7 +30,8 @@ Target (issue "the rules where real models train"): within 2x the baseline at
 Writes ``benchmarks/results/compile_time.md`` and keeps every measurement in
 ``benchmarks/results/compile_time_runs.jsonl``; a second run reuses the
 measurements stored for the same code version and measures only what is
-missing (``--fresh`` measures everything again). A measurement that passes
+missing (``--fresh`` measures everything again; ``--report-only`` rewrites the results file from the
+store, e.g. after an interrupted run). A measurement that passes
 ``--give-up`` seconds stops the larger sizes of that row. This is a
 benchmark, not a test: it prints what it measured and asserts nothing.
 """
@@ -325,6 +326,7 @@ def main():
     "--give-up", type=float, default=120.0, help="seconds after which larger sizes are skipped"
   )
   parser.add_argument("--fresh", action="store_true")
+  parser.add_argument("--report-only", action="store_true", help="rewrite the results file from the store")
   parser.add_argument("--results-dir", type=pathlib.Path, default=REPO / "benchmarks" / "results")
   args = parser.parse_args()
   args.arrays = [int(n) for n in args.arrays.split(",")]
@@ -337,6 +339,12 @@ def main():
   store = {} if args.fresh else load_store(store_path, version)
   print(f"# compile_time on {harness.machine()}, code version {version}")
 
+  if args.report_only:
+    args.repeats = max((len(r["seconds"]["measured"]) for r in store.values()), default=args.repeats)
+    text = report(store, args, version)
+    (args.results_dir / "compile_time.md").write_text(text)
+    print(text)
+    return
   table = rules()
   first_update_seconds(*baseline("warm-up", False), 2)  # the process's first compile sets XLA up: not counted
   for name in args.rules or table:
