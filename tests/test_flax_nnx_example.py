@@ -60,7 +60,7 @@ def test_ordered_momentum_with_fresh_gradients_is_optax_sgd_with_momentum_in_the
   ormo_state = nnx.as_pure(ormo_opt.opt_state)
   trace = nnx.as_pure(sgd_opt.opt_state)[0].trace
   jax.tree.map(
-    lambda u, v: np.testing.assert_allclose(u, eta * v, rtol=1e-4, atol=1e-6), ormo_state.momentum, trace
+    lambda u, v: np.testing.assert_allclose(u, eta * v, rtol=1e-4, atol=1e-6), ormo_state.momentum_buffer, trace
   )
   assert int(ormo_state.count) == steps and int(ormo_state.last_delay) == 0
   assert int(ormo_state.invalid_version_count) == 0

@@ -110,7 +110,7 @@ def test_progressive_momentum_merges_stale_gradients_with_their_weight():
   np.testing.assert_allclose(outs[1], mc0, rtol=1e-6)
   # The stale arrival releases nothing, changes no momentum, and is counted.
   np.testing.assert_array_equal(outs[2], 0.0)
-  np.testing.assert_allclose(states[2].momentum, mc0, rtol=1e-6)
+  np.testing.assert_allclose(states[2].momentum_buffer, mc0, rtol=1e-6)
   assert int(states[2].stale_count) == 1 and int(states[2].fresh_count) == 0
   np.testing.assert_array_equal(outs[3], 0.0)
   mc1 = gamma * mc0 + (g4 + g5) / 2 + gamma**1 * g3 / 2

@@ -144,6 +144,32 @@ def test_injected_hyperparameters_give_the_plain_rules_updates(name):
     assert key in state.hyperparams, key  # injected, i.e. traced inside the jitted update
 
 
+@pytest.mark.parametrize("name", CASES)
+def test_optax_tree_get_and_set_address_an_injected_hyperparameter_as_for_optax(name):
+  """No state field shares a hyperparameter's name: ``optax.tree.get(state, h)`` reads the hyperparameter and
+  ``optax.tree.set(state, h=v)`` changes it and nothing else (it once replaced a momentum buffer)."""
+  factory, kwargs, static, kind = CASES[name]
+  tx = optax.inject_hyperparams(factory, static_args=static)(**kwargs)
+  _, state = _run(tx, kind, steps=3)
+  for key in state.hyperparams:
+    np.testing.assert_array_equal(optax.tree.get(state, key), state.hyperparams[key])
+    changed = optax.tree.set(state, **{key: state.hyperparams[key] * 0.5})
+    np.testing.assert_array_equal(changed.hyperparams[key], state.hyperparams[key] * 0.5)
+    rest = lambda s, k=key: (s.inner_state, {h: v for h, v in s.hyperparams.items() if h != k})  # noqa: E731
+    jax.tree.map(np.testing.assert_array_equal, rest(changed), rest(state))
+
+
+def test_renamed_state_fields_are_still_readable_with_a_deprecation_warning():
+  state = jaxsync.ordered_momentum(0.1, num_workers=2).init(X0)
+  with pytest.warns(DeprecationWarning, match="OrderedMomentumState.momentum was renamed momentum_buffer"):
+    np.testing.assert_array_equal(state.momentum, state.momentum_buffer)
+  worker = jaxsync.easgd_worker(0.1, moving_rate=0.2, momentum=0.5).init(X0)
+  with pytest.warns(DeprecationWarning, match="look_ahead_scale"):
+    assert float(worker.momentum) == 0.5
+  for state_class in (jaxsync.AdaptiveKState, jaxsync.Smega2State, jaxsync.DelayedNesterovState):
+    assert "momentum" not in state_class._fields and "momentum_buffer" in state_class._fields
+
+
 def test_an_injected_learning_rate_can_be_changed_between_updates():
   tx = optax.inject_hyperparams(jaxsync.ordered_momentum)(learning_rate=0.05, momentum=0.0, num_workers=1)
   state = tx.init(X0)

@@ -111,7 +111,7 @@ def test_synchronous_schedule_is_ssgdm_with_summed_gradients():
     ref_u = beta * ref_u + eta * sum(grads)
     ref_w = ref_w - ref_u
     np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(state.momentum, ref_u, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(state.momentum_buffer, ref_u, rtol=1e-5, atol=1e-6)
     assert int(state.group) == r
 
 
@@ -129,7 +129,7 @@ def test_final_state_is_invariant_to_arrival_order():
     arrivals = [(grads[i], int(versions[i])) for i in order]
     w, state = run_ormo(jaxsync.ordered_momentum(0.1, 0.9, num_workers=k), arrivals, np.zeros(5))[-1]
     assert int(state.count) == n and int(state.invalid_version_count) == 0
-    finals.append((np.asarray(w), np.asarray(state.momentum)))
+    finals.append((np.asarray(w), np.asarray(state.momentum_buffer)))
   for w, u in finals[1:]:
     np.testing.assert_allclose(w, finals[0][0], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(u, finals[0][1], rtol=1e-5, atol=1e-5)
@@ -148,7 +148,7 @@ def test_paper_example_momentum_weights():
   _, state = run_ormo(jaxsync.ordered_momentum(1.0, beta, num_workers=k), arrivals, np.zeros(9))[-1]
   assert [s for _, s in trace] == [0, 0, 0, 0, 1, 2, 3, 4, 5]
   assert int(state.group) == 2
-  np.testing.assert_allclose(state.momentum, [beta**2] * 4 + [beta] * 4 + [1.0], rtol=1e-6)
+  np.testing.assert_allclose(state.momentum_buffer, [beta**2] * 4 + [beta] * 4 + [1.0], rtol=1e-6)
 
 
 def test_delay_adaptive_equals_ormo_below_threshold():
@@ -247,7 +247,7 @@ def test_matches_numpy_reference_on_random_asynchronous_traces(
   scale = 1.0 + max(float(np.abs(w).max()) for w, _ in expected)
   for (w_ref, u_ref), (w, state) in zip(expected, got):
     np.testing.assert_allclose(w, w_ref, rtol=1e-4, atol=1e-5 * scale)
-    np.testing.assert_allclose(state.momentum, u_ref, rtol=1e-4, atol=1e-5 * scale)
+    np.testing.assert_allclose(state.momentum_buffer, u_ref, rtol=1e-4, atol=1e-5 * scale)
   final = got[-1][1]
   assert int(final.group) == ceil_div(len(trace) - 1, num_workers)
   assert int(final.invalid_version_count) == 0 and int(final.count) == len(trace)  # delta >= 0 always

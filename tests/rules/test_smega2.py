@@ -45,7 +45,7 @@ def test_a_cycle_of_gradients_at_one_point_is_one_summed_ssgdm_step():
     ref_v = beta * ref_v + sum(grads)
     ref_w = ref_w - eta * ref_v
     np.testing.assert_allclose(w, ref_w, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(n * state.momentum, ref_v, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(n * state.momentum_buffer, ref_v, rtol=1e-5, atol=1e-6)
     assert int(state.cycle_position) == 0
 
 
@@ -59,7 +59,7 @@ def test_look_ahead_formula(mode):
   for g in ([1.0], [2.0], [4.0], [8.0], [3.0]):  # a full cycle, then one more
     u, state = update(jnp.array(g), state, w, {})
     w = apply(w, u)
-  c, v, acc = int(state.cycle_position), float(state.momentum[0]), float(state.accumulator[0])
+  c, v, acc = int(state.cycle_position), float(state.momentum_buffer[0]), float(state.accumulator[0])
   assert (c, acc) == (1, 3.0) and v == pytest.approx(15.0 / 4)
   if mode == "advanced":
     expected = w[0] - eta * beta * ((n - c + c * beta) * v + c / n * acc)
@@ -132,5 +132,5 @@ def test_bfloat16_gradients_sum_in_float32():
   for g in grads:
     _, state = update(g, state, w, {})
   exact = np.asarray(grads, np.float64).mean(0)
-  assert state.momentum.dtype == jnp.float32
-  np.testing.assert_allclose(state.momentum, exact, rtol=1e-5)
+  assert state.momentum_buffer.dtype == jnp.float32
+  np.testing.assert_allclose(state.momentum_buffer, exact, rtol=1e-5)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 
@@ -131,6 +132,25 @@ def check_choice(rule: str, name: str, value: Any, options: Sequence[str]) -> st
       rule, name, value, "one of " + ", ".join(repr(o) for o in options) + did_you_mean(value, options)
     )
   return value
+
+
+def check_state_dtype(rule: str, value: Any, name: str = "accumulator_dtype") -> Any:
+  """Checks a state dtype: ``None`` (the rule's default) or a floating dtype; returns it as a ``jnp.dtype``."""
+  if value is None:
+    return None
+  try:
+    dtype = jnp.dtype(value)
+  except TypeError:
+    dtype = None
+  if dtype is None or not jnp.issubdtype(dtype, jnp.inexact):
+    raise invalid(
+      rule,
+      name,
+      value,
+      "None (at least float32, the parameters' dtype where wider) or a floating dtype such as jnp.float32, "
+      "jnp.bfloat16 or 'float32'",
+    )
+  return dtype
 
 
 def check_bool(rule: str, name: str, value: Any) -> bool:

@@ -11,6 +11,7 @@ import optax
 from jax import lax
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.deprecation import renamed_field
 from jaxsync._src.rules import guard
 
 _RULE = "adaptive_k"
@@ -39,7 +40,8 @@ class AdaptiveKState(NamedTuple):
     stale_sum: ``sum_r gamma^(S - j_r) g_r`` over the stale arrivals since the
       last release; only meaningful while ``stale_count > 0``.
     stale_count: the number of stale arrivals since the last release.
-    momentum: ``mc``, the progressive momentum.
+    momentum_buffer: ``mc``, the progressive momentum. (Formerly ``momentum``, still readable with a
+      ``DeprecationWarning``.)
     released: whether the last arrival released an aggregate.
     last_k: ``k`` of the last release (0 before the first).
     noise_ratio: ``r = V / (k |g_bar|^2)`` of the last release, the
@@ -56,12 +58,14 @@ class AdaptiveKState(NamedTuple):
   fresh_m2_total: jax.Array
   stale_sum: optax.Updates
   stale_count: jax.Array
-  momentum: optax.Updates
+  momentum_buffer: optax.Updates
   released: jax.Array
   last_k: jax.Array
   noise_ratio: jax.Array
   nonfinite_count: jax.Array
   invalid_version_count: jax.Array
+
+  momentum = renamed_field("momentum", "momentum_buffer")
 
 
 def _t_quantiles(confidence: float, max_df: int) -> np.ndarray:
@@ -81,6 +85,7 @@ def adaptive_k(
   ci_endpoint: str = "upper",
   max_k: int | None = None,
   fresh_staleness: int | None = 0,
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Adaptive k-synchronization: a momentum *direction* once enough fresh gradients agree; chain a learning rate after it.
 
@@ -164,6 +169,9 @@ def adaptive_k(
       a runtime, by the tests alone in a single process.
     fresh_staleness: the largest staleness ``S - j`` at which a gradient
       counts as fresh (an integer >= 0, default 0); ``None``: every gradient.
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is an
@@ -216,16 +224,17 @@ def adaptive_k(
   if per_coordinate_m2:  # only the lower endpoint evaluates the t-interval
     t_table = jnp.asarray(_t_quantiles(confidence, max(max_k - 1, 1) if max_k else _DEFAULT_T_TABLE))
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> AdaptiveKState:
     return AdaptiveKState(
       count=jnp.zeros([], jnp.int32),
       fresh_count=jnp.zeros([], jnp.int32),
-      fresh_mean=guard.state_zeros(params),
-      fresh_m2=guard.state_zeros(params) if per_coordinate_m2 else (),
+      fresh_mean=guard.state_zeros(params, acc_dtype),
+      fresh_m2=guard.state_zeros(params, acc_dtype) if per_coordinate_m2 else (),
       fresh_m2_total=jnp.zeros([], jnp.float32),
-      stale_sum=guard.state_zeros(params),
+      stale_sum=guard.state_zeros(params, acc_dtype),
       stale_count=jnp.zeros([], jnp.int32),
-      momentum=guard.state_zeros(params),
+      momentum_buffer=guard.state_zeros(params, acc_dtype),
       released=jnp.asarray(False),
       last_k=jnp.zeros([], jnp.int32),
       noise_ratio=jnp.zeros([], jnp.float32),
@@ -281,7 +290,7 @@ def adaptive_k(
 
       def new_mean(g, mean):
         g32 = g.astype(mean.dtype)
-        running = mean + (g32 - mean) / k_f
+        running = (mean + (g32 - mean) / k_f).astype(mean.dtype)  # k_f is float32: keep the buffer's dtype
         return jnp.where(add_fresh, jnp.where(first_fresh, g32, running), mean)
 
       mean = jax.tree.map(new_mean, updates, state.fresh_mean)
@@ -296,7 +305,7 @@ def adaptive_k(
 
         def new_m2(g, mu, m2):
           dev = g.astype(mu.dtype) - mu
-          grown = jnp.where(first_fresh, jnp.zeros_like(m2), m2 + m2_scale * dev * dev)
+          grown = jnp.where(first_fresh, jnp.zeros_like(m2), (m2 + m2_scale * dev * dev).astype(m2.dtype))
           return jnp.where(add_fresh, grown, m2)
 
         m2 = jax.tree.map(new_m2, updates, mean, state.fresh_m2)
@@ -336,7 +345,7 @@ def adaptive_k(
         direction = gamma_ * mc.astype(mu.dtype) + mu + stale_scale * acc.astype(mu.dtype)
         return jnp.where(release, direction.astype(mc.dtype), mc)
 
-      momentum_ = lax.optimization_barrier(jax.tree.map(merge, state.momentum, mean, stale_sum))
+      momentum_ = lax.optimization_barrier(jax.tree.map(merge, state.momentum_buffer, mean, stale_sum))
       out = jax.tree.map(
         lambda g, mc: jnp.where(release, mc, jnp.zeros_like(mc)).astype(g.dtype), updates, momentum_
       )
@@ -356,7 +365,7 @@ def adaptive_k(
         ),
       )
       # The arrays are selected already (each exactly once; see guarded_update).
-      return out, selected._replace(fresh_mean=mean, fresh_m2=m2, stale_sum=stale_sum, momentum=momentum_)
+      return out, selected._replace(fresh_mean=mean, fresh_m2=m2, stale_sum=stale_sum, momentum_buffer=momentum_)
 
     # A rejected arrival releases nothing; the flag must say so.
     return guard.guarded_update(

@@ -154,6 +154,7 @@ def bb_step_size(
   max_scale: float | None = DEFAULT_MAX_SCALE,
   armijo: bool | None = None,
   server_momentum: float = 0.0,
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Per-worker adaptive learning rate (Barzilai-Borwein step size), worker side of adaptive-k.
 
@@ -229,6 +230,9 @@ def bb_step_size(
       to what the workers send (adaptive-k's progressive momentum); the
       proposal of eq. (21) is scaled by ``1 - gamma`` and, when ``gamma > 0``,
       bounded above by ``initial_step_size`` (see above).
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -269,6 +273,7 @@ def bb_step_size(
   if armijo is not None:
     armijo = validation.check_bool(_RULE, "armijo", armijo)
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> BBStepSizeState:
     return BBStepSizeState(
       count=jnp.zeros([], jnp.int32),
@@ -277,7 +282,7 @@ def bb_step_size(
       accepted=jnp.asarray(False),
       noise_ratio=jnp.zeros([], jnp.float32),
       prev_params=jax.tree.map(jnp.array, params),  # a copy: params may be donated
-      prev_grads=guard.state_zeros(params),
+      prev_grads=guard.state_zeros(params, acc_dtype),
       nonfinite_count=jnp.zeros([], jnp.int32),
       clipped_count=jnp.zeros([], jnp.int32),
     )

@@ -48,6 +48,7 @@ def dc_asgd(
   adaptive: bool = False,
   mean_square_decay: float = 0.95,
   eps: float = 1e-7,
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DC-ASGD: the server corrects each stale gradient to first order in how far the parameters moved.
 
@@ -100,6 +101,9 @@ def dc_asgd(
     mean_square_decay: ``mu`` in ``[0, 1)``, DC-ASGD-a's running-mean decay
       (the paper: 0.95).
     eps: ``epsilon > 0`` inside DC-ASGD-a's square root.
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -135,11 +139,12 @@ def dc_asgd(
   def per_worker(tree):
     return guard.stacked_like(tree, num_workers)
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> DelayCompensationState:
     return DelayCompensationState(
       count=jnp.zeros([], jnp.int32),
       backups=per_worker(params),
-      mean_square=per_worker(guard.state_zeros(params)) if adaptive else (),
+      mean_square=per_worker(guard.state_zeros(params, acc_dtype)) if adaptive else (),
       nonfinite_count=jnp.zeros([], jnp.int32),
       invalid_worker_count=jnp.zeros([], jnp.int32),
     )

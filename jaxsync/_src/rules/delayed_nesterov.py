@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.deprecation import renamed_field
 from jaxsync._src.rules import guard
 
 _RULE = "delayed_nesterov"
@@ -19,15 +20,18 @@ class DelayedNesterovState(NamedTuple):
 
   Attributes:
     count: arrivals applied.
-    momentum: ``m``, updated once every ``N`` arrivals.
+    momentum_buffer: ``m``, updated once every ``N`` arrivals. (Formerly ``momentum``, still readable
+      with a ``DeprecationWarning``.)
     buffer: ``D``, the sum of the arrivals since the last momentum update.
     nonfinite_count: arrivals rejected for a NaN or Inf.
   """
 
   count: jax.Array
-  momentum: optax.Updates
+  momentum_buffer: optax.Updates
   buffer: optax.Updates
   nonfinite_count: jax.Array
+
+  momentum = renamed_field("momentum", "momentum_buffer")
 
 
 def delayed_nesterov(
@@ -37,6 +41,7 @@ def delayed_nesterov(
   momentum_period: int | None = None,
   activation: float = 0.0,
   delay: int | None = None,
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Delayed Nesterov: Nesterov momentum for a server that receives pseudo-gradients one at a time.
 
@@ -73,6 +78,9 @@ def delayed_nesterov(
       but it is no gradient's staleness: it is how often the momentum moves.
     activation: ``c`` in ``[0, 1/N]``, the momentum applied between updates.
     delay: the old name of ``momentum_period``, accepted with a ``FutureWarning``.
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -103,11 +111,12 @@ def delayed_nesterov(
   high = 1.0 / period if isinstance(period, int) else None
   c = validation.check_real(_RULE, "activation", activation, low=0.0, high=high, array_ok=True)
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> DelayedNesterovState:
     return DelayedNesterovState(
       count=jnp.zeros([], jnp.int32),
-      momentum=guard.state_zeros(params),
-      buffer=guard.state_zeros(params),
+      momentum_buffer=guard.state_zeros(params, acc_dtype),
+      buffer=guard.state_zeros(params, acc_dtype),
       nonfinite_count=jnp.zeros([], jnp.int32),
     )
 
@@ -129,7 +138,7 @@ def delayed_nesterov(
       full = (state.count + 1) % period == 0
       summed = jax.tree.map(lambda d, g: d + g.astype(d.dtype), state.buffer, updates)
       momentum = jax.tree.map(
-        lambda m, d: jnp.where(full, beta_ * m + d / n, m).astype(m.dtype), state.momentum, summed
+        lambda m, d: jnp.where(full, beta_ * m + d / n, m).astype(m.dtype), state.momentum_buffer, summed
       )
       # Momentum's weight in this arrival's step: 1 - cN + c on an update, c in between.
       weight = jnp.where(full, 1.0 - c_ * n + c_, c_) * beta_
@@ -137,7 +146,7 @@ def delayed_nesterov(
         lambda g, m: (-rate * (weight * m + g.astype(m.dtype) / n)).astype(g.dtype), updates, momentum
       )
       buffer = jax.tree.map(lambda d: jnp.where(full, jnp.zeros_like(d), d), summed)
-      proposed = rejected._replace(count=optax.safe_increment(state.count), momentum=momentum, buffer=buffer)
+      proposed = rejected._replace(count=optax.safe_increment(state.count), momentum_buffer=momentum, buffer=buffer)
       return out, guard.keep_if(accept, proposed, rejected)
 
     return guard.guarded_update(updates, state, apply, grads_finite=grads_finite)

@@ -117,6 +117,7 @@ def diloco(
   quantize: str | None = None,
   quantize_block: int | None = None,
   sync_every: int | None = None,
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo's two optimizers in one transform (and Streaming DiLoCo's fragments): inner steps, then an outer step.
 
@@ -174,6 +175,11 @@ def diloco(
     (their ``None`` defaults are left alone); ``period`` and ``mixing`` are tuned
     as arrays.
     sync_every: the old name of ``period``, accepted with a ``FutureWarning``.
+    accumulator_dtype: the dtype of the anchor ``theta``, the outer optimizer's state and the overlap's
+      buffer; ``None`` (default): at least float32, the parameters' dtype where wider. The pseudo-gradient
+      ``theta - x`` is a small difference of nearby values, which bfloat16 rounds away; MaxText keeps its
+      outer copy in the train state's parameter dtype and torchft in each parameter's own, so with
+      float32 master weights all three agree.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -220,13 +226,15 @@ def diloco(
   if num_fragments > 1:
     outer = by_fragment(outer, num_fragments)
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> DilocoState:
+    anchor = guard.state_copy(params, acc_dtype)
     return DilocoState(
       count=jnp.zeros([], jnp.int32),
-      anchor=jax.tree.map(jnp.array, params),
+      anchor=anchor,
       inner_state=inner.init(params),
-      outer_state=outer.init(params),
-      pending=guard.state_zeros(params) if overlap else (),
+      outer_state=outer.init(anchor),  # on the anchor it steps: its dtype
+      pending=guard.state_zeros(params, acc_dtype) if overlap else (),
       nonfinite_count=jnp.zeros([], jnp.int32),
     )
 
@@ -253,18 +261,25 @@ def diloco(
         pending = jax.tree.map(lambda d, p: jnp.where(taken, d.astype(p.dtype), p), delta, state.pending)
         delta = jax.tree.map(lambda p, d: p.astype(d.dtype), pending, delta)
 
+      # Both branches return updates of the wider of the gradients' and the parameters' dtypes (an inner
+      # step's are the gradients'; an outer step's are x_new - x), so mixed precision needs no cast by the user.
+      def widened(tree):
+        return jax.tree.map(lambda u, p: u.astype(jnp.promote_types(u.dtype, p.dtype)), tree, params)
+
       def outer_step(_):
         extra = {"fragment": fragment} if num_fragments > 1 else {}
         outer_updates, outer_state = outer.update(delta, state.outer_state, state.anchor, **extra)
         anchor = optax.apply_updates(state.anchor, outer_updates)
         model = mix_fragment(anchor, moved, fragment, num_fragments, mixing)
         # x_new - x: apply_updates then lands the parameters on the new model.
-        return pseudo_gradient(model, params), anchor, outer_state
+        out = optax.tree.cast_like(pseudo_gradient(model, params), widened(inner_updates))
+        return out, anchor, optax.tree.cast_like(outer_state, state.outer_state)
 
       def inner_only(_):
-        return inner_updates, state.anchor, state.outer_state
+        return widened(inner_updates), state.anchor, state.outer_state
 
       out, anchor, outer_state = jax.lax.cond(step_in_round == round_steps, outer_step, inner_only, None)
+      inner_state = optax.tree.cast_like(inner_state, state.inner_state)  # its dtypes as built: one compile
       proposed = rejected._replace(
         count=count, anchor=anchor, inner_state=inner_state, outer_state=outer_state, pending=pending
       )

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.deprecation import renamed_field
 from jaxsync._src.rules import guard
 
 
@@ -25,7 +26,8 @@ class EasgdWorkerState(NamedTuple):
   Attributes:
     count: ``t^i``, the worker's local clock.
     velocity: ``v^i`` in parameter units (EAMSGD), or ``()`` when momentum is 0.
-    momentum: ``delta``, kept so that :meth:`look_ahead` needs no arguments.
+    look_ahead_scale: ``delta``, kept so that :meth:`look_ahead` needs no arguments. (Formerly
+      ``momentum``, still readable with a ``DeprecationWarning``.)
     exchanged: whether the last update made an elastic exchange (then the
       runtime must apply the matching centre update).
     nonfinite_count: updates rejected for a NaN or Inf gradient.
@@ -33,15 +35,17 @@ class EasgdWorkerState(NamedTuple):
 
   count: jax.Array
   velocity: Any
-  momentum: jax.Array
+  look_ahead_scale: jax.Array
   exchanged: jax.Array
   nonfinite_count: jax.Array
+
+  momentum = renamed_field("momentum", "look_ahead_scale")
 
   def look_ahead(self, params: optax.Params) -> optax.Params:
     """``x + delta v``: where EAMSGD takes its gradient (``x`` itself for EASGD)."""
     if isinstance(self.velocity, tuple) and not self.velocity:
       return params
-    return jax.tree.map(lambda x, v: x + (self.momentum * v).astype(x.dtype), params, self.velocity)
+    return jax.tree.map(lambda x, v: x + (self.look_ahead_scale * v).astype(x.dtype), params, self.velocity)
 
 
 def easgd_worker(
@@ -51,6 +55,7 @@ def easgd_worker(
   period: int = 1,
   momentum: float = 0.0,
   weight_decay: float = 0.0,
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""The EASGD / EAMSGD worker: local SGD (or Nesterov momentum) pulled towards a shared centre.
 
@@ -101,6 +106,9 @@ def easgd_worker(
     weight_decay: ``lambda >= 0``, coupled L2 added to the gradient at the
       point it is taken, ``g + lambda (x + delta v)``: EAMSGD's look-ahead
       point, as the authors' code (``x`` itself for EASGD).
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is an
@@ -127,11 +135,12 @@ def easgd_worker(
   # EASGD (momentum 0) keeps no velocity; an injected momentum (an array) may become non-zero: keep one.
   has_velocity = not isinstance(delta, float) or delta > 0
 
+  acc_dtype = validation.check_state_dtype(rule, accumulator_dtype)
   def init_fn(params: optax.Params) -> EasgdWorkerState:
     return EasgdWorkerState(
       count=jnp.zeros([], jnp.int32),
-      velocity=guard.state_zeros(params) if has_velocity else (),
-      momentum=jnp.asarray(delta, jnp.float32),
+      velocity=guard.state_zeros(params, acc_dtype) if has_velocity else (),
+      look_ahead_scale=jnp.asarray(delta, jnp.float32),
       exchanged=jnp.asarray(False),
       nonfinite_count=jnp.zeros([], jnp.int32),
     )
@@ -148,6 +157,7 @@ def easgd_worker(
     del extra_args
     params = guard.require_extra_arg(rule, "params", params, "the worker's parameters x")
     center = guard.require_extra_arg(rule, "center", center, "the centre parameters the worker read")
+    center = guard.masked_like(center, updates)
 
     grads = updates
     if not (isinstance(decay, float) and decay == 0.0):
@@ -219,7 +229,7 @@ def _elastic_center(rule: str, moving_rate: float, lock_free: bool) -> optax.Gra
   ) -> tuple[optax.Updates, ElasticCenterState]:
     del extra_args
     if lock_free and center_read is not None:
-      reference = center_read
+      reference = guard.masked_like(center_read, updates)
     else:  # the locked centre, or a fresh read (center_read omitted): the current centre
       meaning = "the current centre parameters" + (
         " (or center_read=..., the worker's read)" if lock_free else ""

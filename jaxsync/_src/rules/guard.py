@@ -186,15 +186,50 @@ def statistics_dtype(dtype: Any) -> Any:
   return jnp.promote_types(dtype, jnp.float32)
 
 
-def state_zeros(params: Any) -> Any:
-  """Zeros for a state buffer derived from gradients (momentum, sums): at least float32.
+def state_dtype(param: Any, dtype: Any = None) -> Any:
+  """The dtype of a state buffer for ``param``: ``dtype`` where given (a rule's ``accumulator_dtype``), else at
+  least float32 (``statistics_dtype``)."""
+  return statistics_dtype(jnp.result_type(param)) if dtype is None else dtype
+
+
+def state_zeros(params: Any, dtype: Any = None) -> Any:
+  """Zeros for a state buffer derived from gradients (momentum, sums): ``dtype``, or at least float32.
 
   A bfloat16 momentum or gradient sum loses ~0.4% per addition; summing a
   cycle of 64 arrivals in bfloat16 measured 2.6% error. Updates are cast back
   to the gradient's dtype, so only the state is wider.
   """
   # zeros_like keeps a sharded parameter's sharding under eager init (nnx.Optimizer's), as optax's own state does.
-  return jax.tree.map(lambda p: jnp.zeros_like(p, dtype=statistics_dtype(jnp.result_type(p))), params)
+  return jax.tree.map(lambda p: jnp.zeros_like(p, dtype=state_dtype(p, dtype)), params)
+
+
+def state_copy(params: Any, dtype: Any = None) -> Any:
+  """A copy of the parameters kept in the state (DiLoCo's anchor): ``dtype``, or at least float32.
+
+  A copy, never the parameters' own buffer, so a step may donate both. In at
+  least float32 because what is read from it is a difference of nearby
+  values (a pseudo-gradient, ``theta - x``), which bfloat16 rounds away.
+  """
+  return jax.tree.map(lambda p: jnp.array(p, dtype=state_dtype(p, dtype), copy=True), params)
+
+
+def masked_like(tree: Any, like: Any) -> Any:
+  """``tree`` with ``optax.MaskedNode`` wherever ``like`` has one (and as it is elsewhere).
+
+  Inside ``optax.masked`` (and ``optax.multi_transform``, built on it) a rule
+  sees the updates and parameters with ``MaskedNode`` on the leaves it does not
+  train, but, by that wrapper's default (``mask_compatible_extra_args=False``),
+  a parameter-shaped extra arg (an elastic centre) whole. Masking it the same
+  way lets the rule work with that default; an extra arg that is already masked
+  passes unchanged.
+  """
+
+  def is_masked(x):
+    return isinstance(x, optax.MaskedNode)
+
+  if tree is None or not any(is_masked(x) for x in jax.tree.leaves(like, is_leaf=is_masked)):
+    return tree
+  return jax.tree.map(lambda mask, x: mask if is_masked(mask) else x, like, tree, is_leaf=is_masked)
 
 
 def stacked_like(tree: Any, copies: int) -> Any:

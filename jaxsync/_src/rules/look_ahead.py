@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import jax
 import optax
+
+from jaxsync._src.rules import guard
 
 
 def _states_with_look_ahead(state: Any) -> list[Any]:
@@ -68,4 +71,18 @@ def look_ahead(params: optax.Params, opt_state: Any) -> optax.Params:
     raise ValueError(
       f"look_ahead: opt_state holds {len(found)} look-ahead rules ({names}); expected at most one."
     )
-  return found[0].look_ahead(params) if found else params
+  return _look_ahead_of(found[0], params) if found else params
+
+
+def _is_masked(x: Any) -> bool:
+  return isinstance(x, optax.MaskedNode)
+
+
+def _look_ahead_of(state: Any, params: optax.Params) -> optax.Params:
+  """``state.look_ahead`` on the leaves the rule trains; under ``optax.masked`` / ``multi_transform`` (whose
+  states hold ``MaskedNode`` on the other leaves) those others are the parameters themselves."""
+  masks = [field for field in state if any(_is_masked(x) for x in jax.tree.leaves(field, is_leaf=_is_masked))]
+  if not masks:
+    return state.look_ahead(params)
+  point = state.look_ahead(guard.masked_like(params, masks[0]))
+  return jax.tree.map(lambda p, x: x if _is_masked(p) else p, point, params, is_leaf=_is_masked)

@@ -10,6 +10,7 @@ import optax
 from jax import lax
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.deprecation import renamed_field
 from jaxsync._src.rules import guard
 
 _RULE = "ordered_momentum"
@@ -23,7 +24,8 @@ class OrderedMomentumState(NamedTuple):
     count: ``t``, the number of arrivals applied; the server's version. The
       parameters sent back after an arrival carry version ``count``.
     group: ``I``, the index of the latest gradient group.
-    momentum: ``u``, the ordered momentum, learning rate inside (form A).
+    momentum_buffer: ``u``, the ordered momentum, learning rate inside (form A). (Formerly ``momentum``,
+      still readable with a ``DeprecationWarning``.)
     last_delay: ``t - s`` of the last applied arrival (iterations).
     nonfinite_count: arrivals rejected for a NaN or Inf gradient.
     invalid_version_count: arrivals rejected because their version was
@@ -32,10 +34,12 @@ class OrderedMomentumState(NamedTuple):
 
   count: jax.Array
   group: jax.Array
-  momentum: optax.Updates
+  momentum_buffer: optax.Updates
   last_delay: jax.Array
   nonfinite_count: jax.Array
   invalid_version_count: jax.Array
+
+  momentum = renamed_field("momentum", "momentum_buffer")
 
 
 def _ceil_div(a: jax.Array, b: int) -> jax.Array:
@@ -54,6 +58,7 @@ def ordered_momentum(
   num_workers: int,
   delay_adaptive: bool = False,
   delay_measure: str = "iterations",
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Ordered momentum (OrMo): SGD with momentum for an asynchronous server, stale gradients in order.
 
@@ -126,6 +131,9 @@ def ordered_momentum(
       a single process.
     delay_adaptive: ``True`` for OrMo-DA.
     delay_measure: ``"iterations"`` or ``"groups"``, see above (OrMo-DA only).
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is an
@@ -156,11 +164,12 @@ def ordered_momentum(
   delay_adaptive = validation.check_bool(_RULE, "delay_adaptive", delay_adaptive)
   delay_measure = validation.check_choice(_RULE, "delay_measure", delay_measure, DELAY_MEASURES)
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> OrderedMomentumState:
     return OrderedMomentumState(
       count=jnp.zeros([], jnp.int32),
       group=jnp.zeros([], jnp.int32),
-      momentum=guard.state_zeros(params),
+      momentum_buffer=guard.state_zeros(params, acc_dtype),
       last_delay=jnp.zeros([], jnp.int32),
       nonfinite_count=jnp.zeros([], jnp.int32),
       invalid_version_count=jnp.zeros([], jnp.int32),
@@ -215,7 +224,7 @@ def ordered_momentum(
           accept, decay.astype(u.dtype) * u + momentum_coef.astype(u.dtype) * g.astype(u.dtype), u
         ),
         updates,
-        state.momentum,
+        state.momentum_buffer,
       )
       # The barrier stops XLA from recomputing u_new (from u_old) inside the loop
       # that computes the step: u is then read once and updated in place.
@@ -230,7 +239,7 @@ def ordered_momentum(
       selected = guard.replace_if(
         accept, rejected, count=optax.safe_increment(t), group=group, last_delay=t - s
       )
-      return new_updates, selected._replace(momentum=new_momentum)
+      return new_updates, selected._replace(momentum_buffer=new_momentum)
 
     return guard.guarded_update(updates, state, apply, grads_finite=grads_finite, version_ok=version_ok)
 

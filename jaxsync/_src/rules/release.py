@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 import optax
 from jax import lax
 
@@ -179,10 +180,16 @@ def on_release(
     inner_args = {name: value for name, value in extra_args.items() if name != "version"}
 
     def step():
-      return inner.update(aggregate, state.inner, params, **inner_args)
+      out, inner_state = inner.update(aggregate, state.inner, params, **inner_args)
+      # The inner's state keeps the dtypes it was built with (optax's own take the gradients' where they
+      # differ from the parameters'), so both branches agree and a jitted loop compiles once.
+      return out, optax.tree.cast_like(inner_state, state.inner)
+
+    # The inner's updates may be wider than the release (Adam's on float32 moments): idle zeros of that dtype.
+    out_types = jax.eval_shape(step)[0]
 
     def idle():
-      return optax.tree.zeros_like(aggregate), state.inner
+      return jax.tree.map(lambda a, t: jnp.zeros_like(a, dtype=t.dtype), aggregate, out_types), state.inner
 
     out, inner_state = lax.cond(released, step, idle)
     return out, OnReleaseState(buffer_state, inner_state)

@@ -10,6 +10,7 @@ import optax
 from jax import lax
 
 from jaxsync._src.core import validation
+from jaxsync._src.core.deprecation import renamed_field
 from jaxsync._src.rules import guard
 
 _RULE = "smega2"
@@ -27,7 +28,8 @@ class Smega2State(NamedTuple):
   Attributes:
     count: arrivals applied (indexes the learning-rate schedule).
     cycle_position: ``c`` in ``{0, .., N-1}``.
-    momentum: ``v``, the single momentum buffer (gradient units, form B).
+    momentum_buffer: ``v``, the single momentum buffer (gradient units, form B). (Formerly
+      ``momentum``, still readable with a ``DeprecationWarning``.)
     accumulator: ``G``, the gradients of the current cycle (reset lazily: it
       holds stale values while ``cycle_position == 0``, where ``b = 0``).
     look_ahead_momentum_scale: ``a = eta beta (N - c + c beta)`` (advanced) or
@@ -38,11 +40,13 @@ class Smega2State(NamedTuple):
 
   count: jax.Array
   cycle_position: jax.Array
-  momentum: optax.Updates
+  momentum_buffer: optax.Updates
   accumulator: optax.Updates
   look_ahead_momentum_scale: jax.Array
   look_ahead_accumulator_scale: jax.Array
   nonfinite_count: jax.Array
+
+  momentum = renamed_field("momentum", "momentum_buffer")
 
   def look_ahead(self, params: optax.Params) -> optax.Params:
     """``w_hat = w - a v - b G``: where the replying worker computes its next gradient."""
@@ -51,7 +55,7 @@ class Smega2State(NamedTuple):
         w - (self.look_ahead_momentum_scale * v + self.look_ahead_accumulator_scale * g).astype(w.dtype)
       ),
       params,
-      self.momentum,
+      self.momentum_buffer,
       self.accumulator,
     )
 
@@ -63,6 +67,7 @@ def smega2(
   num_workers: int,
   dampening: float = 0.0,
   look_ahead: str = "advanced",
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""SMEGA²: asynchronous SGD with one shared momentum and a look-ahead reply to each worker.
 
@@ -114,6 +119,9 @@ def smega2(
     num_workers: ``N``, the momentum cycle (the number of workers).
     dampening: in ``[0, 1)``, as in ``torch.optim.SGD``.
     look_ahead: ``"advanced"`` (default) or ``"naive"``.
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -148,13 +156,14 @@ def smega2(
     c_f = c.astype(jnp.float32)
     return rate * beta * (n - c_f + c_f * beta), rate * beta * c_f / n
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> Smega2State:
     a, b = scales(guard.learning_rate_at(learning_rate, jnp.zeros([], jnp.int32)), jnp.zeros([], jnp.int32))
     return Smega2State(
       count=jnp.zeros([], jnp.int32),
       cycle_position=jnp.zeros([], jnp.int32),
-      momentum=guard.state_zeros(params),
-      accumulator=guard.state_zeros(params),
+      momentum_buffer=guard.state_zeros(params, acc_dtype),
+      accumulator=guard.state_zeros(params, acc_dtype),
       look_ahead_momentum_scale=a,
       look_ahead_accumulator_scale=b,
       nonfinite_count=jnp.zeros([], jnp.int32),
@@ -186,7 +195,7 @@ def smega2(
         renewed = beta * v + (1.0 - dampening) * acc.astype(v.dtype) / n
         return jnp.where(accept & cycle_ends, renewed.astype(v.dtype), v)
 
-      momentum_ = jax.tree.map(new_momentum, state.momentum, accumulator)
+      momentum_ = jax.tree.map(new_momentum, state.momentum_buffer, accumulator)
       accumulator, momentum_ = lax.optimization_barrier((accumulator, momentum_))
       # d = g + beta v_old, written from the new v so that v_old has one reader
       # (then XLA updates v in place): at a cycle end beta v_old equals
@@ -211,7 +220,7 @@ def smega2(
         look_ahead_momentum_scale=a,
         look_ahead_accumulator_scale=b,
       )
-      return steps, selected._replace(momentum=momentum_, accumulator=accumulator)
+      return steps, selected._replace(momentum_buffer=momentum_, accumulator=accumulator)
 
     return guard.guarded_update(updates, state, apply, grads_finite=grads_finite)
 

@@ -46,6 +46,7 @@ def scale_by_staleness(
   *,
   penalty: float | None = None,
   gradients_per_update: int | None = None,
+  accumulator_dtype: Any = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""Staleness-aware SGD: scales each arriving gradient down by how stale it is; optionally averages several.
 
@@ -97,6 +98,9 @@ def scale_by_staleness(
       the other modes.
     gradients_per_update: ``c >= 1``, the gradients averaged per update (``None``: 1). It shapes the
       state, so under ``optax.inject_hyperparams`` a number given here goes in ``static_args``.
+    accumulator_dtype: the dtype of the state's parameter-sized buffers (optax's name for it); ``None``
+      (default): at least float32, the parameters' dtype where wider, so bfloat16 parameters keep float32
+      statistics. Updates keep the gradients' dtype either way.
 
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
@@ -138,10 +142,11 @@ def scale_by_staleness(
       return jnp.ones_like(tau_f)
     return jnp.exp(-penalty * tau_f)
 
+  acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
   def init_fn(params: optax.Params) -> ScaleByStalenessState:
     return ScaleByStalenessState(
       count=jnp.zeros([], jnp.int32),
-      accumulated=guard.state_zeros(params) if per_update > 1 else (),
+      accumulated=guard.state_zeros(params, acc_dtype) if per_update > 1 else (),
       accumulated_count=jnp.zeros([], jnp.int32),
       released=jnp.asarray(False),
       last_staleness=jnp.zeros([], jnp.int32),
