@@ -424,3 +424,47 @@ def test_as_a_flax_nnx_optimizer(case):
 
   losses = [float(step(model, optimizer)) for _ in range(12)]
   assert losses[-1] < 0.9 * losses[0], losses
+
+
+COMPLEX_OPTIMUM = {
+  "a": jnp.array([1.0 + 2.0j, -1.0 + 0.5j], jnp.complex64),
+  "b": jnp.array([0.25 - 1.0j], jnp.complex64),
+}
+
+
+@pytest.mark.parametrize("case", MODEL_OPTIMIZERS, ids=[c.name for c in MODEL_OPTIMIZERS])
+def test_complex_parameters_train_as_optax_does(case):
+  """Complex parameters, with the conjugated gradient optax's complex support takes (``jax.grad`` of a real loss
+  gives the conjugate of the ascent direction): the state keeps a complex dtype and the loss falls to 1%."""
+  tx = case.make(0.02)
+
+  def loss(z):
+    return sum(jnp.sum(jnp.abs(z[k] - COMPLEX_OPTIMUM[k]) ** 2) for k in z)
+
+  @jax.jit
+  def step(z, state):
+    grads = jax.tree.map(jnp.conj, jax.grad(loss)(z))
+    updates, state = tx.update(grads, state, z, **extra_args_for(case, state, z), value_fn=loss)
+    return optax.apply_updates(z, updates), state
+
+  zero = jax.tree.map(jnp.zeros_like, COMPLEX_OPTIMUM)
+  z, state = zero, tx.init(zero)
+  for _ in range(400):
+    z, state = step(z, state)
+  assert all(x.dtype == jnp.complex64 for x in jax.tree.leaves(z))
+  assert float(loss(z)) < 1e-2 * float(loss(zero)), float(loss(z))
+
+
+@pytest.mark.parametrize("case", ALL, ids=IDS)
+def test_float64_parameters_under_x64_keep_their_dtype(case):
+  """With ``jax_enable_x64``: float64 updates for float64 parameters, and a state whose dtypes hold through
+  updates (the step size of ``bb_step_size`` once became float64 after its first)."""
+  with jax.enable_x64(True):
+    tx = case.make()
+    params = _params(jnp.float64)
+    dtypes = lambda tree: jax.tree.map(lambda x: jnp.asarray(x).dtype, tree)  # noqa: E731
+    init = dtypes(tx.init(params))
+    new_params, updates, state = _steps(tx, case, params)
+    assert jax.tree.map(lambda x: x.dtype, updates) == {"w": jnp.float64, "b": jnp.float64}
+    assert dtypes(state) == init
+    assert _finite(new_params)

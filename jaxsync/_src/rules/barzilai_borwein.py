@@ -274,6 +274,7 @@ def bb_step_size(
     armijo = validation.check_bool(_RULE, "armijo", armijo)
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> BBStepSizeState:
     return BBStepSizeState(
       count=jnp.zeros([], jnp.int32),
@@ -309,8 +310,11 @@ def bb_step_size(
       move = jax.tree.map(lambda p, q: p - q, params, state.prev_params)
       corrected_prev = guard.tree_scaled(state.prev_grads, 1.0 - state.noise_ratio)
       grad_change = jax.tree.map(lambda g, h: g.astype(h.dtype) - h, updates, corrected_prev)
-      # <g - g_hat_prev, s>, accumulated in the statistics dtype of g - g_hat_prev (at least float32).
-      nu = optax.tree.vdot(grad_change, optax.tree.cast_like(move, grad_change)) / guard.tree_sq_norm(move)
+      # <g - g_hat_prev, s>, accumulated in the statistics dtype of g - g_hat_prev (at least float32); for
+      # complex parameters the real inner product Re(conj(dg) . s), so the curvature (and the step) is real.
+      nu = jnp.real(
+        optax.tree.vdot(grad_change, optax.tree.cast_like(move, grad_change))
+      ) / guard.tree_sq_norm(move)
       # The BB step is a plain gradient step's; through the server's momentum a gradient sent with
       # rate a moves the parameters a / (1 - gamma) in all, so the rate sent is (1 - gamma) times it.
       proposal = (1.0 - server_momentum) * (1.0 - r) / nu
@@ -339,7 +343,7 @@ def bb_step_size(
         )
       proposed = state._replace(
         count=optax.safe_increment(state.count),
-        step_size=alpha,
+        step_size=alpha.astype(state.step_size.dtype),  # float32, also for float64 parameters under x64
         curvature=jnp.where(state.count > 0, nu, jnp.nan).astype(jnp.float32),
         accepted=accepted,
         # A ratio outside [0, 1] (inf when the mean gradient is 0) would flip or

@@ -112,7 +112,7 @@ def quantized(tree: Any, fmt: str | None, block_size: int = 64) -> Any:
   ``q s``. ``None`` is the identity.
 
   Args:
-    tree: a pytree of float arrays (a pseudo-gradient).
+    tree: a pytree of float (or complex) arrays (a pseudo-gradient).
     fmt: ``None`` or one of :data:`FORMATS`.
     block_size: values per scale of the integer formats.
 
@@ -121,6 +121,15 @@ def quantized(tree: Any, fmt: str | None, block_size: int = 64) -> Any:
   """
   if fmt is None:
     return tree
-  if fmt == "bfloat16":
-    return jax.tree.map(lambda x: x.astype(jnp.bfloat16).astype(x.dtype), tree)
-  return jax.tree.map(lambda x: _integer_round_trip(x, fmt, block_size), tree)
+
+  def real_round_trip(x):
+    if fmt == "bfloat16":
+      return x.astype(jnp.bfloat16).astype(x.dtype)
+    return _integer_round_trip(x, fmt, block_size)
+
+  def round_trip(x):
+    if jnp.iscomplexobj(x):  # a complex value goes as two real ones: its real and imaginary parts
+      return jax.lax.complex(real_round_trip(jnp.real(x)), real_round_trip(jnp.imag(x))).astype(x.dtype)
+    return real_round_trip(x)
+
+  return jax.tree.map(round_trip, tree)
