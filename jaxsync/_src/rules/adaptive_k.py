@@ -225,6 +225,7 @@ def adaptive_k(
     t_table = jnp.asarray(_t_quantiles(confidence, max(max_k - 1, 1) if max_k else _DEFAULT_T_TABLE))
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> AdaptiveKState:
     return AdaptiveKState(
       count=jnp.zeros([], jnp.int32),
@@ -365,7 +366,9 @@ def adaptive_k(
         ),
       )
       # The arrays are selected already (each exactly once; see guarded_update).
-      return out, selected._replace(fresh_mean=mean, fresh_m2=m2, stale_sum=stale_sum, momentum_buffer=momentum_)
+      return out, selected._replace(
+        fresh_mean=mean, fresh_m2=m2, stale_sum=stale_sum, momentum_buffer=momentum_
+      )
 
     # A rejected arrival releases nothing; the flag must say so.
     return guard.guarded_update(

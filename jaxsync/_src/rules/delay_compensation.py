@@ -140,6 +140,7 @@ def dc_asgd(
     return guard.stacked_like(tree, num_workers)
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> DelayCompensationState:
     return DelayCompensationState(
       count=jnp.zeros([], jnp.int32),

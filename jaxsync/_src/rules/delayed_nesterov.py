@@ -112,6 +112,7 @@ def delayed_nesterov(
   c = validation.check_real(_RULE, "activation", activation, low=0.0, high=high, array_ok=True)
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> DelayedNesterovState:
     return DelayedNesterovState(
       count=jnp.zeros([], jnp.int32),
@@ -146,7 +147,9 @@ def delayed_nesterov(
         lambda g, m: (-rate * (weight * m + g.astype(m.dtype) / n)).astype(g.dtype), updates, momentum
       )
       buffer = jax.tree.map(lambda d: jnp.where(full, jnp.zeros_like(d), d), summed)
-      proposed = rejected._replace(count=optax.safe_increment(state.count), momentum_buffer=momentum, buffer=buffer)
+      proposed = rejected._replace(
+        count=optax.safe_increment(state.count), momentum_buffer=momentum, buffer=buffer
+      )
       return out, guard.keep_if(accept, proposed, rejected)
 
     return guard.guarded_update(updates, state, apply, grads_finite=grads_finite)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import optax
 
 from jaxsync._src.core import validation
-from jaxsync._src.rules import guard
+from jaxsync._src.rules import guard, replica_axis
 from jaxsync._src.rules.quantize import check_format, quantized
 
 _RULE = "diloco"
@@ -118,6 +118,7 @@ def diloco(
   quantize_block: int | None = None,
   sync_every: int | None = None,
   accumulator_dtype: Any = None,
+  axis_name: str | tuple[str, ...] | None = None,
 ) -> optax.GradientTransformationExtraArgs:
   r"""DiLoCo's two optimizers in one transform (and Streaming DiLoCo's fragments): inner steps, then an outer step.
 
@@ -181,6 +182,13 @@ def diloco(
       outer copy in the train state's parameter dtype and torchft in each parameter's own, so with
       float32 master weights all three agree.
 
+    axis_name: the mesh axis (or axes) the replicas lie on, for a user's own step under ``jax.shard_map``
+      (MaxText's layout: replicas on one axis, the model sharded over the others): every replica runs this
+      rule on its own model, and on outer steps only the pseudo-gradients are averaged over that axis
+      (``lax.pmean``, inside the branch of the outer step). The non-finite check is agreed over every
+      manual axis, so one device's NaN skips the step on all of them and the step counters never diverge.
+      ``None``: one replica (the reference, or a worker of jaxsync's own runtimes).
+
   Returns:
     An ``optax.GradientTransformationExtraArgs`` whose state is a
     :class:`DilocoState`.
@@ -206,6 +214,13 @@ def diloco(
     outer = outer_nesterov()
   elif not isinstance(outer, optax.GradientTransformation):
     raise validation.invalid(_RULE, "outer", outer, "an optax GradientTransformation, or None for Nesterov")
+  if axis_name is not None and not (
+    isinstance(axis_name, str)
+    or (isinstance(axis_name, tuple) and all(isinstance(n, str) for n in axis_name))
+  ):
+    raise validation.invalid(
+      _RULE, "axis_name", axis_name, "None, a mesh axis name (a str) or a tuple of them"
+    )
   period = validation.renamed(_RULE, "sync_every", "period", sync_every, period)
   if period is None:
     raise validation.invalid(
@@ -227,6 +242,7 @@ def diloco(
     outer = by_fragment(outer, num_fragments)
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> DilocoState:
     anchor = guard.state_copy(params, acc_dtype)
     return DilocoState(
@@ -247,6 +263,12 @@ def diloco(
     **extra_args: Any,
   ) -> tuple[optax.Updates, DilocoState]:
     params = guard.require_extra_arg(_RULE, "params", params, "the parameters x the inner steps move")
+    if axis_name is not None:
+      # One decision on every device of every replica: a NaN on one device skips the step everywhere, so the
+      # step counters (and with them the outer steps' collectives and the fragment schedule) never diverge.
+      axes = replica_axis.axis_names(_RULE, axis_name)
+      local = guard.tree_all_finite(updates) if grads_finite is None else grads_finite
+      grads_finite = replica_axis.all_agree(local, axes)
 
     def apply(accept, rejected):
       inner_updates, inner_state = inner.update(updates, state.inner_state, params, **extra_args)
@@ -268,7 +290,12 @@ def diloco(
 
       def outer_step(_):
         extra = {"fragment": fragment} if num_fragments > 1 else {}
-        outer_updates, outer_state = outer.update(delta, state.outer_state, state.anchor, **extra)
+        # Across replicas: the mean pseudo-gradient, only here, on outer steps (a real branch, not a select).
+        # (Typed as varying again: the outer optimizer's branches, per fragment, must agree under shard_map.)
+        mean_delta = (
+          delta if axis_name is None else replica_axis.varying(replica_axis.mean(delta, axis_name), axes)
+        )
+        outer_updates, outer_state = outer.update(mean_delta, state.outer_state, state.anchor, **extra)
         anchor = optax.apply_updates(state.anchor, outer_updates)
         model = mix_fragment(anchor, moved, fragment, num_fragments, mixing)
         # x_new - x: apply_updates then lands the parameters on the new model.
@@ -278,7 +305,10 @@ def diloco(
       def inner_only(_):
         return widened(inner_updates), state.anchor, state.outer_state
 
-      out, anchor, outer_state = jax.lax.cond(step_in_round == round_steps, outer_step, inner_only, None)
+      branches = (outer_step, inner_only)
+      if axis_name is not None:  # shard_map types both branches' outputs alike: varying over the replicas
+        branches = tuple(lambda _, b=b: replica_axis.varying(b(None), axes) for b in branches)
+      out, anchor, outer_state = jax.lax.cond(step_in_round == round_steps, *branches, None)
       inner_state = optax.tree.cast_like(inner_state, state.inner_state)  # its dtypes as built: one compile
       proposed = rejected._replace(
         count=count, anchor=anchor, inner_state=inner_state, outer_state=outer_state, pending=pending

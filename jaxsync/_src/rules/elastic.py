@@ -136,6 +136,7 @@ def easgd_worker(
   has_velocity = not isinstance(delta, float) or delta > 0
 
   acc_dtype = validation.check_state_dtype(rule, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> EasgdWorkerState:
     return EasgdWorkerState(
       count=jnp.zeros([], jnp.int32),

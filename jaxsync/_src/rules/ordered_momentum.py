@@ -165,6 +165,7 @@ def ordered_momentum(
   delay_measure = validation.check_choice(_RULE, "delay_measure", delay_measure, DELAY_MEASURES)
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> OrderedMomentumState:
     return OrderedMomentumState(
       count=jnp.zeros([], jnp.int32),

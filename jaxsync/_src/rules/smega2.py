@@ -157,6 +157,7 @@ def smega2(
     return rate * beta * (n - c_f + c_f * beta), rate * beta * c_f / n
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> Smega2State:
     a, b = scales(guard.learning_rate_at(learning_rate, jnp.zeros([], jnp.int32)), jnp.zeros([], jnp.int32))
     return Smega2State(

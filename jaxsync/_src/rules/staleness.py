@@ -143,6 +143,7 @@ def scale_by_staleness(
     return jnp.exp(-penalty * tau_f)
 
   acc_dtype = validation.check_state_dtype(_RULE, accumulator_dtype)
+
   def init_fn(params: optax.Params) -> ScaleByStalenessState:
     return ScaleByStalenessState(
       count=jnp.zeros([], jnp.int32),
