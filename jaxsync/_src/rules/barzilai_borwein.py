@@ -312,9 +312,12 @@ def bb_step_size(
       grad_change = jax.tree.map(lambda g, h: g.astype(h.dtype) - h, updates, corrected_prev)
       # <g - g_hat_prev, s>, accumulated in the statistics dtype of g - g_hat_prev (at least float32); for
       # complex parameters the real inner product Re(conj(dg) . s), so the curvature (and the step) is real.
-      nu = jnp.real(
-        optax.tree.vdot(grad_change, optax.tree.cast_like(move, grad_change))
-      ) / guard.tree_sq_norm(move)
+      # An elementwise product and a sum, not jnp.vdot: vdot flattens each leaf, which all-gathers a
+      # parameter split along a later axis (tensor parallel).
+      def real_inner(dg, s):
+        return jnp.sum(jnp.real(jnp.conj(dg) * s.astype(dg.dtype)))
+
+      nu = guard.tree_sum(real_inner, grad_change, move) / guard.tree_sq_norm(move)
       # The BB step is a plain gradient step's; through the server's momentum a gradient sent with
       # rate a moves the parameters a / (1 - gamma) in all, so the rate sent is (1 - gamma) times it.
       proposal = (1.0 - server_momentum) * (1.0 - r) / nu

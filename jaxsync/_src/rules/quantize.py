@@ -94,7 +94,34 @@ def unpack(packed: jax.Array, fmt: str) -> jax.Array:
   return jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
+def _blocks_in_place(shape: tuple[int, ...], block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+  """A view of a leaf's row-major blocks that keeps its last axis (or splits it), or None where none exists.
+
+  The blocks are those of the flattened leaf; flattening a parameter split
+  along its last axis (tensor parallel) would gather it whole onto each
+  device, while this view keeps the split and reduces only the blocks' maxima.
+  Returns ``(view shape, axes of one block)``.
+  """
+  if not shape or math.prod(shape) % block_size:
+    return None
+  last = shape[-1]
+  if block_size % last == 0:  # a block is block_size / last whole rows
+    return (math.prod(shape) // block_size, block_size // last, last), (1, 2)
+  if last % block_size == 0:  # a row is last / block_size whole blocks
+    return (*shape[:-1], last // block_size, block_size), (len(shape),)
+  return None
+
+
 def _integer_round_trip(x: jax.Array, fmt: str, block_size: int) -> jax.Array:
+  in_place = _blocks_in_place(jnp.shape(x), block_size)
+  if in_place is not None:  # the same blocks and arithmetic as encode / decode, without flattening
+    view, axes = in_place
+    blocks = x.astype(jnp.float32).reshape(view)
+    levels = _LEVELS[fmt]
+    absmax = jnp.max(jnp.abs(blocks), axis=axes, keepdims=True)
+    scale = jnp.where(absmax > 0, absmax / levels, 1.0)
+    q = jnp.clip(jnp.round(blocks / scale), -levels, levels).astype(jnp.int8).astype(jnp.float32)
+    return (q * scale).reshape(jnp.shape(x)).astype(x.dtype)
   flat = x.reshape(-1).astype(jnp.float32)
   n = flat.shape[0]
   padded = jnp.pad(flat, (0, -n % block_size))
