@@ -310,6 +310,7 @@ def bb_step_size(
       move = jax.tree.map(lambda p, q: p - q, params, state.prev_params)
       corrected_prev = guard.tree_scaled(state.prev_grads, 1.0 - state.noise_ratio)
       grad_change = jax.tree.map(lambda g, h: g.astype(h.dtype) - h, updates, corrected_prev)
+
       # <g - g_hat_prev, s>, accumulated in the statistics dtype of g - g_hat_prev (at least float32); for
       # complex parameters the real inner product Re(conj(dg) . s), so the curvature (and the step) is real.
       # An elementwise product and a sum, not jnp.vdot: vdot flattens each leaf, which all-gathers a

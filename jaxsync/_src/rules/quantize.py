@@ -94,7 +94,9 @@ def unpack(packed: jax.Array, fmt: str) -> jax.Array:
   return jnp.stack([low, high], axis=-1).reshape(*packed.shape[:-1], -1)
 
 
-def _blocks_in_place(shape: tuple[int, ...], block_size: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def _blocks_in_place(
+  shape: tuple[int, ...], block_size: int
+) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
   """A view of a leaf's row-major blocks that keeps its last axis (or splits it), or None where none exists.
 
   The blocks are those of the flattened leaf; flattening a parameter split
