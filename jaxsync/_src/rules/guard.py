@@ -213,6 +213,11 @@ def state_copy(params: Any, dtype: Any = None) -> Any:
   return jax.tree.map(lambda p: jnp.array(p, dtype=state_dtype(p, dtype), copy=True), params)
 
 
+def is_masked(x: Any) -> bool:
+  """Whether ``x`` is the placeholder ``optax.masked`` puts on the leaves a rule does not train."""
+  return isinstance(x, optax.MaskedNode)
+
+
 def masked_like(tree: Any, like: Any) -> Any:
   """``tree`` with ``optax.MaskedNode`` wherever ``like`` has one (and as it is elsewhere).
 
@@ -223,9 +228,6 @@ def masked_like(tree: Any, like: Any) -> Any:
   way lets the rule work with that default; an extra arg that is already masked
   passes unchanged.
   """
-
-  def is_masked(x):
-    return isinstance(x, optax.MaskedNode)
 
   if tree is None or not any(is_masked(x) for x in jax.tree.leaves(like, is_leaf=is_masked)):
     return tree

@@ -74,15 +74,15 @@ def look_ahead(params: optax.Params, opt_state: Any) -> optax.Params:
   return _look_ahead_of(found[0], params) if found else params
 
 
-def _is_masked(x: Any) -> bool:
-  return isinstance(x, optax.MaskedNode)
-
-
 def _look_ahead_of(state: Any, params: optax.Params) -> optax.Params:
   """``state.look_ahead`` on the leaves the rule trains; under ``optax.masked`` / ``multi_transform`` (whose
   states hold ``MaskedNode`` on the other leaves) those others are the parameters themselves."""
-  masks = [field for field in state if any(_is_masked(x) for x in jax.tree.leaves(field, is_leaf=_is_masked))]
+  masks = [
+    field
+    for field in state
+    if any(guard.is_masked(x) for x in jax.tree.leaves(field, is_leaf=guard.is_masked))
+  ]
   if not masks:
     return state.look_ahead(params)
   point = state.look_ahead(guard.masked_like(params, masks[0]))
-  return jax.tree.map(lambda p, x: x if _is_masked(p) else p, point, params, is_leaf=_is_masked)
+  return jax.tree.map(lambda p, x: x if guard.is_masked(p) else p, point, params, is_leaf=guard.is_masked)
